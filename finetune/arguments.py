@@ -1,0 +1,237 @@
+"""Command-line and recipe arguments: the project's dataclasses plus transformers' TrainingArguments.
+
+Flags and YAML recipes go through one path (a recipe becomes flags, then the command line is
+appended), so a recipe key means exactly what the flag of the same name means, and a flag given
+after a recipe overrides it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from transformers import HfArgumentParser, TrainingArguments
+
+from finetune.devices import adapt_arguments_to_cpu
+from finetune.errors import FinetuneError
+from finetune.profiles import active_deepspeed_config, fill_nvme_path, needs_nvme_path
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+@dataclass
+class ModelArguments:
+    model: str = field(
+        default="gpt2",
+        metadata={
+            "aliases": ["--model_name_or_path"],
+            "help": "Hub name, GPT-2 size alias (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) "
+            "or a local save_pretrained folder. Looked up locally, then in $FINETUNE_DATA_DIR, then on the Hub.",
+        },
+    )
+    from_scratch: bool = field(
+        default=False,
+        metadata={"help": "Build the architecture from its config with random weights instead of loading weights."},
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": 'Comma-separated config changes, as in run_clm.py: "n_layer=2,n_embd=64".'},
+    )
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer name or folder (default: the model's)."})
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow model code from the Hub to run. Off unless you trust the repository."}
+    )
+    attn_implementation: str = field(
+        default="sdpa", metadata={"help": "Attention kernel: sdpa (PyTorch scaled-dot-product), eager, ..."}
+    )
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default="wikitext-2-raw-v1",
+        metadata={
+            "aliases": ["--dataset_name"],
+            "help": "wikitext-2-raw-v1, wikitext-103-raw-v1, a Hub dataset, or a local .txt/.jsonl/.json/.csv "
+            "file or folder of them.",
+        },
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    text_column: str = field(default="text", metadata={"help": "Column that holds the text."})
+    block_size: int | None = field(
+        default=None,
+        metadata={"help": "Tokens per training sample (default: the model's context, at most 1024)."},
+    )
+    packing: bool = field(
+        default=True,
+        metadata={"help": "Concatenate texts into full blocks (no padding). --no_packing pads/truncates each text."},
+    )
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Share of train carved out for validation when the dataset has no validation split."}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"aliases": ["--num_samples"], "help": "Keep only this many training blocks."}
+    )
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only this many evaluation blocks."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for tokenization (default: one per 2 cores on large datasets)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.block_size is not None and self.block_size < 2:
+            raise FinetuneError(f"--block_size must be at least 2 tokens, got {self.block_size}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise FinetuneError(f"--{name} must be at least 1, got {value}")
+        if not 0 < self.validation_split_percentage < 100:
+            raise FinetuneError(
+                f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
+            )
+
+
+@dataclass
+class FinetuneTrainingArguments(TrainingArguments):
+    """TrainingArguments with the defaults a fine-tuning user expects and the project's few extras."""
+
+    output_dir: str | None = field(default="outputs/run", metadata={"help": "Where the model and logs go."})
+    per_device_train_batch_size: int = field(
+        default=8, metadata={"aliases": ["--batch_size"], "help": "Micro batch per device."}
+    )
+    num_train_epochs: float = field(default=1.0, metadata={"aliases": ["--epochs"], "help": "Training epochs."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "linear, cosine, constant_with_warmup, ..."})
+    warmup_steps: float = field(
+        default=0.05, metadata={"help": "Warm-up steps; a value below 1 is a fraction of all steps."}
+    )
+    logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
+    logging_first_step: bool = field(default=True, metadata={"help": "Log the first step's loss."})
+    report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "tensorboard, none, ..."})
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: bf16 on GPUs that support it, fp16 with loss scaling on other GPUs, fp32 on CPU.",
+            "choices": list(PRECISIONS),
+        },
+    )
+    nvme_path: str | None = field(
+        default=None, metadata={"help": "Folder on a fast local disk for the zero3_nvme (ZeRO-Infinity) profile."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.per_device_train_batch_size < 1:
+            raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
+        if self.gradient_accumulation_steps < 1:
+            raise FinetuneError(f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}")
+        self._apply_precision()
+        self._apply_nvme_path()
+        adapt_arguments_to_cpu(self)
+        super().__post_init__()
+
+    def _apply_precision(self) -> None:
+        if self.precision == "auto":
+            if self.bf16 or self.fp16 or self.use_cpu or not torch.cuda.is_available():
+                return
+            self.bf16 = torch.cuda.is_bf16_supported()
+            self.fp16 = not self.bf16
+            return
+        if self.bf16 or self.fp16:
+            raise FinetuneError("give either --precision or --bf16/--fp16, not both")
+        self.bf16 = self.precision == "bf16"
+        self.fp16 = self.precision == "fp16"
+
+    def _apply_nvme_path(self) -> None:
+        """ZeRO-Infinity needs a folder only the user knows: fill it into the profile's DeepSpeed JSON."""
+        config_path, config = active_deepspeed_config()
+        if config is None or not needs_nvme_path(config):
+            if self.nvme_path:
+                raise FinetuneError("--nvme_path is only used with an NVMe-offload profile such as zero3_nvme")
+            return
+        if not self.nvme_path:
+            raise FinetuneError(f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)")
+        Path(self.nvme_path).mkdir(parents=True, exist_ok=True)
+        self.deepspeed = fill_nvme_path(config, self.nvme_path)
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, FinetuneTrainingArguments)
+
+
+def make_parser() -> HfArgumentParser:
+    return HfArgumentParser(ARGUMENT_CLASSES)
+
+
+def known_keys() -> set[str]:
+    """Every field name and alias (without dashes) that a recipe may use."""
+    keys = set()
+    for cls in ARGUMENT_CLASSES:
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            keys.add(f.name)
+            keys.update(alias.lstrip("-") for alias in f.metadata.get("aliases", []))
+    return keys
+
+
+def recipe_to_flags(path: Path) -> list[str]:
+    """A YAML recipe as command-line flags, so recipes and flags share one parser."""
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise FinetuneError(f"{path}: cannot read recipe: {error}") from None
+    if not isinstance(recipe, dict):
+        raise FinetuneError(f"{path}: a recipe is a mapping of argument names to values")
+    unknown = sorted(set(recipe) - known_keys())
+    if unknown:
+        raise FinetuneError(f"{path}: unknown key(s) {', '.join(unknown)} (see `finetune/run.py --help`)")
+    flags: list[str] = []
+    for key, value in recipe.items():
+        if value is None:
+            continue
+        flags.append(f"--{key}")
+        if isinstance(value, list):
+            flags.extend(str(item) for item in value)
+        elif isinstance(value, dict):
+            flags.append(json.dumps(value))
+        else:
+            flags.append(str(value).lower() if isinstance(value, bool) else str(value))
+    return flags
+
+
+def expand_recipe(argv: list[str]) -> list[str]:
+    """`run.py recipe.yaml --flag x` → the recipe's flags followed by the explicit ones."""
+    if argv and argv[0].endswith((".yaml", ".yml")) and not argv[0].startswith("-"):
+        return recipe_to_flags(Path(argv[0])) + argv[1:]
+    return argv
+
+
+def parse_arguments(
+    argv: list[str] | None = None,
+) -> tuple[ModelArguments, DataArguments, FinetuneTrainingArguments]:
+    argv = expand_recipe(list(argv) if argv is not None else sys.argv[1:])
+    parser = make_parser()
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:
+        raise FinetuneError(str(error).splitlines()[0]) from None
+
+
+def as_record(*arguments: Any) -> dict[str, Any]:
+    """The arguments of a run as plain JSON-able data, for the run summary."""
+    record = {}
+    for args in arguments:
+        values = args.to_dict() if hasattr(args, "to_dict") else dataclasses.asdict(args)
+        record.update({k: v for k, v in values.items() if _jsonable(v)})
+    return record
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,231 @@
+"""Datasets: resolve a name or files, tokenize with datasets.map, then pack into equal blocks.
+
+Packing concatenates every text of a split and cuts the stream into `block_size` blocks, so no
+compute goes to padding and only the last partial block (< block_size tokens) of a split is
+dropped. It is done on the Arrow column with numpy rather than in `datasets.map` batches, because
+packing per map batch (as run_clm.py does) drops a remainder at every batch boundary.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from datasets import Dataset, DatasetDict, load_dataset
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from finetune.arguments import DataArguments
+from finetune.errors import FinetuneError
+from finetune.resolve import describe_tried, resolve
+
+IGNORE_INDEX = -100
+HUB_NAMES = {
+    "wikitext-2-raw-v1": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
+    "wikitext-2-v1": ("Salesforce/wikitext", "wikitext-2-v1"),
+    "wikitext-103-raw-v1": ("Salesforce/wikitext", "wikitext-103-raw-v1"),
+    "wikitext-103-v1": ("Salesforce/wikitext", "wikitext-103-v1"),
+}
+LOCAL_FOLDERS = {
+    "wikitext-2-raw-v1": ("wikitext-2-raw-v1", "wikitext-2-v1"),
+    "wikitext-2-v1": ("wikitext-2-v1", "wikitext-2-raw-v1"),
+    "wikitext-103-raw-v1": ("wikitext-103-raw-v1", "wikitext-103-v1"),
+    "wikitext-103-v1": ("wikitext-103-v1", "wikitext-103-raw-v1"),
+}
+BUILDERS = {".txt": "text", ".tokens": "text", ".raw": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+SPLIT_KEYWORDS = {"train": ("train",), "validation": ("valid", "dev"), "test": ("test",)}
+LARGE_DATASET_ROWS = 100_000
+
+
+@dataclass
+class DataSummary:
+    """What the run trained and evaluated on, recorded in the run summary."""
+
+    dataset: str
+    source: str
+    block_size: int
+    packing: bool
+    train_samples: int
+    eval_samples: int
+    train_tokens: int
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def split_of(path: Path) -> str | None:
+    name = path.name.lower()
+    for split, keywords in SPLIT_KEYWORDS.items():
+        if any(keyword in name for keyword in keywords):
+            return split
+    return None
+
+
+def data_files(path: Path) -> dict[str, list[str]]:
+    """Files of a local dataset by split: names containing train/valid/dev/test; otherwise all are train."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in BUILDERS)
+    if not files:
+        raise FinetuneError(f"no data files ({', '.join(BUILDERS)}) in {path}")
+    by_split: dict[str, list[str]] = {}
+    for file in files:
+        by_split.setdefault(split_of(file) or "train", []).append(str(file))
+    if len(files) == 1:
+        return {"train": [str(files[0])]}
+    return by_split
+
+
+def builder_for(files: dict[str, list[str]]) -> str:
+    builders = {BUILDERS[Path(f).suffix.lower()] for paths in files.values() for f in paths}
+    if len(builders) != 1:
+        raise FinetuneError(f"mixed data file types ({', '.join(sorted(builders))}): use one format per dataset")
+    return builders.pop()
+
+
+def load_local(path: Path) -> DatasetDict:
+    files = data_files(path)
+    builder = builder_for(files)
+    options = {"keep_linebreaks": True} if builder == "text" else {}
+    return load_dataset(builder, data_files=files, **options)
+
+
+def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
+    """The dataset's splits as found, and where they came from."""
+    hub_id, hub_config = HUB_NAMES.get(args.dataset, (args.dataset, None))
+    found = resolve(args.dataset, local_names=LOCAL_FOLDERS.get(args.dataset, ()), hub_id=hub_id)
+    if found.local_path is not None:
+        return load_local(found.local_path), str(found.local_path)
+    if found.hub_id is None:
+        raise FinetuneError(f"dataset '{args.dataset}' not found; {describe_tried(found)}")
+    try:
+        raw = load_dataset(found.hub_id, args.dataset_config or hub_config)
+    except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FinetuneError(f"dataset '{args.dataset}' not found; {describe_tried(found)}; the Hub said: {first}") from None
+    if not isinstance(raw, DatasetDict):
+        raw = DatasetDict({"train": raw})
+    return raw, f"hub:{found.hub_id}"
+
+
+def arrange_splits(raw: DatasetDict, validation_percentage: int, seed: int) -> tuple[DatasetDict, list[str]]:
+    """Return train and validation (and test if present), saying what was substituted or carved."""
+    notes = []
+    splits = dict(raw)
+    if "train" not in splits:
+        if "validation" in splits and "test" in splits:
+            notes.append(
+                "this copy of the dataset has no train split: training on its validation split "
+                "and evaluating on its test split"
+            )
+            splits = {"train": splits["validation"], "validation": splits["test"]}
+        else:
+            raise FinetuneError(f"dataset has no train split (found: {', '.join(sorted(raw)) or 'none'})")
+    if "validation" not in splits:
+        carved = splits["train"].train_test_split(test_size=validation_percentage / 100, seed=seed)
+        splits["train"], splits["validation"] = carved["train"], carved["test"]
+        notes.append(f"no validation split: carved {validation_percentage}% of train for validation")
+    return DatasetDict(splits), notes
+
+
+def tokenize(
+    splits: DatasetDict, tokenizer: PreTrainedTokenizerBase, text_column: str, num_proc: int | None
+) -> DatasetDict:
+    columns = splits["train"].column_names
+    if text_column not in columns:
+        raise FinetuneError(f"--text_column '{text_column}' is not in the dataset (columns: {', '.join(columns)})")
+
+    def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+        texts = [text or "" for text in batch[text_column]]
+        return {"input_ids": tokenizer(texts, add_special_tokens=False)["input_ids"]}
+
+    return DatasetDict(
+        {
+            name: split.map(
+                encode, batched=True, num_proc=num_proc, remove_columns=split.column_names, desc=f"tokenize {name}"
+            )
+            for name, split in splits.items()
+        }
+    )
+
+
+def pack(tokenized: Dataset, block_size: int) -> Dataset:
+    """Cut the concatenated token stream into full blocks; labels equal inputs (the model shifts them)."""
+    column = tokenized.with_format("arrow")["input_ids"]
+    stream = pa.chunked_array(column.chunks if isinstance(column, pa.ChunkedArray) else [column])
+    flat = np.concatenate([chunk.flatten().to_numpy() for chunk in stream.chunks]) if stream.num_chunks else np.array([])
+    usable = (len(flat) // block_size) * block_size
+    blocks = pa.FixedSizeListArray.from_arrays(pa.array(flat[:usable].astype(np.int64)), block_size)
+    return Dataset.from_dict({"input_ids": blocks, "labels": blocks})
+
+
+def pad_and_truncate(tokenized: Dataset, block_size: int, pad_token_id: int) -> Dataset:
+    """One sample per text, truncated to block_size and right-padded; padding is masked out of the loss."""
+
+    def to_block(batch: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
+        out: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "labels": []}
+        for ids in batch["input_ids"]:
+            ids = ids[:block_size]
+            padding = block_size - len(ids)
+            out["input_ids"].append(ids + [pad_token_id] * padding)
+            out["attention_mask"].append([1] * len(ids) + [0] * padding)
+            out["labels"].append(ids + [IGNORE_INDEX] * padding)
+        return out
+
+    trainable = tokenized.filter(lambda row: len(row["input_ids"]) >= 2, desc="drop texts under 2 tokens")
+    return trainable.map(to_block, batched=True, desc="pad and truncate")
+
+
+def default_num_proc(rows: int) -> int | None:
+    return max(1, (os.cpu_count() or 2) // 2) if rows > LARGE_DATASET_ROWS else None
+
+
+def build_datasets(
+    args: DataArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    block_size: int,
+    seed: int,
+    main_process_first: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> tuple[Dataset, Dataset, DataSummary]:
+    """Train and eval datasets ready for the Trainer, and a summary of what they hold."""
+    with main_process_first():
+        raw, source = load_raw(args)
+        splits, notes = arrange_splits(raw, args.validation_split_percentage, seed)
+        num_proc = args.preprocessing_num_workers or default_num_proc(len(splits["train"]))
+        tokenized = tokenize(splits, tokenizer, args.text_column, num_proc)
+    if args.packing:
+        train, evaluation = (pack(tokenized[name], block_size) for name in ("train", "validation"))
+    else:
+        train, evaluation = (
+            pad_and_truncate(tokenized[name], block_size, tokenizer.pad_token_id) for name in ("train", "validation")
+        )
+    if args.max_train_samples:
+        train = train.select(range(min(args.max_train_samples, len(train))))
+    if args.max_eval_samples:
+        evaluation = evaluation.select(range(min(args.max_eval_samples, len(evaluation))))
+    for name, dataset in (("training", train), ("evaluation", evaluation)):
+        if len(dataset) == 0:
+            raise FinetuneError(
+                f"dataset '{args.dataset}' gives no {name} samples of {block_size} tokens: "
+                "use more text or a smaller --block_size"
+            )
+    return train, evaluation, DataSummary(
+        dataset=args.dataset,
+        source=source,
+        block_size=block_size,
+        packing=args.packing,
+        train_samples=len(train),
+        eval_samples=len(evaluation),
+        train_tokens=count_label_tokens(train),
+        notes=notes,
+    )
+
+
+def count_label_tokens(dataset: Dataset) -> int:
+    """Tokens that enter the loss: every label that is not padding (the first of each sample predicts nothing)."""
+    labels = np.asarray(dataset.with_format("numpy")["labels"])
+    return int((labels != IGNORE_INDEX).sum() - len(dataset))

@@ -1,0 +1,40 @@
+"""Run the GPU profiles as real multi-process jobs on machines without a GPU (tests, CI, laptops).
+
+Launched with a GPU profile on a CPU-only machine, accelerate picks no process-group backend, so
+each rank would silently train alone. These two adjustments give every profile its real semantics
+over gloo: DDP becomes accelerate's MULTI_CPU DDP, DeepSpeed gets an explicit gloo backend, and
+FSDP2 is promoted the way accelerate promotes it on GPUs. On a GPU machine they do nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from accelerate import PartialState
+from accelerate.utils import DistributedType
+from transformers import TrainingArguments
+
+
+def cpu_multi_process() -> bool:
+    return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def launched_with(kind: str) -> bool:
+    return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() in ("1", "true")
+
+
+def adapt_arguments_to_cpu(args: TrainingArguments) -> None:
+    """Before the process group exists: choose gloo the way each profile needs it."""
+    if not cpu_multi_process():
+        return
+    if launched_with("DEEPSPEED") or launched_with("FSDP"):
+        args.ddp_backend = "gloo"
+    else:
+        args.use_cpu = True
+
+
+def promote_cpu_fsdp() -> None:
+    """After the process group exists, before the Accelerator: let accelerate enable FSDP on CPU ranks."""
+    if cpu_multi_process() and launched_with("FSDP"):
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU

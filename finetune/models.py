@@ -1,0 +1,116 @@
+"""Model and tokenizer loading: names to folders, config overrides, random init only when asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from finetune.arguments import ModelArguments
+from finetune.errors import FinetuneError
+from finetune.resolve import describe_tried, resolve
+
+GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+MODEL_ALIASES = {
+    "gpt2-small": "gpt2",
+    **{f"openai-community/{size}": size for size in GPT2_SIZES if size != "distilgpt2"},
+    "distilbert/distilgpt2": "distilgpt2",
+}
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+MAX_DEFAULT_BLOCK_SIZE = 1024
+
+
+def resolve_model(name: str) -> str:
+    """A local folder if there is one (path or $FINETUNE_DATA_DIR/<name>), else the Hub id."""
+    canonical = MODEL_ALIASES.get(name, name)
+    found = resolve(name, local_names=(canonical,), hub_id=canonical)
+    if found.local_path is not None:
+        return str(found.local_path)
+    if found.hub_id is not None:
+        return found.hub_id
+    raise FinetuneError(f"model '{name}' not found; {describe_tried(found)}")
+
+
+def load_config(args: ModelArguments, location: str) -> PretrainedConfig:
+    try:
+        config = AutoConfig.from_pretrained(location, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise FinetuneError(f"cannot load the config of model '{args.model}' from {location}: {_first_line(error)}") from None
+    if args.config_overrides:
+        try:
+            config.update_from_string(args.config_overrides)
+        except ValueError as error:
+            raise FinetuneError(f"--config_overrides '{args.config_overrides}': {_first_line(error)}") from None
+    return config
+
+
+def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBase:
+    source = resolve_model(args.tokenizer) if args.tokenizer else location
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise FinetuneError(f"cannot load a tokenizer from {source}: {_first_line(error)}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def has_weights(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in WEIGHT_FILES)
+
+
+def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -> PreTrainedModel:
+    """Random init with --from_scratch; otherwise real weights or a clear error, never a silent random init.
+
+    Weights are kept in fp32: mixed precision is applied by autocast/DeepSpeed, which need fp32 masters.
+    """
+    common = {"attn_implementation": args.attn_implementation, "trust_remote_code": args.trust_remote_code}
+    if args.from_scratch:
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
+    folder = Path(location)
+    if folder.is_dir() and not has_weights(folder):
+        raise FinetuneError(
+            f"model '{args.model}' at {folder} has a config but no weights "
+            f"(none of {', '.join(WEIGHT_FILES)}); pass --from_scratch to train it from random initialisation"
+        )
+    try:
+        return AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch.float32, **common)
+    except OSError as error:
+        raise FinetuneError(f"cannot load weights of model '{args.model}' from {location}: {_first_line(error)}") from None
+
+
+def context_length(config: PretrainedConfig) -> int | None:
+    for key in ("n_positions", "max_position_embeddings", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def choose_block_size(requested: int | None, config: PretrainedConfig) -> int:
+    context = context_length(config)
+    if requested is None:
+        return min(context or MAX_DEFAULT_BLOCK_SIZE, MAX_DEFAULT_BLOCK_SIZE)
+    if context is not None and requested > context:
+        raise FinetuneError(f"--block_size {requested} is larger than the model's context of {context} tokens")
+    return requested
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings counted once), as published model sizes are.
+
+    Under ZeRO-3 a parameter's local tensor is an empty shard; `ds_numel` holds its full size.
+    """
+    unique = {id(p): p for p in model.parameters()}.values()
+    return sum(getattr(p, "ds_numel", p.numel()) for p in unique)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

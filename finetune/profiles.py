@@ -1,0 +1,208 @@
+"""Strategy profiles: the accelerate YAML files in accelerate_configs/ and the DeepSpeed JSON they name.
+
+Profiles are plain files users read and copy; this module only finds, describes and checks them,
+so a broken profile fails before launch with the file and key at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune.errors import FinetuneError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = PROJECT_ROOT / "accelerate_configs"
+DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
+NVME_PLACEHOLDER = "auto"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path
+    description: str
+    distributed_type: str
+    settings: dict[str, Any]
+    deepspeed_config_path: Path | None = None
+    deepspeed_config: dict[str, Any] | None = None
+
+    @property
+    def zero_stage(self) -> int | None:
+        if self.deepspeed_config is None:
+            return None
+        return self.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
+
+    @property
+    def needs_nvme_path(self) -> bool:
+        return self.deepspeed_config is not None and needs_nvme_path(self.deepspeed_config)
+
+    @property
+    def multi_process(self) -> bool:
+        return self.distributed_type != "NO"
+
+
+def available_profiles(directory: Path = PROFILES_DIR) -> list[Path]:
+    return sorted(directory.glob("*.yaml"))
+
+
+def profile_path(name_or_path: str) -> Path:
+    """A profile by name (`zero3`) or by path (`my_configs/zero3_tuned.yaml`)."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise FinetuneError(f"profile file {path} does not exist")
+        return path
+    candidate = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        names = ", ".join(p.stem for p in available_profiles())
+        raise FinetuneError(f"unknown profile '{name_or_path}' (available: {names})")
+    return candidate
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Parse and validate one profile; every problem is one FinetuneError naming the file and key."""
+    path = profile_path(str(name_or_path))
+    text = path.read_text()
+    try:
+        settings = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise FinetuneError(f"{path}: not valid YAML ({_first_line(error)})") from None
+    if not isinstance(settings, dict):
+        raise FinetuneError(f"{path}: a profile is a YAML mapping of accelerate config keys")
+    distributed_type = str(settings.get("distributed_type", ""))
+    if distributed_type not in DISTRIBUTED_TYPES:
+        raise FinetuneError(
+            f"{path}: distributed_type: '{distributed_type}' is not one of {', '.join(DISTRIBUTED_TYPES)}"
+        )
+    profile = Profile(
+        name=path.stem,
+        path=path,
+        description=_description(text),
+        distributed_type=distributed_type,
+        settings=settings,
+    )
+    if distributed_type == "FSDP":
+        _check_fsdp(path, settings)
+    if distributed_type == "DEEPSPEED":
+        ds_path = _deepspeed_config_path(path, settings)
+        ds_config = read_deepspeed_config(ds_path)
+        _check_deepspeed(ds_path, ds_config)
+        profile = replace(profile, deepspeed_config_path=ds_path, deepspeed_config=ds_config)
+    return profile
+
+
+def _description(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]
+
+
+def _check_fsdp(path: Path, settings: dict[str, Any]) -> None:
+    fsdp = settings.get("fsdp_config")
+    if not isinstance(fsdp, dict):
+        raise FinetuneError(f"{path}: fsdp_config: missing (an FSDP profile needs its fsdp_config mapping)")
+    if fsdp.get("fsdp_version") != 2:
+        raise FinetuneError(f"{path}: fsdp_config.fsdp_version: must be 2 (this project uses FSDP2)")
+    if not isinstance(fsdp.get("fsdp_reshard_after_forward"), bool):
+        raise FinetuneError(f"{path}: fsdp_config.fsdp_reshard_after_forward: must be true or false")
+
+
+def _deepspeed_config_path(path: Path, settings: dict[str, Any]) -> Path:
+    ds_settings = settings.get("deepspeed_config")
+    if not isinstance(ds_settings, dict) or not ds_settings.get("deepspeed_config_file"):
+        raise FinetuneError(f"{path}: deepspeed_config.deepspeed_config_file: missing")
+    return resolve_project_path(ds_settings["deepspeed_config_file"], path)
+
+
+def resolve_project_path(value: str, profile_file: Path) -> Path:
+    """JSON paths in profiles are relative to the project root (where users launch from)."""
+    candidate = Path(value)
+    if candidate.is_absolute():
+        found = candidate
+    else:
+        found = next(
+            (p for p in (Path.cwd() / candidate, PROJECT_ROOT / candidate, profile_file.parent / candidate) if p.is_file()),
+            candidate,
+        )
+    if not found.is_file():
+        raise FinetuneError(f"{profile_file}: deepspeed_config.deepspeed_config_file: {value} does not exist")
+    return found.resolve()
+
+
+def read_deepspeed_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise FinetuneError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise FinetuneError(f"{path}: a DeepSpeed config is a JSON object")
+    return config
+
+
+def _check_deepspeed(path: Path, config: dict[str, Any]) -> None:
+    zero = config.get("zero_optimization")
+    if not isinstance(zero, dict):
+        raise FinetuneError(f"{path}: zero_optimization: missing")
+    stage = zero.get("stage")
+    if stage not in (0, 1, 2, 3):
+        raise FinetuneError(f"{path}: zero_optimization.stage: must be 0, 1, 2 or 3, got {stage!r}")
+    if "offload_param" in zero and stage != 3:
+        raise FinetuneError(f"{path}: zero_optimization.offload_param: parameter offload needs stage 3, got {stage}")
+    for key in ("offload_optimizer", "offload_param"):
+        offload = zero.get(key)
+        if offload is None:
+            continue
+        device = offload.get("device")
+        if device not in ("cpu", "nvme", "none"):
+            raise FinetuneError(f"{path}: zero_optimization.{key}.device: must be cpu, nvme or none, got {device!r}")
+        if device == "nvme" and not offload.get("nvme_path"):
+            raise FinetuneError(
+                f"{path}: zero_optimization.{key}.nvme_path: NVMe offload needs a folder "
+                f"(a path, or \"{NVME_PLACEHOLDER}\" to take --nvme_path)"
+            )
+        if device != "none" and stage not in (1, 2, 3):
+            raise FinetuneError(f"{path}: zero_optimization.{key}: offload needs ZeRO stage 1-3, got {stage}")
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if key in config and config[key] != "auto":
+            raise FinetuneError(f"{path}: {key}: use \"auto\" so the training flags set it, got {config[key]!r}")
+
+
+def _nvme_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
+    zero = config.get("zero_optimization", {})
+    return [zero[key] for key in ("offload_optimizer", "offload_param") if zero.get(key, {}).get("device") == "nvme"]
+
+
+def needs_nvme_path(config: dict[str, Any]) -> bool:
+    return any(section.get("nvme_path") == NVME_PLACEHOLDER for section in _nvme_sections(config))
+
+
+def fill_nvme_path(config: dict[str, Any], nvme_path: str) -> dict[str, Any]:
+    filled = json.loads(json.dumps(config))
+    for section in _nvme_sections(filled):
+        if section.get("nvme_path") == NVME_PLACEHOLDER:
+            section["nvme_path"] = str(Path(nvme_path).resolve())
+    return filled
+
+
+def active_deepspeed_config() -> tuple[Path | None, dict[str, Any] | None]:
+    """The DeepSpeed JSON that `accelerate launch` handed this process, if any."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() not in ("1", "true"):
+        return None, None
+    value = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if not value or value == "none":
+        return None, None
+    path = Path(value)
+    if not path.is_file():
+        raise FinetuneError(f"DeepSpeed config {value} (from the launch profile) does not exist")
+    return path, read_deepspeed_config(path)
