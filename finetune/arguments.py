@@ -31,21 +31,26 @@ class ModelArguments:
         default="gpt2",
         metadata={
             "aliases": ["--model_name_or_path"],
-            "help": "Hub name, GPT-2 size alias (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) "
-            "or a local save_pretrained folder. Looked up locally, then in $FINETUNE_DATA_DIR, then on the Hub.",
+            "help": "Hub name, GPT-2 size alias (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) or a "
+            "local save_pretrained folder. Looked up locally, then in $FINETUNE_DATA_DIR, then on the Hub.",
         },
     )
     from_scratch: bool = field(
         default=False,
-        metadata={"help": "Build the architecture from its config with random weights instead of loading weights."},
+        metadata={
+            "help": "Build the architecture from its config with random weights instead of loading weights."
+        },
     )
     config_overrides: str | None = field(
         default=None,
         metadata={"help": 'Comma-separated config changes, as in run_clm.py: "n_layer=2,n_embd=64".'},
     )
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer name or folder (default: the model's)."})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer name or folder (default: the model's)."}
+    )
     trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow model code from the Hub to run. Off unless you trust the repository."}
+        default=False,
+        metadata={"help": "Allow model code from the Hub to run. Off unless you trust the repository."},
     )
     attn_implementation: str = field(
         default="sdpa", metadata={"help": "Attention kernel: sdpa (PyTorch scaled-dot-product), eager, ..."}
@@ -58,8 +63,8 @@ class DataArguments:
         default="wikitext-2-raw-v1",
         metadata={
             "aliases": ["--dataset_name"],
-            "help": "wikitext-2-raw-v1, wikitext-103-raw-v1, a Hub dataset, or a local .txt/.jsonl/.json/.csv "
-            "file or folder of them.",
+            "help": "wikitext-2-raw-v1, wikitext-103-raw-v1, a Hub dataset, or a local "
+            ".txt/.jsonl/.json/.csv file or folder of them.",
         },
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
@@ -70,17 +75,25 @@ class DataArguments:
     )
     packing: bool = field(
         default=True,
-        metadata={"help": "Concatenate texts into full blocks (no padding). --no_packing pads/truncates each text."},
+        metadata={
+            "help": "Concatenate texts into full blocks (no padding). --no_packing pads/truncates each text."
+        },
     )
     validation_split_percentage: int = field(
-        default=5, metadata={"help": "Share of train carved out for validation when the dataset has no validation split."}
+        default=5,
+        metadata={
+            "help": "Share of train carved out for validation when the dataset has no validation split."
+        },
     )
     max_train_samples: int | None = field(
         default=None, metadata={"aliases": ["--num_samples"], "help": "Keep only this many training blocks."}
     )
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only this many evaluation blocks."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only this many evaluation blocks."}
+    )
     preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for tokenization (default: one per 2 cores on large datasets)."}
+        default=None,
+        metadata={"help": "Processes for tokenization (default: one per 2 cores on large datasets)."},
     )
 
     def __post_init__(self) -> None:
@@ -92,7 +105,8 @@ class DataArguments:
                 raise FinetuneError(f"--{name} must be at least 1, got {value}")
         if not 0 < self.validation_split_percentage < 100:
             raise FinetuneError(
-                f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
+                "--validation_split_percentage must be between 1 and 99, "
+                f"got {self.validation_split_percentage}"
             )
 
 
@@ -104,14 +118,21 @@ class FinetuneTrainingArguments(TrainingArguments):
     per_device_train_batch_size: int = field(
         default=8, metadata={"aliases": ["--batch_size"], "help": "Micro batch per device."}
     )
-    num_train_epochs: float = field(default=1.0, metadata={"aliases": ["--epochs"], "help": "Training epochs."})
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "linear, cosine, constant_with_warmup, ..."})
+    num_train_epochs: float = field(
+        default=1.0, metadata={"aliases": ["--epochs"], "help": "Training epochs."}
+    )
+    lr_scheduler_type: str = field(
+        default="cosine", metadata={"help": "linear, cosine, constant_with_warmup, ..."}
+    )
     warmup_steps: float = field(
         default=0.05, metadata={"help": "Warm-up steps; a value below 1 is a fraction of all steps."}
     )
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     logging_first_step: bool = field(default=True, metadata={"help": "Log the first step's loss."})
-    report_to: None | str | list[str] = field(default="tensorboard", metadata={"help": "tensorboard, none, ..."})
+    # HfArgumentParser only understands this union with None first, as TrainingArguments declares it.
+    report_to: None | str | list[str] = field(  # noqa: RUF036
+        default="tensorboard", metadata={"help": "tensorboard, none, ..."}
+    )
     precision: str = field(
         default="auto",
         metadata={
@@ -120,14 +141,17 @@ class FinetuneTrainingArguments(TrainingArguments):
         },
     )
     nvme_path: str | None = field(
-        default=None, metadata={"help": "Folder on a fast local disk for the zero3_nvme (ZeRO-Infinity) profile."}
+        default=None,
+        metadata={"help": "Folder on a fast local disk for the zero3_nvme (ZeRO-Infinity) profile."},
     )
 
     def __post_init__(self) -> None:
         if self.per_device_train_batch_size < 1:
             raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
         if self.gradient_accumulation_steps < 1:
-            raise FinetuneError(f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}")
+            raise FinetuneError(
+                f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
+            )
         self._apply_precision()
         self._apply_nvme_path()
         adapt_arguments_to_cpu(self)
@@ -150,10 +174,14 @@ class FinetuneTrainingArguments(TrainingArguments):
         config_path, config = active_deepspeed_config()
         if config is None or not needs_nvme_path(config):
             if self.nvme_path:
-                raise FinetuneError("--nvme_path is only used with an NVMe-offload profile such as zero3_nvme")
+                raise FinetuneError(
+                    "--nvme_path is only used with an NVMe-offload profile such as zero3_nvme"
+                )
             return
         if not self.nvme_path:
-            raise FinetuneError(f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)")
+            raise FinetuneError(
+                f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
+            )
         Path(self.nvme_path).mkdir(parents=True, exist_ok=True)
         self.deepspeed = fill_nvme_path(config, self.nvme_path)
 
@@ -162,7 +190,7 @@ ARGUMENT_CLASSES = (ModelArguments, DataArguments, FinetuneTrainingArguments)
 
 
 def make_parser() -> HfArgumentParser:
-    return HfArgumentParser(ARGUMENT_CLASSES)
+    return HfArgumentParser(ARGUMENT_CLASSES, allow_abbrev=False)
 
 
 def known_keys() -> set[str]:
@@ -190,11 +218,11 @@ def recipe_to_flags(path: Path) -> list[str]:
         raise FinetuneError(f"{path}: unknown key(s) {', '.join(unknown)} (see `finetune/run.py --help`)")
     flags: list[str] = []
     for key, value in recipe.items():
-        if value is None:
+        if value is None or value == []:
             continue
         flags.append(f"--{key}")
         if isinstance(value, list):
-            flags.extend(str(item) for item in value)
+            flags.append(",".join(str(item) for item in value))
         elif isinstance(value, dict):
             flags.append(json.dumps(value))
         else:

@@ -54,7 +54,9 @@ def default_num_processes() -> int:
     return gpus
 
 
-def launch_command(profile: Profile, config_file: Path, options: argparse.Namespace, run_args: list[str]) -> list[str]:
+def launch_command(
+    profile: Profile, config_file: Path, options: argparse.Namespace, run_args: list[str]
+) -> list[str]:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
     if profile.multi_process:
         if options.num_processes is None:
@@ -80,7 +82,9 @@ def make_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     profiles = commands.add_parser("profiles", help="list the strategy profiles and validate them")
-    profiles.add_argument("files", nargs="*", help="profile YAML files to check (default: accelerate_configs/*.yaml)")
+    profiles.add_argument(
+        "files", nargs="*", help="profile YAML files to check (default: accelerate_configs/*.yaml)"
+    )
 
     run = commands.add_parser(
         "run",

@@ -9,6 +9,7 @@ packing per map batch (as run_clm.py does) drops a remainder at every batch boun
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -37,8 +38,19 @@ LOCAL_FOLDERS = {
     "wikitext-103-raw-v1": ("wikitext-103-raw-v1", "wikitext-103-v1"),
     "wikitext-103-v1": ("wikitext-103-v1", "wikitext-103-raw-v1"),
 }
-BUILDERS = {".txt": "text", ".tokens": "text", ".raw": "text", ".json": "json", ".jsonl": "json", ".csv": "csv"}
-SPLIT_KEYWORDS = {"train": ("train",), "validation": ("valid", "dev"), "test": ("test",)}
+BUILDERS = {
+    ".txt": "text",
+    ".tokens": "text",
+    ".raw": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+}
+SPLIT_WORDS = {
+    "train": ("train", "training"),
+    "validation": ("valid", "validation", "dev"),
+    "test": ("test",),
+}
 LARGE_DATASET_ROWS = 100_000
 
 
@@ -60,18 +72,22 @@ class DataSummary:
 
 
 def split_of(path: Path) -> str | None:
-    name = path.name.lower()
-    for split, keywords in SPLIT_KEYWORDS.items():
-        if any(keyword in name for keyword in keywords):
+    """The split a file name declares by a whole word: `wiki.valid.tokens`, `train-00001.jsonl`."""
+    words = set(re.split(r"[^a-z0-9]+", path.name.lower()))
+    for split, names in SPLIT_WORDS.items():
+        if words & set(names):
             return split
     return None
 
 
 def data_files(path: Path) -> dict[str, list[str]]:
-    """Files of a local dataset by split: names containing train/valid/dev/test; otherwise all are train."""
+    """Files of a local dataset by split (train/valid/dev/test in the name); unnamed files are train."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in BUILDERS)
     if not files:
         raise FinetuneError(f"no data files ({', '.join(BUILDERS)}) in {path}")
+    empty = [str(file) for file in files if file.stat().st_size == 0]
+    if empty:
+        raise FinetuneError(f"empty data file(s): {', '.join(empty)}")
     by_split: dict[str, list[str]] = {}
     for file in files:
         by_split.setdefault(split_of(file) or "train", []).append(str(file))
@@ -83,7 +99,9 @@ def data_files(path: Path) -> dict[str, list[str]]:
 def builder_for(files: dict[str, list[str]]) -> str:
     builders = {BUILDERS[Path(f).suffix.lower()] for paths in files.values() for f in paths}
     if len(builders) != 1:
-        raise FinetuneError(f"mixed data file types ({', '.join(sorted(builders))}): use one format per dataset")
+        raise FinetuneError(
+            f"mixed data file types ({', '.join(sorted(builders))}): use one format per dataset"
+        )
     return builders.pop()
 
 
@@ -106,7 +124,9 @@ def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
         raw = load_dataset(found.hub_id, args.dataset_config or hub_config)
     except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise FinetuneError(f"dataset '{args.dataset}' not found; {describe_tried(found)}; the Hub said: {first}") from None
+        raise FinetuneError(
+            f"dataset '{args.dataset}' not found; {describe_tried(found)}; the Hub said: {first}"
+        ) from None
     if not isinstance(raw, DatasetDict):
         raw = DatasetDict({"train": raw})
     return raw, f"hub:{found.hub_id}"
@@ -126,6 +146,10 @@ def arrange_splits(raw: DatasetDict, validation_percentage: int, seed: int) -> t
         else:
             raise FinetuneError(f"dataset has no train split (found: {', '.join(sorted(raw)) or 'none'})")
     if "validation" not in splits:
+        if len(splits["train"]) < 2:
+            raise FinetuneError(
+                "too few texts to carve a validation split from train: add text or a validation file"
+            )
         carved = splits["train"].train_test_split(test_size=validation_percentage / 100, seed=seed)
         splits["train"], splits["validation"] = carved["train"], carved["test"]
         notes.append(f"no validation split: carved {validation_percentage}% of train for validation")
@@ -137,7 +161,9 @@ def tokenize(
 ) -> DatasetDict:
     columns = splits["train"].column_names
     if text_column not in columns:
-        raise FinetuneError(f"--text_column '{text_column}' is not in the dataset (columns: {', '.join(columns)})")
+        raise FinetuneError(
+            f"--text_column '{text_column}' is not in the dataset (columns: {', '.join(columns)})"
+        )
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         texts = [text or "" for text in batch[text_column]]
@@ -146,7 +172,11 @@ def tokenize(
     return DatasetDict(
         {
             name: split.map(
-                encode, batched=True, num_proc=num_proc, remove_columns=split.column_names, desc=f"tokenize {name}"
+                encode,
+                batched=True,
+                num_proc=num_proc,
+                remove_columns=split.column_names,
+                desc=f"tokenize {name}",
             )
             for name, split in splits.items()
         }
@@ -157,7 +187,11 @@ def pack(tokenized: Dataset, block_size: int) -> Dataset:
     """Cut the concatenated token stream into full blocks; labels equal inputs (the model shifts them)."""
     column = tokenized.with_format("arrow")["input_ids"]
     stream = pa.chunked_array(column.chunks if isinstance(column, pa.ChunkedArray) else [column])
-    flat = np.concatenate([chunk.flatten().to_numpy() for chunk in stream.chunks]) if stream.num_chunks else np.array([])
+    flat = (
+        np.concatenate([chunk.flatten().to_numpy() for chunk in stream.chunks])
+        if stream.num_chunks
+        else np.array([])
+    )
     usable = (len(flat) // block_size) * block_size
     blocks = pa.FixedSizeListArray.from_arrays(pa.array(flat[:usable].astype(np.int64)), block_size)
     return Dataset.from_dict({"input_ids": blocks, "labels": blocks})
@@ -201,7 +235,8 @@ def build_datasets(
         train, evaluation = (pack(tokenized[name], block_size) for name in ("train", "validation"))
     else:
         train, evaluation = (
-            pad_and_truncate(tokenized[name], block_size, tokenizer.pad_token_id) for name in ("train", "validation")
+            pad_and_truncate(tokenized[name], block_size, tokenizer.pad_token_id)
+            for name in ("train", "validation")
         )
     if args.max_train_samples:
         train = train.select(range(min(args.max_train_samples, len(train))))
@@ -213,19 +248,23 @@ def build_datasets(
                 f"dataset '{args.dataset}' gives no {name} samples of {block_size} tokens: "
                 "use more text or a smaller --block_size"
             )
-    return train, evaluation, DataSummary(
-        dataset=args.dataset,
-        source=source,
-        block_size=block_size,
-        packing=args.packing,
-        train_samples=len(train),
-        eval_samples=len(evaluation),
-        train_tokens=count_label_tokens(train),
-        notes=notes,
+    return (
+        train,
+        evaluation,
+        DataSummary(
+            dataset=args.dataset,
+            source=source,
+            block_size=block_size,
+            packing=args.packing,
+            train_samples=len(train),
+            eval_samples=len(evaluation),
+            train_tokens=count_label_tokens(train),
+            notes=notes,
+        ),
     )
 
 
 def count_label_tokens(dataset: Dataset) -> int:
-    """Tokens that enter the loss: every label that is not padding (the first of each sample predicts nothing)."""
+    """Tokens that enter the loss: labels that are not padding, less the first of each sample."""
     labels = np.asarray(dataset.with_format("numpy")["labels"])
     return int((labels != IGNORE_INDEX).sum() - len(dataset))

@@ -8,7 +8,9 @@ from transformers import Trainer
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 
-def save_consolidated_model(trainer: Trainer, output_dir: str | Path, tokenizer: PreTrainedTokenizerBase) -> None:
+def save_consolidated_model(
+    trainer: Trainer, output_dir: str | Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
     """Write config, tokenizer and model.safetensors loadable by plain `from_pretrained`. Collective.
 
     accelerate's `get_state_dict` gathers ZeRO-3 partitions (16-bit weights) and FSDP2 shards into

@@ -42,12 +42,16 @@ def load_config(args: ModelArguments, location: str) -> PretrainedConfig:
     try:
         config = AutoConfig.from_pretrained(location, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as error:
-        raise FinetuneError(f"cannot load the config of model '{args.model}' from {location}: {_first_line(error)}") from None
+        raise FinetuneError(
+            f"cannot load the config of model '{args.model}' from {location}: {_first_line(error)}"
+        ) from None
     if args.config_overrides:
         try:
             config.update_from_string(args.config_overrides)
         except ValueError as error:
-            raise FinetuneError(f"--config_overrides '{args.config_overrides}': {_first_line(error)}") from None
+            raise FinetuneError(
+                f"--config_overrides '{args.config_overrides}': {_first_line(error)}"
+            ) from None
     return config
 
 
@@ -83,7 +87,9 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
     try:
         return AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch.float32, **common)
     except OSError as error:
-        raise FinetuneError(f"cannot load weights of model '{args.model}' from {location}: {_first_line(error)}") from None
+        raise FinetuneError(
+            f"cannot load weights of model '{args.model}' from {location}: {_first_line(error)}"
+        ) from None
 
 
 def context_length(config: PretrainedConfig) -> int | None:
@@ -99,7 +105,9 @@ def choose_block_size(requested: int | None, config: PretrainedConfig) -> int:
     if requested is None:
         return min(context or MAX_DEFAULT_BLOCK_SIZE, MAX_DEFAULT_BLOCK_SIZE)
     if context is not None and requested > context:
-        raise FinetuneError(f"--block_size {requested} is larger than the model's context of {context} tokens")
+        raise FinetuneError(
+            f"--block_size {requested} is larger than the model's context of {context} tokens"
+        )
     return requested
 
 

@@ -132,7 +132,11 @@ def resolve_project_path(value: str, profile_file: Path) -> Path:
         found = candidate
     else:
         found = next(
-            (p for p in (Path.cwd() / candidate, PROJECT_ROOT / candidate, profile_file.parent / candidate) if p.is_file()),
+            (
+                p
+                for p in (Path.cwd() / candidate, PROJECT_ROOT / candidate, profile_file.parent / candidate)
+                if p.is_file()
+            ),
             candidate,
         )
     if not found.is_file():
@@ -158,29 +162,38 @@ def _check_deepspeed(path: Path, config: dict[str, Any]) -> None:
     if stage not in (0, 1, 2, 3):
         raise FinetuneError(f"{path}: zero_optimization.stage: must be 0, 1, 2 or 3, got {stage!r}")
     if "offload_param" in zero and stage != 3:
-        raise FinetuneError(f"{path}: zero_optimization.offload_param: parameter offload needs stage 3, got {stage}")
+        raise FinetuneError(
+            f"{path}: zero_optimization.offload_param: parameter offload needs stage 3, got {stage}"
+        )
     for key in ("offload_optimizer", "offload_param"):
         offload = zero.get(key)
         if offload is None:
             continue
+        if not isinstance(offload, dict):
+            raise FinetuneError(f"{path}: zero_optimization.{key}: must be a mapping with a device")
         device = offload.get("device")
         if device not in ("cpu", "nvme", "none"):
-            raise FinetuneError(f"{path}: zero_optimization.{key}.device: must be cpu, nvme or none, got {device!r}")
+            raise FinetuneError(
+                f"{path}: zero_optimization.{key}.device: must be cpu, nvme or none, got {device!r}"
+            )
         if device == "nvme" and not offload.get("nvme_path"):
             raise FinetuneError(
                 f"{path}: zero_optimization.{key}.nvme_path: NVMe offload needs a folder "
-                f"(a path, or \"{NVME_PLACEHOLDER}\" to take --nvme_path)"
+                f'(a path, or "{NVME_PLACEHOLDER}" to take --nvme_path)'
             )
         if device != "none" and stage not in (1, 2, 3):
             raise FinetuneError(f"{path}: zero_optimization.{key}: offload needs ZeRO stage 1-3, got {stage}")
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in config and config[key] != "auto":
-            raise FinetuneError(f"{path}: {key}: use \"auto\" so the training flags set it, got {config[key]!r}")
+            raise FinetuneError(
+                f'{path}: {key}: use "auto" so the training flags set it, got {config[key]!r}'
+            )
 
 
 def _nvme_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
     zero = config.get("zero_optimization", {})
-    return [zero[key] for key in ("offload_optimizer", "offload_param") if zero.get(key, {}).get("device") == "nvme"]
+    sections = (zero.get(key) for key in ("offload_optimizer", "offload_param"))
+    return [section for section in sections if isinstance(section, dict) and section.get("device") == "nvme"]
 
 
 def needs_nvme_path(config: dict[str, Any]) -> bool:

@@ -22,7 +22,14 @@ from finetune.data import build_datasets
 from finetune.devices import promote_cpu_fsdp
 from finetune.errors import exit_on_user_error
 from finetune.export import save_consolidated_model
-from finetune.models import build_model, choose_block_size, count_parameters, load_config, load_tokenizer, resolve_model
+from finetune.models import (
+    build_model,
+    choose_block_size,
+    count_parameters,
+    load_config,
+    load_tokenizer,
+    resolve_model,
+)
 from finetune.summary import hardware, loss_curve, perplexity, versions, write_summary
 
 logger = logging.get_logger("finetune")
@@ -105,7 +112,9 @@ def main(argv: list[str] | None = None) -> None:
                 "arguments": as_record(model_args, data_args, training_args),
             },
         )
-        print(f"finetune: eval loss {eval_loss:.4f}, perplexity {perplexity(eval_loss):.2f}; summary in {path}")
+        print(
+            f"finetune: eval loss {eval_loss:.4f}, perplexity {perplexity(eval_loss):.2f}; summary in {path}"
+        )
 
 
 if __name__ == "__main__":

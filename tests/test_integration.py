@@ -16,10 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from finetune.arguments import DataArguments
+from finetune.arguments import DataArguments, ModelArguments
 from finetune.data import build_datasets
 from finetune.models import load_tokenizer, resolve_model
-from finetune.arguments import ModelArguments
 from finetune.summary import read_summary
 
 pytestmark = pytest.mark.integration
@@ -53,7 +52,7 @@ def launch(command: list[str], output_dir: Path) -> subprocess.CompletedProcess[
 
 @pytest.fixture(scope="module", params=PROFILES)
 def finished_run(request, tmp_path_factory) -> tuple[str, Path]:
-    """`accelerate launch --config_file accelerate_configs/<profile>.yaml --num_processes 2 finetune/run.py`."""
+    """accelerate launch --config_file accelerate_configs/PROFILE.yaml --num_processes 2 finetune/run.py"""
     profile = request.param
     output_dir = tmp_path_factory.mktemp(profile)
     config_file = f"accelerate_configs/{profile}.yaml"
@@ -76,7 +75,9 @@ def test_every_rank_trained_every_step(finished_run):
     _, output_dir = finished_run
     summary = read_summary(output_dir)
     assert [rank["rank"] for rank in summary["ranks"]] == [0, 1]
-    assert all(rank["steps"] == summary["train"]["global_step"] or rank["steps"] == 16 for rank in summary["ranks"])
+    assert all(
+        rank["steps"] == summary["train"]["global_step"] or rank["steps"] == 16 for rank in summary["ranks"]
+    )
 
 
 def test_loss_went_down(finished_run):
@@ -103,7 +104,9 @@ def test_saved_model_reloads_with_the_same_logits(finished_run):
     _, output_dir = finished_run
     model = AutoModelForCausalLM.from_pretrained(output_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(ModelArguments(model=str(output_dir)), resolve_model(str(output_dir)))
-    data_args = DataArguments(dataset="wikitext-2-raw-v1", block_size=BLOCK_SIZE, max_eval_samples=EVAL_SAMPLES)
+    data_args = DataArguments(
+        dataset="wikitext-2-raw-v1", block_size=BLOCK_SIZE, max_eval_samples=EVAL_SAMPLES
+    )
     _, eval_dataset, _ = build_datasets(data_args, tokenizer, BLOCK_SIZE, seed=42)
     input_ids = torch.tensor(eval_dataset["input_ids"])
     with torch.no_grad():

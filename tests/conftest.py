@@ -1,0 +1,115 @@
+"""Shared fixtures for the unit tests.
+
+The unit tests run offline, on CPU, in seconds. They use only the files in the shared data folder
+(`../shared/data` next to the repository: GPT-2 configs and tokenizers without weights, the WikiText-2
+validation/test files, Tiny Shakespeare) and what they write under pytest's temporary folders:
+
+- `data_dir` is that shared folder; an autouse fixture points `$FINETUNE_DATA_DIR` at it and turns
+  the Hub off, so name resolution finds local folders and a missing name can never fall through to
+  a download.
+- `gpt2_tokenizer` is the real GPT-2 tokenizer, loaded once.
+- `tiny_gpt2_dir` is a 2-layer GPT-2 with real (random) weights saved by `save_pretrained`: the
+  shared folders have no weights, and loading weights is a path the package must test.
+- `make_text_file` / `make_jsonl_file` write small local datasets for one test.
+- `output_flags` (`--output_dir` under tmp_path, `--report_to none`) is what every test that builds
+  TrainingArguments passes, so no test writes into the repository or starts a logger.
+"""
+
+import json
+import os
+from pathlib import Path
+
+SHARED_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# huggingface_hub, datasets and transformers read HF_HUB_OFFLINE when they are imported, so it must be
+# set before any test module imports them. FINETUNE_DATA_DIR gets a session-wide default too, for
+# module-scoped fixtures and subprocesses, which run outside the function-scoped autouse fixture below
+# (that fixture re-asserts both for every test).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("FINETUNE_DATA_DIR", str(SHARED_DATA_DIR))
+
+import pytest  # noqa: E402
+from huggingface_hub import constants as hub_constants  # noqa: E402
+
+# Set by `accelerate launch`; a leftover value would change how TrainingArguments are built.
+LAUNCH_VARIABLES = (
+    "ACCELERATE_USE_DEEPSPEED",
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    "ACCELERATE_USE_FSDP",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+)
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    return SHARED_DATA_DIR
+
+
+@pytest.fixture(autouse=True)
+def offline_environment(monkeypatch, data_dir, tmp_path):
+    """Every test: data dir set, Hub off, no launcher variables, and a private working directory.
+
+    The working directory matters because a name such as `gpt2` is first looked up as a local path.
+    """
+    monkeypatch.setenv("FINETUNE_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def output_flags(tmp_path):
+    """The flags every test that builds TrainingArguments passes: a private output folder, no loggers."""
+    return ["--output_dir", str(tmp_path / "out"), "--report_to", "none"]
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer(data_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(data_dir / "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer):
+    """A save_pretrained folder (safetensors weights, config, tokenizer) of a 2-layer GPT-2."""
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    folder = tmp_path_factory.mktemp("tiny-gpt2")
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=128, vocab_size=50257)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)  # transformers 5 always writes model.safetensors
+    gpt2_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def make_text_file(tmp_path):
+    """make_text_file(name, text) -> Path of a text file under this test's tmp_path."""
+
+    def make(name, text):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def make_jsonl_file(tmp_path):
+    """make_jsonl_file(name, rows) -> Path of a JSON-lines file, one dict per row."""
+
+    def make(name, rows):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return path
+
+    return make

@@ -1,0 +1,95 @@
+"""Flags and YAML recipes parse into ModelArguments, DataArguments and FinetuneTrainingArguments."""
+
+import pytest
+
+from finetune.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments, parse_arguments
+from finetune.errors import FinetuneError
+
+RECIPE = """\
+model: gpt2-medium
+from_scratch: true
+dataset: wikitext-2-v1
+packing: false
+block_size: 128
+batch_size: 4
+epochs: 2
+learning_rate: 0.0003
+"""
+RECIPE_AS_FLAGS = [
+    "--model", "gpt2-medium",
+    "--from_scratch",
+    "--dataset", "wikitext-2-v1",
+    "--no_packing",
+    "--block_size", "128",
+    "--batch_size", "4",
+    "--epochs", "2",
+    "--learning_rate", "3e-4",
+]  # fmt: skip
+
+
+def write_recipe(tmp_path, output_flags, text=RECIPE):
+    output_dir, report_to = output_flags[1], output_flags[3]
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text + f"output_dir: {output_dir}\nreport_to: {report_to}\n")
+    return path
+
+
+def test_flags_parse_into_the_three_dataclasses(output_flags):
+    model, data, training = parse_arguments(["--model_name_or_path", "distilgpt2", *output_flags])
+    assert isinstance(model, ModelArguments)
+    assert isinstance(data, DataArguments)
+    assert isinstance(training, FinetuneTrainingArguments)
+    assert model.model == "distilgpt2"
+
+
+def test_aliases_set_their_fields(output_flags):
+    argv = ["--model", "gpt2-large", "--batch_size", "3", "--epochs", "2.5", "--num_samples", "7"]
+    argv += ["--dataset", "tiny-shakespeare", *output_flags]
+    model, data, training = parse_arguments(argv)
+    assert model.model == "gpt2-large"
+    assert training.per_device_train_batch_size == 3
+    assert training.num_train_epochs == 2.5
+    assert data.max_train_samples == 7
+    assert data.dataset == "tiny-shakespeare"
+
+
+def test_recipe_parses_the_same_as_its_flags(tmp_path, output_flags):
+    from_recipe = parse_arguments([str(write_recipe(tmp_path, output_flags))])
+    from_flags = parse_arguments([*RECIPE_AS_FLAGS, *output_flags])
+    assert from_recipe[0] == from_flags[0]
+    assert from_recipe[1] == from_flags[1]
+    assert from_recipe[2].to_dict() == from_flags[2].to_dict()
+    assert from_recipe[0].from_scratch is True
+    assert from_recipe[1].packing is False
+
+
+def test_flag_after_recipe_overrides_it(tmp_path, output_flags):
+    recipe = write_recipe(tmp_path, output_flags)
+    model, _, training = parse_arguments([str(recipe), "--batch_size", "2", "--model", "gpt2"])
+    assert training.per_device_train_batch_size == 2
+    assert model.model == "gpt2"
+    assert training.num_train_epochs == 2  # not overridden: still the recipe's
+
+
+def test_unknown_recipe_key_is_named_in_the_error(tmp_path, output_flags):
+    recipe = write_recipe(tmp_path, output_flags, RECIPE + "batchsize: 4\n")
+    with pytest.raises(FinetuneError, match="unknown key") as error:
+        parse_arguments([str(recipe)])
+    assert "batchsize" in str(error.value)
+    assert str(recipe) in str(error.value)
+
+
+def test_batch_size_zero_is_rejected(output_flags):
+    with pytest.raises(FinetuneError, match="batch_size"):
+        parse_arguments(["--batch_size", "0", *output_flags])
+
+
+def test_precision_fp32_turns_off_mixed_precision(output_flags):
+    _, _, training = parse_arguments(["--precision", "fp32", *output_flags])
+    assert training.bf16 is False
+    assert training.fp16 is False
+
+
+def test_block_size_of_one_token_is_rejected(output_flags):
+    with pytest.raises(FinetuneError, match="block_size"):
+        parse_arguments(["--block_size", "1", *output_flags])

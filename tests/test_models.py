@@ -1,0 +1,82 @@
+"""Model loading (real weights or an explicit --from_scratch), block size choice, parameter counting."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, GPT2Config
+
+from finetune.arguments import ModelArguments
+from finetune.errors import FinetuneError
+from finetune.models import build_model, choose_block_size, count_parameters, load_config, resolve_model
+
+
+def load(args):
+    location = resolve_model(args.model)
+    return build_model(args, load_config(args, location), location)
+
+
+def test_saved_model_loads_with_its_weights(tiny_gpt2_dir):
+    model = load(ModelArguments(model=str(tiny_gpt2_dir)))
+    saved = load_file(tiny_gpt2_dir / "model.safetensors")
+    loaded = model.state_dict()
+    assert saved
+    for name, tensor in saved.items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_saved_model_loads_in_fp32(tiny_gpt2_dir):
+    model = load(ModelArguments(model=str(tiny_gpt2_dir)))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_from_scratch_applies_config_overrides():
+    args = ModelArguments(model="gpt2", from_scratch=True, config_overrides="n_layer=1,n_embd=32,n_head=2")
+    model = load(args)
+    assert model.config.n_layer == 1
+    assert len(model.transformer.h) == 1
+    assert model.transformer.wte.weight.shape == (50257, 32)
+
+
+def test_folder_without_weights_asks_for_from_scratch():
+    with pytest.raises(FinetuneError, match="--from_scratch"):
+        load(ModelArguments(model="gpt2"))
+
+
+def test_unknown_config_override_key_is_an_error():
+    args = ModelArguments(model="gpt2", from_scratch=True, config_overrides="n_layers_typo=1")
+    with pytest.raises(FinetuneError, match="n_layers_typo"):
+        load_config(args, resolve_model(args.model))
+
+
+def test_default_block_size_is_the_context_when_it_is_short():
+    assert choose_block_size(None, GPT2Config(n_positions=128)) == 128
+
+
+def test_default_block_size_is_capped_at_1024():
+    assert choose_block_size(None, GPT2Config(n_positions=4096)) == 1024
+
+
+def test_requested_block_size_within_the_context_is_kept():
+    assert choose_block_size(64, GPT2Config(n_positions=128)) == 64
+
+
+def test_block_size_larger_than_the_context_is_an_error():
+    with pytest.raises(FinetuneError, match="context"):
+        choose_block_size(256, GPT2Config(n_positions=128))
+
+
+def test_count_parameters_counts_tied_embeddings_once():
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=100)
+    model = AutoModelForCausalLM.from_config(config)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    embeddings = 100 * 32 + 16 * 32  # wte, wpe
+    layer = (
+        2 * 32  # ln_1
+        + 32 * 96 + 96  # attn.c_attn
+        + 32 * 32 + 32  # attn.c_proj
+        + 2 * 32  # ln_2
+        + 32 * 128 + 128  # mlp.c_fc
+        + 128 * 32 + 32  # mlp.c_proj
+    )  # fmt: skip
+    final_norm = 2 * 32  # ln_f
+    assert count_parameters(model) == embeddings + 1 * layer + final_norm

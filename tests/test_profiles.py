@@ -1,0 +1,163 @@
+"""Strategy profiles: the shipped ones load and are described; broken ones fail naming file and key."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from finetune.cli import main, resolved_profile_file
+from finetune.errors import FinetuneError
+from finetune.profiles import available_profiles, fill_nvme_path, load_profile, needs_nvme_path
+
+SHIPPED = available_profiles()
+SHIPPED_DEEPSPEED = [path for path in SHIPPED if "DEEPSPEED" in path.read_text()]
+
+
+def write_profile(tmp_path, text, name="broken.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def write_deepspeed_profile(tmp_path, zero_optimization):
+    """A DEEPSPEED profile naming a JSON (absolute path) with the given zero_optimization section."""
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "zero_optimization": zero_optimization,
+    }
+    json_path = tmp_path / "ds.json"
+    json_path.write_text(json.dumps(config))
+    profile_text = f"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: {json_path}\n"
+    return write_profile(tmp_path, profile_text), json_path
+
+
+def nvme_config():
+    return {
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "nvme", "nvme_path": "auto"},
+            "offload_param": {"device": "nvme", "nvme_path": "auto"},
+        }
+    }
+
+
+def test_profiles_are_shipped():
+    assert {"single", "ddp", "fsdp", "zero2", "zero3"} <= {path.stem for path in SHIPPED}
+    assert SHIPPED_DEEPSPEED
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.stem)
+def test_shipped_profile_loads_with_a_description(path):
+    profile = load_profile(path)
+    assert profile.name == path.stem
+    assert profile.description
+
+
+@pytest.mark.parametrize("path", SHIPPED_DEEPSPEED, ids=lambda path: path.stem)
+def test_deepspeed_profile_leaves_batch_and_clipping_to_the_flags(path):
+    profile = load_profile(path)
+    assert profile.deepspeed_config_path.is_file()
+    config = json.loads(profile.deepspeed_config_path.read_text())
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping"):
+        assert config[key] == "auto", key
+
+
+def test_profiles_command_lists_every_profile(capsys):
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    for path in SHIPPED:
+        assert path.stem in out
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    path = write_profile(tmp_path, "distributed_type: [DEEPSPEED\n")
+    with pytest.raises(FinetuneError, match="not valid YAML") as error:
+        load_profile(path)
+    assert str(path) in str(error.value)
+
+
+def test_unknown_distributed_type_names_file_and_key(tmp_path):
+    path = write_profile(tmp_path, "distributed_type: MEGATRON\n")
+    with pytest.raises(FinetuneError, match="distributed_type") as error:
+        load_profile(path)
+    assert str(path) in str(error.value)
+    assert "MEGATRON" in str(error.value)
+
+
+def test_missing_deepspeed_config_file_names_file_and_key(tmp_path):
+    path = write_profile(
+        tmp_path, "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero3_init_flag: true\n"
+    )
+    with pytest.raises(FinetuneError, match="deepspeed_config_file") as error:
+        load_profile(path)
+    assert str(path) in str(error.value)
+
+
+def test_nvme_offload_without_a_path_asks_for_nvme_path(tmp_path):
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3, "offload_optimizer": {"device": "nvme"}})
+    with pytest.raises(FinetuneError, match=r"offload_optimizer\.nvme_path") as error:
+        load_profile(path)
+    assert str(json_path.resolve()) in str(error.value)
+
+
+def test_parameter_offload_with_stage_2_is_rejected(tmp_path):
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 2, "offload_param": {"device": "cpu"}})
+    with pytest.raises(FinetuneError, match="offload_param") as error:
+        load_profile(path)
+    assert str(json_path.resolve()) in str(error.value)
+
+
+def test_profiles_command_fails_on_a_broken_file_with_one_error_line(tmp_path, capsys):
+    path = write_profile(tmp_path, "distributed_type: MEGATRON\n")
+    assert main(["profiles", str(path)]) == 1
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1
+    assert err_lines[0].startswith("finetune: error:")
+    assert str(path) in err_lines[0]
+
+
+def test_needs_nvme_path_only_with_the_placeholder():
+    assert needs_nvme_path(nvme_config())
+    filled = nvme_config()
+    for section in ("offload_optimizer", "offload_param"):
+        filled["zero_optimization"][section]["nvme_path"] = "/scratch/nvme"
+    assert not needs_nvme_path(filled)
+    assert not needs_nvme_path({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
+
+
+def test_fill_nvme_path_fills_both_sections_with_an_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    filled = fill_nvme_path(nvme_config(), "nvme")
+    for section in ("offload_optimizer", "offload_param"):
+        value = filled["zero_optimization"][section]["nvme_path"]
+        assert Path(value).is_absolute()
+        assert Path(value) == (tmp_path / "nvme").resolve()
+    assert not needs_nvme_path(filled)
+
+
+def test_fill_nvme_path_does_not_mutate_its_input():
+    config = nvme_config()
+    before = copy.deepcopy(config)
+    fill_nvme_path(config, "/scratch/nvme")
+    assert config == before
+
+
+def test_resolved_profile_file_has_an_absolute_existing_deepspeed_json(tmp_path):
+    profile = load_profile("zero2")
+    written = yaml.safe_load(resolved_profile_file(profile, tmp_path).read_text())
+    ds_file = Path(written["deepspeed_config"]["deepspeed_config_file"])
+    assert ds_file.is_absolute()
+    assert ds_file.is_file()
+    assert written["distributed_type"] == "DEEPSPEED"
+    assert profile.settings["deepspeed_config"]["deepspeed_config_file"] == "ds_configs/zero2.json"
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda path: path.stem)
+def test_resolved_profile_file_loads_as_the_same_profile(path, tmp_path):
+    profile = load_profile(path)
+    reloaded = load_profile(resolved_profile_file(profile, tmp_path))
+    assert reloaded.distributed_type == profile.distributed_type
+    assert reloaded.deepspeed_config == profile.deepspeed_config
