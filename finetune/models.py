@@ -77,7 +77,7 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
     """
     common = {"attn_implementation": args.attn_implementation, "trust_remote_code": args.trust_remote_code}
     if args.from_scratch:
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
+        return name_causal_lm_loss(AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common))
     folder = Path(location)
     if folder.is_dir() and not has_weights(folder):
         raise FinetuneError(
@@ -85,11 +85,24 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
             f"(none of {', '.join(WEIGHT_FILES)}); pass --from_scratch to train it from random initialisation"
         )
     try:
-        return AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch.float32, **common)
+        model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch.float32, **common)
     except OSError as error:
         raise FinetuneError(
             f"cannot load weights of model '{args.model}' from {location}: {_first_line(error)}"
         ) from None
+    return name_causal_lm_loss(model)
+
+
+def name_causal_lm_loss(model: PreTrainedModel) -> PreTrainedModel:
+    """Give models whose class name hides it (GPT2LMHeadModel) the loss type they already use.
+
+    Such a model falls back to ForCausalLMLoss anyway, but with `loss_type` unset the Trainer counts
+    every label as a prediction target, not labels[1:], and divides the summed loss by one token too
+    many per sample: the loss comes out low by a factor (block_size - 1) / block_size.
+    """
+    if model.loss_type is None:
+        model.loss_type = "ForCausalLM"
+    return model
 
 
 def context_length(config: PretrainedConfig) -> int | None:

@@ -12,7 +12,9 @@ import pytest
 from finetune import cli, run
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-TINY_FROM_SCRATCH = ["--model", "gpt2", "--from_scratch", "--config_overrides", "n_layer=1,n_embd=32,n_head=2"]
+NVME_CONFIG = str(PROJECT_ROOT / "ds_configs" / "zero3_nvme.json")
+TINY_MODEL = "n_layer=1,n_embd=32,n_head=2"
+TINY_FROM_SCRATCH = ["--model", "gpt2", "--from_scratch", "--config_overrides", TINY_MODEL]
 
 
 def error_lines(argv: list[str], capsys, entry=run.main) -> list[str]:
@@ -74,7 +76,7 @@ def test_unknown_flag_is_named(output_flags, capsys):
 
 def test_nvme_profile_without_a_folder_asks_for_nvme_path(output_flags, monkeypatch, capsys):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero3_nvme.json"))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", NVME_CONFIG)
     assert_one_error([*TINY_FROM_SCRATCH, *output_flags], capsys, "--nvme_path")
 
 
@@ -89,12 +91,13 @@ def test_unknown_profile_lists_the_available_ones(capsys):
 
 def test_nvme_path_is_filled_into_the_deepspeed_config(output_flags, monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero3_nvme.json"))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", NVME_CONFIG)
     from finetune.arguments import parse_arguments
 
     _, _, training_args = parse_arguments(["--nvme_path", str(tmp_path / "nvme"), *output_flags])
     zero = training_args.deepspeed["zero_optimization"]
-    assert zero["offload_param"]["nvme_path"] == zero["offload_optimizer"]["nvme_path"] == str(tmp_path / "nvme")
+    nvme = str(tmp_path / "nvme")
+    assert zero["offload_param"]["nvme_path"] == zero["offload_optimizer"]["nvme_path"] == nvme
     assert json.dumps(training_args.deepspeed).count('"auto"') > 0  # the Trainer's own autos are kept
 
 
@@ -108,4 +111,5 @@ def test_script_exits_2_without_a_traceback(tmp_path):
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("finetune: error: model 'no-such-model' not found")
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("finetune: error: model 'no-such-model' not found")

@@ -80,3 +80,10 @@ def test_count_parameters_counts_tied_embeddings_once():
     )  # fmt: skip
     final_norm = 2 * 32  # ln_f
     assert count_parameters(model) == embeddings + 1 * layer + final_norm
+
+
+def test_gpt2_declares_the_causal_lm_loss_so_the_trainer_counts_shifted_tokens(data_dir):
+    args = ModelArguments(model="gpt2", from_scratch=True, config_overrides="n_layer=1,n_embd=32,n_head=2")
+    location = resolve_model(args.model)
+    model = build_model(args, load_config(args, location), location)
+    assert model.loss_type == "ForCausalLM"
