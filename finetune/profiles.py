@@ -33,12 +33,6 @@ class Profile:
     deepspeed_config: dict[str, Any] | None = None
 
     @property
-    def zero_stage(self) -> int | None:
-        if self.deepspeed_config is None:
-            return None
-        return self.deepspeed_config.get("zero_optimization", {}).get("stage", 0)
-
-    @property
     def needs_nvme_path(self) -> bool:
         return self.deepspeed_config is not None and needs_nvme_path(self.deepspeed_config)
 

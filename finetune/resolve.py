@@ -25,10 +25,6 @@ class Resolved:
     hub_id: str | None
     tried: list[str] = field(default_factory=list)
 
-    @property
-    def is_local(self) -> bool:
-        return self.local_path is not None
-
 
 def data_dir() -> Path | None:
     value = os.environ.get(DATA_DIR_ENV)

@@ -19,7 +19,7 @@ def test_existing_local_path_wins_over_the_data_dir(tmp_path, monkeypatch, data_
 def test_name_under_the_data_dir_resolves_there(data_dir):
     found = resolve("tiny-shakespeare")
     assert found.local_path == data_dir / "tiny-shakespeare"
-    assert found.is_local
+    assert found.local_path is not None
 
 
 def test_other_local_name_under_the_data_dir_is_found(data_dir):
