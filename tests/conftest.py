@@ -103,13 +103,10 @@ def make_text_file(tmp_path):
 
 
 @pytest.fixture
-def make_jsonl_file(tmp_path):
+def make_jsonl_file(make_text_file):
     """make_jsonl_file(name, rows) -> Path of a JSON-lines file, one dict per row."""
 
     def make(name, rows):
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        return path
+        return make_text_file(name, "".join(json.dumps(row) + "\n" for row in rows))
 
     return make
