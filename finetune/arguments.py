@@ -91,6 +91,10 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only this many evaluation blocks."}
     )
+    eval_test_split: bool = field(
+        default=False,
+        metadata={"help": "Also evaluate on the test split at the end (test_loss and test_perplexity)."},
+    )
     preprocessing_num_workers: int | None = field(
         default=None,
         metadata={"help": "Processes for tokenization (default: one per 2 cores on large datasets)."},
@@ -144,10 +148,34 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Folder on a fast local disk for the zero3_nvme (ZeRO-Infinity) profile."},
     )
+    throughput_warmup_steps: int = field(
+        default=5,
+        metadata={"help": "First optimizer steps left out of throughput and MFU (compilation, allocation)."},
+    )
+    peak_tflops: float | None = field(
+        default=None,
+        metadata={
+            "help": "Peak dense TFLOP/s of one device in the training dtype, for MFU on GPUs not in "
+            "finetune/flops.py's table (which it overrides)."
+        },
+    )
+    profile_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "Print memory per rank and per phase of the first step (load, forward, backward, "
+            "optimizer step)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.per_device_train_batch_size < 1:
             raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
+        if self.throughput_warmup_steps < 0:
+            raise FinetuneError(
+                f"--throughput_warmup_steps must be 0 or more, got {self.throughput_warmup_steps}"
+            )
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise FinetuneError(f"--peak_tflops must be positive, got {self.peak_tflops}")
         if self.gradient_accumulation_steps < 1:
             raise FinetuneError(
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"

@@ -1,12 +1,31 @@
-"""Trainer callbacks that record what each rank did, for the run summary."""
+"""Trainer callbacks that measure a run: memory per rank and steady-state throughput.
+
+Each callback measures on its own rank. `log_scalars()` (every logging step) and `on_train_end`
+gather across ranks, so they are collective: the Trainer calls both on every rank at the same point
+(`MeasuredTrainer.log` only asks for scalars on the training-loss log, which every rank reaches
+after the loss all-gather).
+"""
 
 from __future__ import annotations
 
+import resource
 import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import psutil
+import torch
 import torch.distributed as dist
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from finetune.data import IGNORE_INDEX
+from finetune.flops import PeakFlops, mfu
+
+GIB = 2**30
 
 
 def gather_from_ranks(value: Any) -> list[Any]:
@@ -18,20 +37,324 @@ def gather_from_ranks(value: Any) -> list[Any]:
     return gathered
 
 
-class RankProgressCallback(TrainerCallback):
-    """Counts the optimizer steps each rank took, so a summary can show that every rank trained."""
+def across_ranks(values: list[float]) -> dict[str, float | int]:
+    """The highest value, which rank had it, and the mean: what a per-GPU budget needs."""
+    highest = max(range(len(values)), key=values.__getitem__)
+    return {"max": values[highest], "rank": highest, "mean": sum(values) / len(values)}
 
-    def __init__(self) -> None:
-        self.steps = 0
+
+# ---------------------------------------------------------------------------------------------------
+# Memory
+
+
+def host_memory() -> dict[str, float]:
+    """This process's resident memory now, and its peak since the process started (GiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_bytes = peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+    return {"host_rss": psutil.Process().memory_info().rss / GIB, "host_peak_rss": peak_bytes / GIB}
+
+
+def device_memory() -> dict[str, float]:
+    """PyTorch's CUDA caching allocator on this rank's device (GiB); peaks since the last reset."""
+    return {
+        "allocated": torch.cuda.memory_allocated() / GIB,
+        "reserved": torch.cuda.memory_reserved() / GIB,
+        "peak_allocated": torch.cuda.max_memory_allocated() / GIB,
+        "peak_reserved": torch.cuda.max_memory_reserved() / GIB,
+    }
+
+
+def read_memory() -> dict[str, float]:
+    return {**(device_memory() if torch.cuda.is_available() else {}), **host_memory()}
+
+
+class MemoryCallback(TrainerCallback):
+    """Per-rank memory: set-up peak, training peak, and (with `profile_phases`) the first step's phases.
+
+    The CUDA peak counters are reset when training begins, after the model is placed and wrapped
+    and the optimizer is built, so `peak_allocated` is the training peak and the set-up peak is
+    kept apart. Host RSS is always read: it is the memory on CPU runs and what the offload
+    profiles move state into.
+    """
+
+    def __init__(self, profile_phases: bool = False, read: Callable[[], dict[str, float]] = read_memory):
+        self.read = read
+        self.profile_phases = profile_phases
+        self.setup: dict[str, float] = {}
+        self.phases: list[tuple[str, dict[str, float]]] = []
         self.ranks: list[dict[str, Any]] = []
+        self._forward_hook: torch.utils.hooks.RemovableHandle | None = None
 
-    def on_step_end(
+    def mark_phase(self, name: str) -> None:
+        if self.profile_phases:
+            self.phases.append((name, self.read()))
+
+    def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self.steps += 1
+        self.setup = self.read()
+        self.mark_phase("set-up (model placed, wrapped, optimizer built)")
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        model = kwargs.get("model")
+        if self.profile_phases and model is not None:
+            self._forward_hook = model.register_forward_hook(self._after_first_forward)
+
+    def _after_first_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if module.training and self._forward_hook is not None:
+            self.mark_phase("first forward")
+            self._forward_hook.remove()
+            self._forward_hook = None
+
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if state.global_step == 0:
+            self.mark_phase("first backward")
+
+    def on_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if state.global_step == 0:
+            self.mark_phase("first optimizer step")
+
+    def log_scalars(self) -> dict[str, float]:
+        """Max and mean over ranks of every reading, as `memory/<reading>_gib_{max,mean}`. Collective."""
+        readings = gather_from_ranks(self.read())
+        scalars = {}
+        for key in readings[0]:
+            spread = across_ranks([reading[key] for reading in readings])
+            scalars[f"memory/{key}_gib_max"] = spread["max"]
+            scalars[f"memory/{key}_gib_mean"] = spread["mean"]
+        return scalars
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        local = {"end": self.read(), "setup": self.setup, "phases": self.phases}
+        self.ranks = gather_from_ranks(local)
+
+    def summary(self) -> dict[str, Any]:
+        """Flat run-summary fields (see summary.FIELDS); empty before training ended."""
+        if not self.ranks:
+            return {}
+        end = [rank["end"] for rank in self.ranks]
+        fields: dict[str, Any] = {"memory_device": "cuda" if "allocated" in end[0] else "cpu"}
+        for key in ("peak_allocated", "peak_reserved", "host_peak_rss"):
+            if key in end[0]:
+                spread = across_ranks([reading[key] for reading in end])
+                fields[f"memory_{key}_gib_max"] = spread["max"]
+                fields[f"memory_{key}_gib_mean"] = spread["mean"]
+                fields[f"memory_{key}_rank"] = spread["rank"]
+        for key in ("allocated", "reserved", "host_rss"):
+            if key in end[0]:
+                fields[f"memory_{key}_gib_max"] = max(reading[key] for reading in end)
+        if "peak_allocated" in self.ranks[0]["setup"]:
+            fields["memory_setup_peak_allocated_gib_max"] = max(
+                rank["setup"]["peak_allocated"] for rank in self.ranks
+            )
+        return fields
+
+    def report(self) -> str:
+        """The --profile_memory printout: every rank's readings, then each phase of the first step."""
+
+        def readings(values: dict[str, float]) -> str:
+            return ", ".join(f"{key} {value:.2f}" for key, value in values.items())
+
+        lines = ["finetune: memory per rank at the end of training, GiB (GPU peaks since training began)"]
+        for index, rank in enumerate(self.ranks):
+            lines.append(f"  rank {index}: {readings(rank['end'])}; set-up: {readings(rank['setup'])}")
+        lines.append(
+            "finetune: memory by phase of the first step, GiB (DeepSpeed steps its optimizer inside backward)"
+        )
+        for index, rank in enumerate(self.ranks):
+            lines += [f"  rank {index}, {name}: {readings(values)}" for name, values in rank["phases"]]
+        return "\n".join(lines)
+
+    def per_rank(self) -> list[dict[str, float]]:
+        return [{f"{key}_gib": value for key, value in rank["end"].items()} for rank in self.ranks]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Throughput
+
+
+def tokens_in(batch: dict[str, Any]) -> torch.Tensor | int:
+    """Real tokens of a batch: labelled tokens (padding carries IGNORE_INDEX), else unmasked inputs."""
+    if batch.get("labels") is not None:
+        return (batch["labels"] != IGNORE_INDEX).sum()
+    if batch.get("attention_mask") is not None:
+        return batch["attention_mask"].sum()
+    return batch["input_ids"].numel()
+
+
+def samples_in(batch: dict[str, Any]) -> int:
+    key = "labels" if batch.get("labels") is not None else "input_ids"
+    return int(batch[key].shape[0])
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+class ThroughputCallback(TrainerCallback):
+    """Steady-state samples/s and tokens/s over training steps only.
+
+    A step's time is the interval between consecutive `on_step_end`s (the first from its
+    `on_step_begin`), so it includes data loading and every micro-batch of gradient accumulation.
+    Left out: the first `warmup_steps` steps, any interval that contained an evaluation or a
+    checkpoint save, and everything before the first step. Tokens and samples are counted by a
+    forward pre-hook on the model in training mode, so they are exactly what entered the model
+    on this rank, padding excluded. On CUDA each step end synchronizes, so a step's time is its
+    GPU time and not the time to queue its kernels.
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int,
+        token_flops: int | None = None,
+        peak: PeakFlops | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        synchronize: Callable[[], None] | None = None,
+    ):
+        self.warmup_steps = warmup_steps
+        self.token_flops = token_flops
+        self.peak = peak
+        self.clock = clock
+        self.synchronize = synchronize or (torch.cuda.synchronize if torch.cuda.is_available() else None)
+        self.steps = 0
+        self.step_times: list[float] = []
+        self.step_tokens: list[int] = []
+        self.step_samples: list[int] = []
+        self.ranks: list[dict[str, Any]] = []
+        self.run_rates: dict[str, float] = {}
+        self._logged_upto = 0
+        self._pending_tokens: torch.Tensor | int = 0
+        self._pending_samples = 0
+        self._last_mark: float | None = None
+        self._interrupted = False
+        self._hook: torch.utils.hooks.RemovableHandle | None = None
+
+    def count_batch(self, batch: dict[str, Any]) -> None:
+        self._pending_tokens = self._pending_tokens + tokens_in(batch)
+        self._pending_samples += samples_in(batch)
+
+    def _count_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if module.training:
+            self.count_batch(kwargs)
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        model = kwargs.get("model")
+        if model is not None:
+            self._hook = model.register_forward_pre_hook(self._count_forward, with_kwargs=True)
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._last_mark is None:
+            self._last_mark = self.clock()
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._interrupted = True
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._interrupted = True
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.synchronize is not None:
+            self.synchronize()
+        now = self.clock()
+        self.steps += 1
+        if self.steps > self.warmup_steps and not self._interrupted and self._last_mark is not None:
+            self.step_times.append(now - self._last_mark)
+            self.step_tokens.append(int(self._pending_tokens))
+            self.step_samples.append(self._pending_samples)
+        self._pending_tokens, self._pending_samples = 0, 0
+        self._interrupted = False
+        self._last_mark = now
+
+    def rates(self, local: dict[str, Any]) -> dict[str, float]:
+        """Rates over one window measured on every rank. Collective.
+
+        Tokens and samples are summed over ranks; the window's time is the slowest rank's.
+        """
+        windows = gather_from_ranks(local)
+        seconds = max(window["seconds"] for window in windows)
+        if seconds <= 0:
+            return {}
+        world_size = len(windows)
+        tokens_per_second = sum(window["tokens"] for window in windows) / seconds
+        samples_per_second = sum(window["samples"] for window in windows) / seconds
+        rates = {
+            "samples_per_second": samples_per_second,
+            "samples_per_second_per_device": samples_per_second / world_size,
+            "tokens_per_second": tokens_per_second,
+            "tokens_per_second_per_device": tokens_per_second / world_size,
+        }
+        if self.token_flops is not None:
+            rates["achieved_tflops_per_device"] = (
+                self.token_flops * rates["tokens_per_second_per_device"] / 1e12
+            )
+            rates["mfu"] = mfu(self.token_flops, rates["tokens_per_second_per_device"], self.peak)
+        return rates
+
+    def _window(self, start: int) -> dict[str, Any]:
+        return {
+            "seconds": sum(self.step_times[start:]),
+            "tokens": sum(self.step_tokens[start:]),
+            "samples": sum(self.step_samples[start:]),
+        }
+
+    def log_scalars(self) -> dict[str, float]:
+        """Rates over the steps measured since the previous log, as `throughput/<rate>`. Collective."""
+        start, self._logged_upto = self._logged_upto, len(self.step_times)
+        rates = self.rates(self._window(start))
+        if len(self.step_times) > start:
+            rates["step_time_s"] = statistics.median(self.step_times[start:])
+        return {f"throughput/{name}": value for name, value in rates.items() if value is not None}
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+        self.run_rates = self.rates(self._window(0))
         local = {"rank": args.process_index, "host": socket.gethostname(), "steps": self.steps}
         self.ranks = gather_from_ranks(local)
+
+    def summary(self) -> dict[str, Any]:
+        """Flat run-summary fields (see summary.FIELDS): rates over every measured step of the run."""
+        fields: dict[str, Any] = {
+            "throughput_warmup_steps": self.warmup_steps,
+            "throughput_steps": len(self.step_times),
+        }
+        if self.step_times:
+            fields.update(self.run_rates)
+            fields["step_time_median_s"] = statistics.median(self.step_times)
+            fields["step_time_p90_s"] = percentile(self.step_times, 90)
+        return fields
+
+
+class MeasuredTrainer(Trainer):
+    """A Trainer whose training logs carry its measuring callbacks' scalars.
+
+    Trainer.log is the documented override point: adding the scalars here sends them to every
+    `report_to` integration and into `state.log_history`, which a callback's `on_log` cannot do:
+    the integrations' callbacks come first in the Trainer's list, and log_history is written before
+    any callback runs.
+    """
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, (MemoryCallback, ThroughputCallback)):
+                    logs.update(callback.log_scalars())
+        super().log(logs, start_time)

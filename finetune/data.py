@@ -218,50 +218,75 @@ def default_num_proc(rows: int) -> int | None:
     return max(1, (os.cpu_count() or 2) // 2) if rows > LARGE_DATASET_ROWS else None
 
 
+@dataclass
+class PreparedData:
+    """What the Trainer gets: train and validation sets, the test set when asked for, and a summary."""
+
+    train: Dataset
+    evaluation: Dataset
+    test: Dataset | None
+    summary: DataSummary
+
+
+def to_samples(
+    tokenized: Dataset, args: DataArguments, tokenizer: PreTrainedTokenizerBase, block_size: int
+) -> Dataset:
+    if args.packing:
+        return pack(tokenized, block_size)
+    return pad_and_truncate(tokenized, block_size, tokenizer.pad_token_id)
+
+
 def build_datasets(
     args: DataArguments,
     tokenizer: PreTrainedTokenizerBase,
     block_size: int,
     seed: int,
     main_process_first: Callable[[], AbstractContextManager[Any]] = nullcontext,
-) -> tuple[Dataset, Dataset, DataSummary]:
-    """Train and eval datasets ready for the Trainer, and a summary of what they hold."""
+) -> PreparedData:
     with main_process_first():
         raw, source = load_raw(args)
         splits, notes = arrange_splits(raw, args.validation_split_percentage, seed)
+        if args.eval_test_split and "test" not in splits:
+            used = " (it is the validation split here)" if "test" in raw else ""
+            raise FinetuneError(
+                f"--eval_test_split: dataset '{args.dataset}' has no separate test split{used}"
+            )
+        if not args.eval_test_split:
+            splits.pop("test", None)
         num_proc = args.preprocessing_num_workers or default_num_proc(len(splits["train"]))
         tokenized = tokenize(splits, tokenizer, args.text_column, num_proc)
-    if args.packing:
-        train, evaluation = (pack(tokenized[name], block_size) for name in ("train", "validation"))
-    else:
-        train, evaluation = (
-            pad_and_truncate(tokenized[name], block_size, tokenizer.pad_token_id)
-            for name in ("train", "validation")
-        )
+    samples = {name: to_samples(split, args, tokenizer, block_size) for name, split in tokenized.items()}
     if args.max_train_samples:
-        train = train.select(range(min(args.max_train_samples, len(train))))
+        samples["train"] = first(samples["train"], args.max_train_samples)
     if args.max_eval_samples:
-        evaluation = evaluation.select(range(min(args.max_eval_samples, len(evaluation))))
-    for name, dataset in (("training", train), ("evaluation", evaluation)):
+        for name in ("validation", "test"):
+            if name in samples:
+                samples[name] = first(samples[name], args.max_eval_samples)
+    for name, dataset in samples.items():
         if len(dataset) == 0:
             raise FinetuneError(
                 f"dataset '{args.dataset}' gives no {name} samples of {block_size} tokens: "
                 "use more text or a smaller --block_size"
             )
-    return (
-        train,
-        evaluation,
-        DataSummary(
+    return PreparedData(
+        train=samples["train"],
+        evaluation=samples["validation"],
+        test=samples.get("test"),
+        summary=DataSummary(
             dataset=args.dataset,
             source=source,
             block_size=block_size,
             packing=args.packing,
-            train_samples=len(train),
-            eval_samples=len(evaluation),
-            train_tokens=count_label_tokens(train),
+            train_samples=len(samples["train"]),
+            eval_samples=len(samples["validation"]),
+            train_tokens=count_label_tokens(samples["train"]),
             notes=notes,
         ),
     )
+
+
+def first(dataset: Dataset, count: int) -> Dataset:
+    return dataset.select(range(min(count, len(dataset))))
 
 
 def count_label_tokens(dataset: Dataset) -> int:

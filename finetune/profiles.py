@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from accelerate import Accelerator
 
 from finetune.errors import FinetuneError
 
@@ -213,3 +214,27 @@ def active_deepspeed_config() -> tuple[Path | None, dict[str, Any] | None]:
     if not path.is_file():
         raise FinetuneError(f"DeepSpeed config {value} (from the launch profile) does not exist")
     return path, read_deepspeed_config(path)
+
+
+def strategy_of(accelerator: Accelerator) -> dict[str, Any]:
+    """Run-summary fields for the strategy accelerate actually set up, named the way the profiles are."""
+    fields: dict[str, Any] = {
+        "distributed_type": str(accelerator.distributed_type.value),
+        "world_size": accelerator.num_processes,
+    }
+    deepspeed_plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    fsdp_plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if deepspeed_plugin is not None:
+        zero = deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+        offload = zero.get("offload_optimizer", {}).get("device", "none")
+        fields["zero_stage"] = deepspeed_plugin.zero_stage
+        fields["strategy"] = f"zero{deepspeed_plugin.zero_stage}" + (
+            "" if offload == "none" else f"+offload_{offload}"
+        )
+    elif fsdp_plugin is not None:
+        fields["strategy"] = f"fsdp{fsdp_plugin.fsdp_version}" + (
+            "" if fsdp_plugin.reshard_after_forward else "_grad_op"
+        )
+    else:
+        fields["strategy"] = "ddp" if accelerator.num_processes > 1 else "single"
+    return fields

@@ -1,12 +1,21 @@
-"""The run summary: one JSON file per run that says what ran, on what, and what came out."""
+"""run_summary.json: one flat record per run, written by rank 0 however the run ends.
+
+FIELDS is the record's documentation and its schema: every field is always present, null when it
+does not apply or was not known when the run ended (CUDA memory on a CPU run, throughput of a run
+that failed before its first step, the model size of a run whose model did not load). `python -m finetune.summary` prints FIELDS as the README's table.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import importlib.metadata
 import json
-import math
 import os
 import platform
+import signal
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,29 +24,149 @@ import torch
 SUMMARY_FILE = "run_summary.json"
 PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "datasets")
 
+# name: (type, meaning). A type ending in "?" may be null.
+FIELDS: dict[str, tuple[str, str]] = {
+    "status": ("str", "completed, failed or interrupted"),
+    "error": ("str?", "why the run did not complete, in one line"),
+    "run_name": ("str", "TensorBoard run name; logs in output_dir/runs/run_name"),
+    "output_dir": ("str", "where the model, logs and this file are"),
+    "started_at": ("str", "start time, ISO 8601, UTC"),
+    "wall_time_s": ("float", "seconds from start to this record: start-up, training, evaluation, saving"),
+    "profile": ("str?", "profile name given to `finetune run` (null under a bare `accelerate launch`)"),
+    "strategy": ("str?", "single, ddp, fsdp2, zero1/2/3, with +offload_cpu or +offload_nvme"),
+    "distributed_type": ("str?", "accelerate's distributed type (MULTI_GPU, FSDP, DEEPSPEED, ...)"),
+    "world_size": ("int?", "processes (one per GPU)"),
+    "num_hosts": ("int?", "machines the ranks ran on"),
+    "zero_stage": ("int?", "DeepSpeed ZeRO stage"),
+    "dtype": ("str?", "compute dtype of the matrix multiplies: bf16, fp16, tf32 or fp32"),
+    "model": ("str?", "--model as given"),
+    "model_location": ("str?", "the folder or Hub name it resolved to"),
+    "from_scratch": ("bool?", "random weights from the config instead of loaded weights"),
+    "parameters": ("int?", "unique parameters (tied embeddings once)"),
+    "matmul_parameters": (
+        "int?",
+        "N of 6·N: parameters in matrix multiplies (no embedding lookups; tied LM head once)",
+    ),
+    "num_layers": ("int?", "transformer blocks, L"),
+    "hidden_size": ("int?", "model width, H"),
+    "flops_per_token": ("int?", "model FLOPs per trained token, 6·N + 12·L·H·T with T = block_size"),
+    "gradient_checkpointing": ("bool?", "activations recomputed in backward (not counted in flops_per_token)"),
+    "dataset": ("str?", "--dataset as given"),
+    "data_source": ("str?", "the folder or Hub id it was read from"),
+    "block_size": ("int?", "tokens per sample, T"),
+    "packing": ("bool?", "texts concatenated into full blocks (else padded per text)"),
+    "train_samples": ("int?", "training samples (blocks) available"),
+    "eval_samples": ("int?", "evaluation samples"),
+    "train_tokens": ("int?", "predicted tokens in the training set"),
+    "data_notes": ("list", "substitutions made to the data (e.g. a missing split), as logged"),
+    "micro_batch_size": ("int?", "samples per device per forward"),
+    "gradient_accumulation_steps": ("int?", "forwards per optimizer step"),
+    "global_batch_size": ("int?", "samples per optimizer step over all ranks"),
+    "learning_rate": ("float?", "peak learning rate"),
+    "seed": ("int?", "random seed"),
+    "device_name": ("str?", "GPU model (torch.cuda.get_device_name) or cpu"),
+    "device_count": ("int?", "GPUs visible on rank 0's host (CPUs on a CPU run)"),
+    "python_version": ("str?", "Python"),
+    "torch_version": ("str?", "PyTorch"),
+    "cuda_version": ("str?", "CUDA PyTorch was built with"),
+    "transformers_version": ("str?", "transformers"),
+    "accelerate_version": ("str?", "accelerate"),
+    "deepspeed_version": ("str?", "DeepSpeed"),
+    "datasets_version": ("str?", "datasets"),
+    "steps": ("int?", "optimizer steps taken"),
+    "train_loss": ("float?", "Trainer's mean training loss over all steps"),
+    "final_loss": ("float?", "last logged training loss"),
+    "train_runtime_s": ("float?", "Trainer's train_runtime: the whole train() call"),
+    "throughput_warmup_steps": ("int?", "first steps left out of the throughput"),
+    "throughput_steps": ("int?", "steps the throughput is measured over (no warm-up, evaluation or saving)"),
+    "samples_per_second": ("float?", "training samples per second, all ranks"),
+    "samples_per_second_per_device": ("float?", "samples_per_second / world_size"),
+    "tokens_per_second": ("float?", "real (non-padding) training tokens per second, all ranks"),
+    "tokens_per_second_per_device": ("float?", "tokens_per_second / world_size"),
+    "step_time_median_s": ("float?", "median optimizer-step time on rank 0"),
+    "step_time_p90_s": ("float?", "90th percentile optimizer-step time on rank 0"),
+    "peak_tflops": ("float?", "peak dense TFLOP/s per device in dtype (null: unknown device)"),
+    "peak_tflops_source": ("str?", "where peak_tflops comes from (datasheet row or --peak_tflops)"),
+    "achieved_tflops_per_device": ("float?", "flops_per_token x tokens_per_second_per_device / 1e12"),
+    "mfu": ("float?", "model FLOPs utilisation: achieved / peak, a fraction (null: peak unknown)"),
+    "memory_device": (
+        "str?",
+        "cuda: the memory_* allocator fields are GPU memory; cpu: only host RSS applies",
+    ),
+    "memory_setup_peak_allocated_gib_max": (
+        "float?",
+        "GPU peak before training (model, wrapping, optimizer), max over ranks",
+    ),
+    "memory_peak_allocated_gib_max": ("float?", "GPU training peak of allocated tensors, max over ranks"),
+    "memory_peak_allocated_gib_mean": ("float?", "the same, mean over ranks"),
+    "memory_peak_allocated_rank": ("int?", "the rank with the highest training peak"),
+    "memory_peak_reserved_gib_max": (
+        "float?",
+        "GPU training peak reserved by the caching allocator, max over ranks",
+    ),
+    "memory_peak_reserved_gib_mean": ("float?", "the same, mean over ranks"),
+    "memory_peak_reserved_rank": ("int?", "the rank with the highest reserved peak"),
+    "memory_allocated_gib_max": ("float?", "GPU memory allocated at the end of training, max over ranks"),
+    "memory_reserved_gib_max": ("float?", "GPU memory reserved at the end of training, max over ranks"),
+    "memory_host_peak_rss_gib_max": (
+        "float?",
+        "host RSS peak of a rank's process since it started, max over ranks",
+    ),
+    "memory_host_peak_rss_gib_mean": ("float?", "the same, mean over ranks"),
+    "memory_host_peak_rss_rank": ("int?", "the rank with the highest host RSS peak"),
+    "memory_host_rss_gib_max": ("float?", "host RSS at the end of training, max over ranks"),
+    "eval_loss": ("float?", "validation loss: mean over all validation tokens of all ranks"),
+    "eval_perplexity": ("float?", "exp(eval_loss)"),
+    "eval_tokens": ("int?", "validation tokens predicted"),
+    "test_loss": ("float?", "the same on the test split (--eval_test_split)"),
+    "test_perplexity": ("float?", "exp(test_loss)"),
+    "test_tokens": ("int?", "test tokens predicted"),
+    "loss_curve": ("list", "[{step, loss}] at every logging step"),
+    "ranks": ("list", "per rank: rank, host, steps, and its memory readings at the end of training"),
+    "arguments": ("dict", "every argument of the run, as parsed"),
+}
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "list": (list,),
+    "dict": (dict,),
+}
+
+
+def validate_summary(record: dict[str, Any]) -> list[str]:
+    """What is wrong with a record against FIELDS: missing or unknown fields, wrong types."""
+    problems = [f"missing field {name}" for name in FIELDS if name not in record]
+    problems += [f"undocumented field {name}" for name in record if name not in FIELDS]
+    for name, (kind, _) in FIELDS.items():
+        value = record.get(name)
+        if name not in record or (value is None and kind.endswith("?")):
+            continue
+        allowed = JSON_TYPES[kind.rstrip("?")]
+        wrong_bool = isinstance(value, bool) and bool not in allowed
+        if not isinstance(value, allowed) or wrong_bool:
+            problems.append(f"{name} is {type(value).__name__}, documented as {kind}")
+    return problems
+
 
 def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": platform.python_version()}
+    found: dict[str, str | None] = {
+        "python_version": platform.python_version(),
+        "cuda_version": torch.version.cuda,
+    }
     for package in PACKAGES:
         try:
-            found[package] = importlib.metadata.version(package)
+            found[f"{package}_version"] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
-            found[package] = None
+            found[f"{package}_version"] = None
     return found
 
 
 def hardware() -> dict[str, Any]:
     if torch.cuda.is_available():
-        return {"device": torch.cuda.get_device_name(), "gpus_visible": torch.cuda.device_count()}
-    return {"device": "cpu", "cpu_count": os.cpu_count()}
-
-
-def perplexity(loss: float) -> float:
-    """exp(loss), or infinity when the loss is too large to exponentiate."""
-    try:
-        return math.exp(loss)
-    except OverflowError:
-        return math.inf
+        return {"device_name": torch.cuda.get_device_name(), "device_count": torch.cuda.device_count()}
+    return {"device_name": "cpu", "device_count": os.cpu_count()}
 
 
 def loss_curve(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -56,3 +185,129 @@ def write_summary(output_dir: str | Path, summary: dict[str, Any]) -> Path:
 
 def read_summary(output_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(output_dir) / SUMMARY_FILE).read_text())
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+class RunRecord:
+    """The summary of a run in progress: filled in as the run goes, written when it ends.
+
+    Only the main process writes. `until_exit` writes the record whatever ends the run: success,
+    an error (status failed, with its first line) or Ctrl-C / SIGTERM (status interrupted), so a
+    crashed run still says how far it got.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        run_name: str,
+        is_main_process: bool,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.is_main_process = is_main_process
+        self.clock = clock
+        self.started = clock()
+        self.fields: dict[str, Any] = dict.fromkeys(FIELDS)
+        self.fields.update(
+            status="running",
+            run_name=run_name,
+            output_dir=str(output_dir),
+            wall_time_s=0.0,
+            started_at=datetime.datetime.fromtimestamp(self.started, datetime.UTC).isoformat(
+                timespec="seconds"
+            ),
+            data_notes=[],
+            loss_curve=[],
+            ranks=[],
+            arguments={},
+        )
+
+    def update(self, fields: dict[str, Any]) -> None:
+        unknown = sorted(set(fields) - set(FIELDS))
+        if unknown:
+            raise KeyError(f"undocumented run-summary fields: {', '.join(unknown)}")
+        self.fields.update(fields)
+
+    def write(self) -> Path | None:
+        self.fields["wall_time_s"] = self.clock() - self.started
+        if not self.is_main_process:
+            return None
+        return write_summary(self.fields["output_dir"], self.fields)
+
+    @contextlib.contextmanager
+    def until_exit(self) -> Iterator[RunRecord]:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            yield self
+        except KeyboardInterrupt as interrupt:
+            self.update({"status": "interrupted", "error": f"interrupted by {interrupt or 'SIGINT'}"})
+            self.write()
+            raise
+        except BaseException as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            self.update({"status": "failed", "error": f"{type(error).__name__}: {first_line}".rstrip(": ")})
+            self.write()
+            raise
+        else:
+            self.update({"status": "completed"})
+            self.write()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def format_report(fields: dict[str, Any]) -> str:
+    """The end-of-run block: the numbers a user pastes into a report."""
+
+    def number(value: Any, spec: str, unit: str = "") -> str:
+        return "unknown" if value is None else f"{value:{spec}}{unit}"
+
+    mfu_percent = None if fields["mfu"] is None else 100 * fields["mfu"]
+
+    lines = [
+        f"finetune: {fields['status']} in {number(fields['wall_time_s'], '.0f', ' s')} "
+        f"({fields['strategy'] or fields['profile']}, {fields['world_size']} x {fields['device_name']})",
+        f"  model       {fields['model']}: {number(fields['parameters'], ',')} parameters, "
+        f"{fields['dtype']}, block {fields['block_size']}, global batch {fields['global_batch_size']}",
+        f"  training    {fields['steps']} steps, loss {number(fields['final_loss'], '.4f')} at the last log",
+        f"  throughput  {number(fields['tokens_per_second'], ',.0f')} tokens/s "
+        f"({number(fields['tokens_per_second_per_device'], ',.0f')} per device), "
+        f"{number(fields['samples_per_second'], '.2f')} samples/s, step "
+        f"{number(fields['step_time_median_s'], '.3f', ' s')} median, "
+        f"{number(fields['step_time_p90_s'], '.3f', ' s')} p90 "
+        f"(over {fields['throughput_steps']} steps after {fields['throughput_warmup_steps']} warm-up)",
+        f"  MFU         {number(mfu_percent, '.1f', ' %')} "
+        f"({number(fields['achieved_tflops_per_device'], '.1f')} of "
+        f"{number(fields['peak_tflops'], '.1f')} TFLOP/s per device)",
+    ]
+    if fields["memory_device"] == "cuda":
+        lines.append(
+            f"  GPU memory  peak {number(fields['memory_peak_allocated_gib_max'], '.2f', ' GiB')} allocated "
+            f"(rank {fields['memory_peak_allocated_rank']}; mean "
+            f"{number(fields['memory_peak_allocated_gib_mean'], '.2f')}), "
+            f"{number(fields['memory_peak_reserved_gib_max'], '.2f', ' GiB')} reserved; "
+            f"set-up peak {number(fields['memory_setup_peak_allocated_gib_max'], '.2f', ' GiB')}"
+        )
+    lines.append(
+        f"  host memory peak RSS {number(fields['memory_host_peak_rss_gib_max'], '.2f', ' GiB')} "
+        f"(rank {fields['memory_host_peak_rss_rank']}; mean "
+        f"{number(fields['memory_host_peak_rss_gib_mean'], '.2f')})"
+    )
+    for split in ("eval", "test"):
+        if fields[f"{split}_loss"] is not None:
+            lines.append(
+                f"  {split:<11} loss {fields[f'{split}_loss']:.4f}, perplexity "
+                f"{fields[f'{split}_perplexity']:.2f} over {fields[f'{split}_tokens']:,} tokens"
+            )
+    lines.append(f"  summary     {Path(fields['output_dir']) / SUMMARY_FILE}")
+    return "\n".join(lines)
+
+
+def fields_table() -> str:
+    rows = [f"| `{name}` | {kind} | {meaning} |" for name, (kind, meaning) in FIELDS.items()]
+    return "\n".join(["| field | type | meaning |", "|---|---|---|", *rows])
+
+
+if __name__ == "__main__":
+    print(fields_table())

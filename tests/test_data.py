@@ -124,12 +124,12 @@ def test_wikitext_files_map_to_validation_and_test(data_dir):
 
 def test_wikitext_offline_builds_packed_samples_from_the_validation_split(gpt2_tokenizer):
     args = DataArguments(dataset="wikitext-2-v1", max_train_samples=10)
-    train, evaluation, summary = build_datasets(args, gpt2_tokenizer, 64, seed=0)
-    assert len(train) == 10
-    assert all(len(ids) == 64 for ids in train["input_ids"])
-    assert len(evaluation) > 0
-    assert summary.train_samples == 10
-    assert any("no train split" in note for note in summary.notes)
+    data = build_datasets(args, gpt2_tokenizer, 64, seed=0)
+    assert len(data.train) == 10
+    assert all(len(ids) == 64 for ids in data.train["input_ids"])
+    assert len(data.evaluation) > 0
+    assert data.summary.train_samples == 10
+    assert any("no train split" in note for note in data.summary.notes)
 
 
 def test_unknown_text_column_lists_the_available_columns(make_jsonl_file, gpt2_tokenizer):
@@ -145,16 +145,16 @@ def test_jsonl_file_with_a_custom_text_column_builds(make_jsonl_file, gpt2_token
     rows = [{"content": f"Sample number {i} says hello to the tests."} for i in range(40)]
     path = make_jsonl_file("corpus.jsonl", rows)
     args = DataArguments(dataset=str(path), text_column="content")
-    train, evaluation, summary = build_datasets(args, gpt2_tokenizer, 8, seed=0)
-    assert len(train) > 0
-    assert len(evaluation) > 0
-    assert summary.source == str(path)
-    assert gpt2_tokenizer.decode(train["input_ids"][0]).startswith("Sample number")
+    data = build_datasets(args, gpt2_tokenizer, 8, seed=0)
+    assert len(data.train) > 0
+    assert len(data.evaluation) > 0
+    assert data.summary.source == str(path)
+    assert gpt2_tokenizer.decode(data.train["input_ids"][0]).startswith("Sample number")
 
 
 def test_text_too_short_for_one_block_is_an_error(make_text_file, gpt2_tokenizer):
     path = make_text_file("short.txt", "hello\n" * 40)
-    with pytest.raises(FinetuneError, match="no training samples"):
+    with pytest.raises(FinetuneError, match="no train samples"):
         build_datasets(DataArguments(dataset=str(path)), gpt2_tokenizer, 512, seed=0)
 
 
@@ -168,3 +168,21 @@ def test_one_line_text_file_is_an_error(make_text_file, gpt2_tokenizer):
     path = make_text_file("one_line.txt", "just one line of text\n")
     with pytest.raises(FinetuneError, match="too few texts"):
         build_datasets(DataArguments(dataset=str(path)), gpt2_tokenizer, 8, seed=0)
+
+
+def test_test_split_is_prepared_only_when_asked_for(make_text_file, gpt2_tokenizer):
+    for split in ("train", "valid", "test"):
+        make_text_file(f"corpus/{split}.txt", f"The {split} split has its own words.\n" * 30)
+    folder = make_text_file("corpus/readme.md", "not data").parent
+    without = build_datasets(DataArguments(dataset=str(folder)), gpt2_tokenizer, 8, seed=0)
+    with_test = build_datasets(
+        DataArguments(dataset=str(folder), eval_test_split=True), gpt2_tokenizer, 8, seed=0
+    )
+    assert without.test is None
+    assert gpt2_tokenizer.decode(with_test.test["input_ids"][0]).startswith("The test split")
+
+
+def test_test_split_of_offline_wikitext_is_already_the_validation_split(gpt2_tokenizer):
+    args = DataArguments(dataset="wikitext-2-v1", eval_test_split=True)
+    with pytest.raises(FinetuneError, match="no separate test split"):
+        build_datasets(args, gpt2_tokenizer, 64, seed=0)

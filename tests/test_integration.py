@@ -1,25 +1,29 @@
 """Real 2-process training runs on CPU (gloo), launched exactly as users launch them.
 
 Each profile trains a tiny GPT-2 on WikiText-2 from $FINETUNE_DATA_DIR once (module-scoped
-fixture); the tests then read what the run left behind.
+fixture); the tests then read what the run left behind (run_summary.json, the TensorBoard log,
+the saved model) and check it against what they compute themselves.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
 from finetune.arguments import DataArguments, ModelArguments
 from finetune.data import build_datasets
+from finetune.evaluation import loss_sums_per_sample
 from finetune.models import load_tokenizer, resolve_model
-from finetune.summary import read_summary
+from finetune.summary import read_summary, validate_summary
 
 pytestmark = pytest.mark.integration
 
@@ -28,21 +32,28 @@ PROFILES = ["ddp", "fsdp", "zero2", "zero3", "zero2_offload"]
 BLOCK_SIZE = 64
 EVAL_SAMPLES = 16
 MAX_STEPS = 16
+WARMUP_STEPS = 2
+TINY_MODEL = ["--model", "gpt2", "--from_scratch", "--config_overrides", "n_layer=2,n_embd=64,n_head=2"]
 RUN_FLAGS = [
-    "--model", "gpt2", "--from_scratch", "--config_overrides", "n_layer=2,n_embd=64,n_head=2",
-    "--dataset", "wikitext-2-raw-v1", "--block_size", str(BLOCK_SIZE), "--max_steps", str(MAX_STEPS),
-    "--batch_size", "4", "--learning_rate", "3e-3", "--max_eval_samples", str(EVAL_SAMPLES),
-    "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", str(BLOCK_SIZE),
+    "--max_steps", str(MAX_STEPS), "--batch_size", "4", "--learning_rate", "3e-3",
+    "--max_eval_samples", str(EVAL_SAMPLES), "--save_strategy", "no", "--report_to", "tensorboard",
+    "--logging_steps", "4", "--throughput_warmup_steps", str(WARMUP_STEPS), "--disable_tqdm", "true",
 ]  # fmt: skip
 LAUNCH_TIMEOUT_S = 900
 
 
-def launch(command: list[str], output_dir: Path) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+
+
+def launch(
+    command: list[str], output_dir: Path, flags: list[str] = RUN_FLAGS
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [*command, *RUN_FLAGS, "--output_dir", str(output_dir)],
+        [*command, *flags, "--output_dir", str(output_dir)],
         cwd=PROJECT_ROOT,
-        env=environment,
+        env=ENVIRONMENT,
         capture_output=True,
         text=True,
         timeout=LAUNCH_TIMEOUT_S,
@@ -57,19 +68,28 @@ def finished_run(request, tmp_path_factory) -> tuple[str, Path]:
     profile = request.param
     output_dir = tmp_path_factory.mktemp(profile)
     config_file = f"accelerate_configs/{profile}.yaml"
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
-    launch([*accelerate, "--num_processes", "2", "finetune/run.py"], output_dir)
+    launch([*ACCELERATE, "--config_file", config_file, "--num_processes", "2", "finetune/run.py"], output_dir)
     return profile, output_dir
 
 
 def test_run_uses_the_profiles_strategy_on_two_ranks(finished_run):
     profile, output_dir = finished_run
-    strategy = read_summary(output_dir)["strategy"]
+    summary = read_summary(output_dir)
     expected = {"ddp": "MULTI_CPU", "fsdp": "FSDP"}.get(profile, "DEEPSPEED")
-    assert strategy["distributed_type"] == expected
-    assert strategy["world_size"] == 2
+    assert summary["distributed_type"] == expected
+    assert summary["world_size"] == 2
+    assert summary["strategy"] == {"ddp": "ddp", "fsdp": "fsdp2", "zero2_offload": "zero2+offload_cpu"}.get(
+        profile, profile
+    )
     if expected == "DEEPSPEED":
-        assert strategy["zero_stage"] == int(profile[len("zero")])
+        assert summary["zero_stage"] == int(profile[len("zero")])
+
+
+def test_summary_has_exactly_the_documented_fields(finished_run):
+    _, output_dir = finished_run
+    summary = read_summary(output_dir)
+    assert validate_summary(summary) == []
+    assert summary["status"] == "completed"
 
 
 def test_every_rank_trained_every_step(finished_run):
@@ -84,16 +104,55 @@ def test_loss_went_down(finished_run):
     assert curve[-1]["loss"] < curve[0]["loss"] - 0.5
 
 
-def test_eval_loss_and_perplexity_are_finite(finished_run):
+def test_eval_perplexity_is_exp_of_the_eval_loss(finished_run):
     _, output_dir = finished_run
-    evaluation = read_summary(output_dir)["eval"]
-    assert math.isfinite(evaluation["eval_loss"])
-    assert evaluation["perplexity"] == pytest.approx(math.exp(evaluation["eval_loss"]))
+    summary = read_summary(output_dir)
+    assert math.isfinite(summary["eval_loss"])
+    assert summary["eval_perplexity"] == pytest.approx(math.exp(summary["eval_loss"]))
+    assert summary["eval_tokens"] == EVAL_SAMPLES * (BLOCK_SIZE - 1)
+
+
+def test_throughput_counts_the_tokens_of_both_ranks_after_warm_up(finished_run):
+    _, output_dir = finished_run
+    summary = read_summary(output_dir)
+    assert summary["throughput_steps"] == MAX_STEPS - WARMUP_STEPS
+    # packed blocks have no padding: every sample is BLOCK_SIZE real tokens
+    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(BLOCK_SIZE)
+    assert summary["tokens_per_second_per_device"] == pytest.approx(summary["tokens_per_second"] / 2)
+    assert summary["step_time_median_s"] <= summary["step_time_p90_s"]
+
+
+def test_memory_is_the_max_and_mean_over_both_ranks(finished_run):
+    _, output_dir = finished_run
+    summary = read_summary(output_dir)
+    peaks = [rank["host_peak_rss_gib"] for rank in summary["ranks"]]
+    assert len(peaks) == 2
+    assert summary["memory_device"] == "cpu"
+    assert summary["memory_host_peak_rss_gib_max"] == max(peaks)
+    assert summary["memory_host_peak_rss_gib_mean"] == pytest.approx(sum(peaks) / 2)
+    assert summary["memory_host_peak_rss_rank"] == peaks.index(max(peaks))
+
+
+def test_tensorboard_log_holds_the_runs_measurements(finished_run):
+    _, output_dir = finished_run
+    (log_dir,) = (output_dir / "runs").iterdir()
+    assert log_dir.name == read_summary(output_dir)["run_name"]
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    expected = {
+        "train/loss",
+        "memory/host_peak_rss_gib_max",
+        "throughput/tokens_per_second_per_device",
+        "eval/perplexity",
+    }
+    assert expected <= scalars
+    assert events.Scalars("train/loss")[-1].step == MAX_STEPS
 
 
 def test_offline_wikitext_substitution_is_recorded(finished_run):
     _, output_dir = finished_run
-    notes = read_summary(output_dir)["data"]["notes"]
+    notes = read_summary(output_dir)["data_notes"]
     assert any("training on its validation split" in note for note in notes)
 
 
@@ -105,16 +164,116 @@ def test_saved_model_reloads_with_the_same_logits(finished_run):
     data_args = DataArguments(
         dataset="wikitext-2-raw-v1", block_size=BLOCK_SIZE, max_eval_samples=EVAL_SAMPLES
     )
-    _, eval_dataset, _ = build_datasets(data_args, tokenizer, BLOCK_SIZE, seed=42)
+    eval_dataset = build_datasets(data_args, tokenizer, BLOCK_SIZE, seed=42).evaluation
     input_ids = torch.tensor(eval_dataset["input_ids"])
     with torch.no_grad():
         loss = model(input_ids=input_ids, labels=input_ids).loss.item()
-    assert loss == pytest.approx(read_summary(output_dir)["eval"]["eval_loss"], rel=1e-4)
+    assert loss == pytest.approx(read_summary(output_dir)["eval_loss"], rel=1e-4)
 
 
 def test_finetune_run_launches_a_profile_from_any_directory(tmp_path):
     output_dir = tmp_path / "out"
     command = [sys.executable, "-m", "finetune", "run", "--profile", "zero2", "--num_processes", "2"]
     launch(command, output_dir)
-    strategy = read_summary(output_dir)["strategy"]
-    assert (strategy["profile"], strategy["zero_stage"], strategy["world_size"]) == ("zero2", 2, 2)
+    summary = read_summary(output_dir)
+    assert (summary["profile"], summary["zero_stage"], summary["world_size"]) == ("zero2", 2, 2)
+    assert summary["run_name"].startswith("zero2-gpt2-")
+
+
+# Perplexity over texts of different lengths, split over two ranks
+
+
+@pytest.fixture(scope="module")
+def padded_run(tmp_path_factory) -> tuple[Path, Path]:
+    """DDP on 2 ranks, one padded sample per text: ranks see different token counts and losses.
+
+    Seven validation texts of 2 to 44 words with an eval batch of 2 per rank: the ranks' batches
+    hold different numbers of real tokens, and the last batch is evened out with a repeated sample
+    that must not be counted.
+    """
+    folder = tmp_path_factory.mktemp("padded-data")
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
+    train = [" ".join(words[: 3 + i % 12]) for i in range(80)]
+    valid = [" ".join((words * 4)[: 2 + 7 * i]) for i in range(7)]
+    (folder / "train.txt").write_text("\n".join(train) + "\n")
+    (folder / "valid.txt").write_text("\n".join(valid) + "\n")
+    output_dir = tmp_path_factory.mktemp("padded-run")
+    flags = [
+        *TINY_MODEL, "--dataset", str(folder), "--no_packing", "--block_size", str(BLOCK_SIZE),
+        "--max_steps", "4", "--batch_size", "4", "--per_device_eval_batch_size", "2",
+        "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    command = [
+        *ACCELERATE,
+        "--config_file",
+        "accelerate_configs/ddp.yaml",
+        "--num_processes",
+        "2",
+        "finetune/run.py",
+    ]
+    launch(command, output_dir, flags)
+    return folder, output_dir
+
+
+def test_perplexity_weighs_every_validation_token_once(padded_run):
+    folder, output_dir = padded_run
+    model = AutoModelForCausalLM.from_pretrained(output_dir, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(ModelArguments(model=str(output_dir)), resolve_model(str(output_dir)))
+    data_args = DataArguments(dataset=str(folder), block_size=BLOCK_SIZE, packing=False)
+    evaluation = build_datasets(data_args, tokenizer, BLOCK_SIZE, seed=42).evaluation
+    assert len(evaluation) == 7
+    with torch.no_grad():
+        logits = model(
+            input_ids=torch.tensor(evaluation["input_ids"]),
+            attention_mask=torch.tensor(evaluation["attention_mask"]),
+        ).logits
+    sums = loss_sums_per_sample(logits, torch.tensor(evaluation["labels"]))
+    token_weighted = (sums[:, 0].sum() / sums[:, 1].sum()).item()
+    mean_of_sample_means = (sums[:, 0] / sums[:, 1]).mean().item()
+    summary = read_summary(output_dir)
+    assert summary["eval_tokens"] == int(sums[:, 1].sum())
+    assert summary["eval_loss"] == pytest.approx(token_weighted, rel=1e-5)
+    assert abs(mean_of_sample_means - token_weighted) > 1e-3  # the data tells the two apart
+    assert summary["eval_perplexity"] == pytest.approx(math.exp(token_weighted), rel=1e-5)
+
+
+# Runs that do not complete still leave a summary
+
+
+def single_process(output_dir: Path, *flags: str) -> list[str]:
+    return [sys.executable, "finetune/run.py", *RUN_FLAGS, "--output_dir", str(output_dir), *flags]
+
+
+def test_failed_run_leaves_a_summary_that_says_why(tmp_path):
+    output_dir = tmp_path / "out"
+    result = subprocess.run(
+        single_process(output_dir, "--dataset", "no-such-dataset"),
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 2
+    summary = read_summary(output_dir)
+    assert summary["status"] == "failed"
+    assert "no-such-dataset" in summary["error"]
+    assert validate_summary(summary) == []
+
+
+def test_terminated_run_leaves_a_summary_marked_interrupted(tmp_path):
+    output_dir = tmp_path / "out"
+    command = single_process(output_dir, "--max_steps", "100000", "--logging_steps", "1")
+    with subprocess.Popen(
+        command,
+        cwd=PROJECT_ROOT,
+        env=ENVIRONMENT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as process:
+        for line in process.stdout:
+            if "'loss'" in line:
+                break
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=120)
+    assert process.returncode == 130
+    summary = read_summary(output_dir)
+    assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by SIGTERM")
+    assert summary["model"] == "gpt2"

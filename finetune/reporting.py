@@ -1,0 +1,107 @@
+"""TensorBoard: the run's measurements under their own groups, and its configuration as hparams.
+
+transformers' TensorBoardCallback files every training log under `train/`; this subclass keeps
+`memory/` and `throughput/` as groups of their own, writes into `<output_dir>/runs/<run_name>`,
+and records the run's configuration (profile, world size, model, batch, dtype, versions, GPU) as
+text and as HParams, so runs of different profiles line up in one `tensorboard --logdir`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.utils.tensorboard.summary import hparams
+from transformers import TrainerControl, TrainerState, TrainingArguments
+from transformers.integrations import TensorBoardCallback
+from transformers.integrations.integration_utils import rewrite_logs
+
+HPARAM_FIELDS = (
+    "profile",
+    "strategy",
+    "world_size",
+    "num_hosts",
+    "model",
+    "parameters",
+    "block_size",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "global_batch_size",
+    "learning_rate",
+    "dtype",
+    "gradient_checkpointing",
+    "device_name",
+    "torch_version",
+    "transformers_version",
+    "accelerate_version",
+    "deepspeed_version",
+)
+# Scalar tags the HParams dashboard shows beside each run's configuration (their last value).
+HPARAM_METRICS = (
+    "throughput/tokens_per_second_per_device",
+    "throughput/mfu",
+    "memory/peak_allocated_gib_max",
+    "memory/host_peak_rss_gib_max",
+    "eval/perplexity",
+)
+
+
+def tensorboard_tag(key: str) -> str:
+    """`memory/x` stays; `loss` becomes `train/loss`, `eval_loss` `eval/loss`, as transformers names them."""
+    if "/" in key:
+        return key
+    return next(iter(rewrite_logs({key: None})))
+
+
+def hparam_value(value: Any) -> int | float | str | bool:
+    return value if isinstance(value, (int, float, str, bool)) else str(value)
+
+
+def config_markdown(config: dict[str, Any]) -> str:
+    rows = [f"| {name} | {value} |" for name, value in config.items()]
+    return "\n".join(["| setting | value |", "|---|---|", *rows])
+
+
+class GroupedTensorBoardCallback(TensorBoardCallback):
+    """Replaces transformers' TensorBoardCallback (same writer, same TENSORBOARD_LOGGING_DIR override)."""
+
+    def __init__(self, logging_dir: str | Path, run_config: dict[str, Any]):
+        super().__init__()
+        self.logging_dir = self.logging_dir or str(logging_dir)
+        self.run_config = {name: run_config.get(name) for name in HPARAM_FIELDS}
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        super().on_train_begin(args, state, control, **kwargs)
+        if state.is_world_process_zero and self.tb_writer is not None:
+            self.tb_writer.add_text("run_config", config_markdown(self.run_config))
+            experiment, session_start, session_end = hparams(
+                {name: hparam_value(value) for name, value in self.run_config.items()},
+                dict.fromkeys(HPARAM_METRICS, 0.0),
+            )
+            writer = self.tb_writer._get_file_writer()
+            for summary in (experiment, session_start, session_end):
+                writer.add_summary(summary)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not state.is_world_process_zero:
+            return
+        if self.tb_writer is None:
+            self._init_summary_writer(args)
+        for key, value in (logs or {}).items():
+            if isinstance(value, (int, float)):
+                self.tb_writer.add_scalar(tensorboard_tag(key), value, state.global_step)
+        self.tb_writer.flush()
+
+
+def logging_dir(output_dir: str, run_name: str) -> str:
+    return os.path.join(output_dir, "runs", run_name)

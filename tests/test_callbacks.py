@@ -1,0 +1,224 @@
+"""The measuring callbacks, driven event by event with a fake clock and batches of known size."""
+
+import pytest
+import torch
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from finetune.callbacks import MemoryCallback, ThroughputCallback, across_ranks, tokens_in
+from finetune.flops import PeakFlops
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def events(tmp_path):
+    """(args, state, control) as the Trainer passes them to every callback event."""
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    return args, TrainerState(), TrainerControl()
+
+
+def batch(samples, length, padding=0):
+    labels = torch.ones(samples, length, dtype=torch.long)
+    if padding:
+        labels[:, length - padding :] = -100
+    return {"input_ids": torch.ones(samples, length, dtype=torch.long), "labels": labels}
+
+
+def run_steps(callback, events, clock, durations, micro_batches, between=None):
+    """Steps of the given durations; `between[i]` runs after step i ends (e.g. an evaluation)."""
+    callback.on_train_begin(*events)
+    for index, duration in enumerate(durations):
+        callback.on_step_begin(*events)
+        for micro_batch in micro_batches:
+            callback.count_batch(micro_batch)
+        clock.now += duration
+        callback.on_step_end(*events)
+        if between and index in between:
+            between[index]()
+    callback.on_train_end(*events)
+
+
+def test_real_tokens_exclude_padding():
+    assert int(tokens_in(batch(2, 10, padding=3))) == 2 * 7
+
+
+def test_warm_up_steps_are_left_out(events):
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=2, clock=clock, synchronize=lambda: None)
+    run_steps(callback, events, clock, [5.0, 3.0, 1.0, 1.0, 2.0], [batch(4, 8)])
+    assert callback.step_times == [1.0, 1.0, 2.0]
+    summary = callback.summary()
+    assert summary["throughput_steps"] == 3
+    assert summary["tokens_per_second"] == pytest.approx(3 * 32 / 4.0)
+    assert summary["samples_per_second"] == pytest.approx(3 * 4 / 4.0)
+
+
+def test_time_before_the_first_step_is_left_out(events):
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    callback.on_train_begin(*events)
+    clock.now += 100.0
+    callback.on_step_begin(*events)
+    callback.count_batch(batch(1, 8))
+    clock.now += 2.0
+    callback.on_step_end(*events)
+    assert callback.step_times == [2.0]
+
+
+def test_gradient_accumulation_counts_every_micro_batch_of_a_step(events):
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    micro_batches = [batch(2, 8), batch(2, 8, padding=2), batch(2, 8)]
+    run_steps(callback, events, clock, [2.0, 2.0], micro_batches)
+    assert callback.step_tokens == [16 + 12 + 16] * 2
+    assert callback.step_samples == [6, 6]
+    assert callback.summary()["tokens_per_second"] == pytest.approx(44 / 2.0)
+
+
+def test_steps_interrupted_by_evaluation_or_saving_are_left_out(events):
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+
+    def evaluate():
+        clock.now += 50.0
+        callback.on_evaluate(*events)
+
+    def save():
+        clock.now += 20.0
+        callback.on_save(*events)
+
+    run_steps(callback, events, clock, [1.0, 1.0, 1.0, 1.0], [batch(1, 8)], between={0: evaluate, 2: save})
+    assert callback.step_times == [1.0, 1.0]
+
+
+def test_step_time_median_and_90th_percentile(events):
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    run_steps(callback, events, clock, [1.0, 1.0, 2.0, 1.0], [batch(1, 8)])
+    summary = callback.summary()
+    assert summary["step_time_median_s"] == 1.0
+    # numpy's linear interpolation on [1, 1, 1, 2]: position 0.9 * 3 = 2.7, so 1 + 0.7 * (2 - 1)
+    assert summary["step_time_p90_s"] == pytest.approx(1.7)
+
+
+def test_mfu_uses_the_per_device_token_rate(events):
+    clock = FakeClock()
+    peak = PeakFlops(tflops=1e-6, source="test")  # 1e6 FLOP/s
+    callback = ThroughputCallback(0, token_flops=1000, peak=peak, clock=clock, synchronize=lambda: None)
+    run_steps(callback, events, clock, [2.0], [batch(1, 100)])
+    summary = callback.summary()
+    assert summary["tokens_per_second_per_device"] == 50.0
+    assert summary["mfu"] == pytest.approx(1000 * 50.0 / 1e6)
+
+
+def test_each_log_reports_only_the_steps_since_the_previous_log(events):
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    run_steps(callback, events, clock, [1.0, 1.0], [batch(1, 8)])
+    first = callback.log_scalars()
+    clock.now += 4.0
+    callback.count_batch(batch(1, 8))
+    callback.on_step_end(*events)
+    second = callback.log_scalars()
+    assert first["throughput/tokens_per_second"] == pytest.approx(8.0)
+    assert second["throughput/tokens_per_second"] == pytest.approx(2.0)
+    assert second["throughput/step_time_s"] == 4.0
+
+
+def test_training_forwards_are_counted_and_evaluation_forwards_are_not(events):
+    model = torch.nn.Module()
+    model.forward = lambda input_ids, labels: None
+    callback = ThroughputCallback(warmup_steps=0, synchronize=lambda: None)
+    callback.on_train_begin(*events, model=model)
+    callback.on_step_begin(*events)
+    model.train()
+    model(**batch(2, 8))
+    model.eval()
+    model(**batch(5, 8))
+    callback.on_step_end(*events)
+    assert (callback.step_tokens, callback.step_samples) == ([16], [2])
+
+
+def test_highest_rank_and_mean_across_ranks():
+    assert across_ranks([1.0, 3.0, 2.0]) == {"max": 3.0, "rank": 1, "mean": 2.0}
+
+
+class FakeMemory:
+    """Readings that grow by one GiB per read, so every phase is distinguishable."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def __call__(self):
+        self.reads += 1
+        return {
+            "allocated": float(self.reads),
+            "peak_allocated": float(self.reads),
+            "host_rss": 0.5,
+            "host_peak_rss": 1.0,
+        }
+
+
+def test_set_up_memory_is_read_when_training_begins(events):
+    callback = MemoryCallback(read=FakeMemory())
+    callback.on_train_begin(*events)
+    callback.on_train_end(*events)
+    assert callback.setup["peak_allocated"] == 1.0
+    summary = callback.summary()
+    assert summary["memory_setup_peak_allocated_gib_max"] == 1.0
+    assert summary["memory_peak_allocated_gib_max"] == 2.0
+    assert summary["memory_device"] == "cuda"
+
+
+def test_memory_phases_of_the_first_step_in_order(events):
+    model = torch.nn.Linear(2, 2)
+    callback = MemoryCallback(profile_phases=True, read=FakeMemory())
+    callback.mark_phase("model loaded")
+    state = events[1]
+    callback.on_train_begin(*events, model=model)
+    model(torch.ones(1, 2))
+    callback.on_pre_optimizer_step(*events)
+    callback.on_optimizer_step(*events)
+    state.global_step = 1
+    model(torch.ones(1, 2))
+    callback.on_pre_optimizer_step(*events)
+    callback.on_train_end(*events)
+    names = [name for name, _ in callback.phases]
+    assert names == [
+        "model loaded",
+        "set-up (model placed, wrapped, optimizer built)",
+        "first forward",
+        "first backward",
+        "first optimizer step",
+    ]
+    assert [reading["allocated"] for _, reading in callback.phases] == [1.0, 3.0, 4.0, 5.0, 6.0]
+    assert "rank 0, first forward: allocated 4.00" in callback.report()
+
+
+def test_memory_without_profiling_records_no_phases(events):
+    callback = MemoryCallback(read=FakeMemory())
+    callback.mark_phase("model loaded")
+    callback.on_train_begin(*events, model=torch.nn.Linear(2, 2))
+    assert callback.phases == []
+
+
+def test_cpu_run_reports_host_memory_only(events):
+    callback = MemoryCallback(read=lambda: {"host_rss": 0.5, "host_peak_rss": 0.75})
+    callback.on_train_begin(*events)
+    callback.on_train_end(*events)
+    summary = callback.summary()
+    assert summary["memory_device"] == "cpu"
+    assert summary["memory_host_peak_rss_gib_max"] == 0.75
+    assert "memory_peak_allocated_gib_max" not in summary
+    assert set(callback.log_scalars()) == {
+        "memory/host_rss_gib_max",
+        "memory/host_rss_gib_mean",
+        "memory/host_peak_rss_gib_max",
+        "memory/host_peak_rss_gib_mean",
+    }
