@@ -192,7 +192,7 @@ def padded_run(tmp_path_factory) -> tuple[Path, Path]:
     that must not be counted.
     """
     folder = tmp_path_factory.mktemp("padded-data")
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while"]
     train = [" ".join(words[: 3 + i % 12]) for i in range(80)]
     valid = [" ".join((words * 4)[: 2 + 7 * i]) for i in range(7)]
     (folder / "train.txt").write_text("\n".join(train) + "\n")
