@@ -2,7 +2,8 @@
 
 FIELDS is the record's documentation and its schema: every field is always present, null when it
 does not apply or was not known when the run ended (CUDA memory on a CPU run, throughput of a run
-that failed before its first step, the model size of a run whose model did not load). `python -m finetune.summary` prints FIELDS as the README's table.
+that failed before its first step, the model size of a run whose model did not load).
+`python -m finetune.summary` prints FIELDS as the README's table.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "num_layers": ("int?", "transformer blocks, L"),
     "hidden_size": ("int?", "model width, H"),
     "flops_per_token": ("int?", "model FLOPs per trained token, 6·N + 12·L·H·T with T = block_size"),
-    "gradient_checkpointing": ("bool?", "activations recomputed in backward (not counted in flops_per_token)"),
+    "gradient_checkpointing": ("bool?", "activations recomputed in backward (not in flops_per_token)"),
     "dataset": ("str?", "--dataset as given"),
     "data_source": ("str?", "the folder or Hub id it was read from"),
     "block_size": ("int?", "tokens per sample, T"),
