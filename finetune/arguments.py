@@ -148,6 +148,19 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Folder on a fast local disk for the zero3_nvme (ZeRO-Infinity) profile."},
     )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue from the newest complete checkpoint in --output_dir (start fresh if none)."
+        },
+    )
+    generation_prompt: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Prompts to complete with the saved model when training ends (printed, and in the "
+            "run summary)."
+        },
+    )
     throughput_warmup_steps: int = field(
         default=5,
         metadata={"help": "First optimizer steps left out of throughput and MFU (compilation, allocation)."},

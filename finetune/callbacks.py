@@ -2,7 +2,7 @@
 
 Each callback measures on its own rank. `log_scalars()` (every logging step) and `on_train_end`
 gather across ranks, so they are collective: the Trainer calls both on every rank at the same point
-(`MeasuredTrainer.log` only asks for scalars on the training-loss log, which every rank reaches
+(`FinetuneTrainer.log` only asks for scalars on the training-loss log, which every rank reaches
 after the loss all-gather).
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import torch
 import torch.distributed as dist
-from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from finetune.data import IGNORE_INDEX
 from finetune.flops import PeakFlops, mfu
@@ -341,20 +341,3 @@ class ThroughputCallback(TrainerCallback):
             fields["step_time_median_s"] = statistics.median(self.step_times)
             fields["step_time_p90_s"] = percentile(self.step_times, 90)
         return fields
-
-
-class MeasuredTrainer(Trainer):
-    """A Trainer whose training logs carry its measuring callbacks' scalars.
-
-    Trainer.log is the documented override point: adding the scalars here sends them to every
-    `report_to` integration and into `state.log_history`, which a callback's `on_log` cannot do:
-    the integrations' callbacks come first in the Trainer's list, and log_history is written before
-    any callback runs.
-    """
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs:
-            for callback in self.callback_handler.callbacks:
-                if isinstance(callback, (MemoryCallback, ThroughputCallback)):
-                    logs.update(callback.log_scalars())
-        super().log(logs, start_time)

@@ -159,7 +159,7 @@ def arrange_splits(raw: DatasetDict, validation_percentage: int, seed: int) -> t
 def tokenize(
     splits: DatasetDict, tokenizer: PreTrainedTokenizerBase, text_column: str, num_proc: int | None
 ) -> DatasetDict:
-    columns = splits["train"].column_names
+    columns = next(iter(splits.values())).column_names
     if text_column not in columns:
         raise FinetuneError(
             f"--text_column '{text_column}' is not in the dataset (columns: {', '.join(columns)})"
@@ -183,17 +183,20 @@ def tokenize(
     )
 
 
-def pack(tokenized: Dataset, block_size: int) -> Dataset:
-    """Cut the concatenated token stream into full blocks; labels equal inputs (the model shifts them)."""
+def token_stream(tokenized: Dataset) -> np.ndarray:
+    """Every text's tokens, concatenated in order."""
     column = tokenized.with_format("arrow")["input_ids"]
     stream = pa.chunked_array(column.chunks if isinstance(column, pa.ChunkedArray) else [column])
-    flat = (
-        np.concatenate([chunk.flatten().to_numpy() for chunk in stream.chunks])
-        if stream.num_chunks
-        else np.array([])
-    )
+    if not stream.num_chunks:
+        return np.array([], dtype=np.int64)
+    return np.concatenate([chunk.flatten().to_numpy() for chunk in stream.chunks]).astype(np.int64)
+
+
+def pack(tokenized: Dataset, block_size: int) -> Dataset:
+    """Cut the concatenated token stream into full blocks; labels equal inputs (the model shifts them)."""
+    flat = token_stream(tokenized)
     usable = (len(flat) // block_size) * block_size
-    blocks = pa.FixedSizeListArray.from_arrays(pa.array(flat[:usable].astype(np.int64)), block_size)
+    blocks = pa.FixedSizeListArray.from_arrays(pa.array(flat[:usable]), block_size)
     return Dataset.from_dict({"input_ids": blocks, "labels": blocks})
 
 
@@ -226,6 +229,18 @@ class PreparedData:
     evaluation: Dataset
     test: Dataset | None
     summary: DataSummary
+
+
+def split_tokens(
+    args: DataArguments, tokenizer: PreTrainedTokenizerBase, split: str, seed: int
+) -> np.ndarray:
+    """One split's concatenated tokens, with the same split choices as training (for `finetune eval`)."""
+    raw, _ = load_raw(args)
+    splits, _ = arrange_splits(raw, args.validation_split_percentage, seed)
+    if split not in splits:
+        raise FinetuneError(f"dataset '{args.dataset}' has no {split} split (it has: {', '.join(splits)})")
+    tokenized = tokenize(DatasetDict({split: splits[split]}), tokenizer, args.text_column, None)
+    return token_stream(tokenized[split])
 
 
 def to_samples(

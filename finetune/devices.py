@@ -9,6 +9,7 @@ FSDP2 is promoted the way accelerate promotes it on GPUs. On a GPU machine they 
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 from accelerate import PartialState
@@ -38,3 +39,17 @@ def promote_cpu_fsdp() -> None:
     """After the process group exists, before the Accelerator: let accelerate enable FSDP on CPU ranks."""
     if cpu_multi_process() and launched_with("FSDP"):
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+
+
+def _indexed_cpu_location(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage | None:
+    return storage if re.fullmatch(r"cpu:\d+", location) else None
+
+
+def load_onto_indexed_cpu() -> None:
+    """Let torch.load map onto `cpu:0`, the device TrainingArguments reports for CPU DDP ranks.
+
+    The Trainer resumes a multi-process run with `map_location=args.device`; torch only knows the
+    location "cpu", so resuming DDP on CPU ranks would fail. Registered only on CPU multi-process runs.
+    """
+    if cpu_multi_process():
+        torch.serialization.register_package(11, lambda obj: None, _indexed_cpu_location)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
-from transformers import Trainer
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from finetune.errors import FinetuneError
 
 
 def save_consolidated_model(
@@ -23,3 +28,69 @@ def save_consolidated_model(
         model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def checkpoint_kind(checkpoint: Path) -> str:
+    """deepspeed (ZeRO partitions), fsdp (sharded distributed checkpoint) or hf (a model.safetensors)."""
+    if (checkpoint / "latest").is_file() or any(checkpoint.glob("global_step*")):
+        return "deepspeed"
+    if any(checkpoint.glob("pytorch_model_fsdp_*")):
+        return "fsdp"
+    if any(checkpoint.glob("model*.safetensors")):
+        return "hf"
+    raise FinetuneError(
+        f"{checkpoint} holds no model weights this tool knows (DeepSpeed, FSDP or safetensors)"
+    )
+
+
+def full_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The whole model's weights from one checkpoint, on CPU, in one process.
+
+    DeepSpeed: the fp32 master weights, merged from the optimizer partitions by DeepSpeed's own
+    zero_to_fp32. FSDP: accelerate's merge_fsdp_weights of the distributed checkpoint.
+    """
+    kind = checkpoint_kind(checkpoint)
+    if kind == "deepspeed":
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint)))
+    if kind == "fsdp":
+        from accelerate.utils import merge_fsdp_weights
+
+        with tempfile.TemporaryDirectory(prefix="finetune-export-") as folder:
+            shards = sorted(checkpoint.glob("pytorch_model_fsdp_*"))[0]
+            merge_fsdp_weights(str(shards), folder, safe_serialization=True)
+            return load_safetensors_folder(Path(folder))
+    return load_safetensors_folder(checkpoint)
+
+
+def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
+    state_dict: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("model*.safetensors")):
+        state_dict.update(load_file(shard))
+    return state_dict
+
+
+def export_checkpoint(checkpoint: str | Path, output_dir: str | Path, dtype: str = "fp32") -> Path:
+    """A checkpoint of any profile as a plain Hugging Face model folder (config, tokenizer, safetensors)."""
+    checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    if not (checkpoint / "config.json").is_file():
+        raise FinetuneError(f"{checkpoint} is not a checkpoint folder (no config.json)")
+    config = AutoConfig.from_pretrained(checkpoint)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    state_dict = full_state_dict(checkpoint)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    model.tie_weights()
+    missing = [name for name in missing if model.get_parameter(name).is_meta]
+    if missing or unexpected:
+        raise FinetuneError(
+            f"{checkpoint}: weights do not match its config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    model.to(DTYPES[dtype]).save_pretrained(output_dir, safe_serialization=True)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(output_dir)
+    return output_dir

@@ -66,10 +66,16 @@ def config_markdown(config: dict[str, Any]) -> str:
 class GroupedTensorBoardCallback(TensorBoardCallback):
     """Replaces transformers' TensorBoardCallback (same writer, same TENSORBOARD_LOGGING_DIR override)."""
 
-    def __init__(self, logging_dir: str | Path, run_config: dict[str, Any]):
+    def __init__(self, logging_dir: str | Path, run_config: dict[str, Any], purge_step: int | None = None):
         super().__init__()
         self.logging_dir = self.logging_dir or str(logging_dir)
         self.run_config = {name: run_config.get(name) for name in HPARAM_FIELDS}
+        self.purge_step = purge_step
+
+    def _init_summary_writer(self, args: TrainingArguments) -> None:
+        """A resumed run continues its TensorBoard run; steps logged after its checkpoint are dropped."""
+        self.tb_writer = self._SummaryWriter(log_dir=self.logging_dir, purge_step=self.purge_step)
+        self.purge_step = None
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

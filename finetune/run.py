@@ -11,35 +11,43 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):  # run as a file by accelerate launch: import the package, not its siblings
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import torch
 from transformers import default_data_collator, set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
-from finetune.arguments import as_record, parse_arguments
-from finetune.callbacks import MeasuredTrainer, MemoryCallback, ThroughputCallback
+from finetune.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments, parse_arguments
+from finetune.callbacks import MemoryCallback, ThroughputCallback
+from finetune.checkpoint import (
+    SaveAndStopOnSignal,
+    allow_checkpoint_classes,
+    checkpoint_to_resume,
+    read_manifest,
+)
 from finetune.data import build_datasets
-from finetune.devices import promote_cpu_fsdp
-from finetune.errors import exit_on_user_error
+from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
+from finetune.errors import StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
-from finetune.flops import matmul_parameters, model_flops_per_token, peak_flops, training_dtype
-from finetune.models import (
-    build_model,
-    choose_block_size,
-    count_parameters,
-    load_config,
-    load_tokenizer,
-    resolve_model,
-)
+from finetune.flops import model_flops_per_token, peak_flops
+from finetune.generate import Sampling, generate
+from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
 from finetune.profiles import strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir
-from finetune.summary import RunRecord, format_report, hardware, loss_curve, versions
+from finetune.summary import (
+    RunRecord,
+    configuration_fields,
+    data_fields,
+    evaluation_fields,
+    format_report,
+    model_fields,
+    resume_fields,
+    training_fields,
+)
+from finetune.trainer import FinetuneTrainer
 
 logger = logging.get_logger("finetune")
 
@@ -49,38 +57,14 @@ def default_run_name(model: str) -> str:
     return f"{profile}-{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def final_metrics(metrics: dict[str, float], prefix: str) -> dict[str, Any]:
-    return {
-        f"{prefix}_loss": metrics.get(f"{prefix}_token_loss"),
-        f"{prefix}_perplexity": metrics.get(f"{prefix}_perplexity"),
-        f"{prefix}_tokens": metrics.get(f"{prefix}_tokens"),
-    }
-
-
-def train_and_measure(model_args: Any, data_args: Any, training_args: Any, record: RunRecord) -> None:
-    record.update(
-        {
-            "profile": os.environ.get("FINETUNE_PROFILE"),
-            "model": model_args.model,
-            "from_scratch": model_args.from_scratch,
-            "dataset": data_args.dataset,
-            "packing": data_args.packing,
-            "gradient_checkpointing": training_args.gradient_checkpointing,
-            "micro_batch_size": training_args.per_device_train_batch_size,
-            "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-            "global_batch_size": training_args.per_device_train_batch_size
-            * training_args.gradient_accumulation_steps
-            * training_args.world_size,
-            "learning_rate": training_args.learning_rate,
-            "seed": training_args.seed,
-            "dtype": training_dtype(
-                training_args.bf16, training_args.fp16, torch.backends.cuda.matmul.allow_tf32
-            ),
-            "arguments": as_record(model_args, data_args, training_args),
-            **hardware(),
-            **versions(),
-        }
-    )
+def train_and_measure(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: FinetuneTrainingArguments,
+    record: RunRecord,
+    resume_from: Path | None,
+) -> None:
+    record.update(configuration_fields(model_args, data_args, training_args))
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
     config = load_config(model_args, location)
@@ -93,40 +77,22 @@ def train_and_measure(model_args: Any, data_args: Any, training_args: Any, recor
         training_args.seed,
         lambda: training_args.main_process_first(desc="dataset preparation"),
     )
-    record.update(
-        {
-            "model_location": location,
-            "data_source": data.summary.source,
-            "block_size": block_size,
-            "train_samples": data.summary.train_samples,
-            "eval_samples": data.summary.eval_samples,
-            "train_tokens": data.summary.train_tokens,
-            "data_notes": data.summary.notes,
-        }
-    )
+    record.update(data_fields(location, block_size, data.summary))
     if training_args.process_index == 0:
         for note in data.summary.notes:
             logger.warning(f"finetune: {data_args.dataset}: {note}")
+
     memory = MemoryCallback(profile_phases=training_args.profile_memory)
     model = build_model(model_args, config, location)
     memory.mark_phase("model loaded")
     token_flops = model_flops_per_token(model, config, block_size)
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)
-    record.update(
-        {
-            "parameters": count_parameters(model),
-            "matmul_parameters": matmul_parameters(model),
-            "num_layers": config.num_hidden_layers,
-            "hidden_size": config.hidden_size,
-            "flops_per_token": token_flops,
-            "peak_tflops": peak.tflops if peak else None,
-            "peak_tflops_source": peak.source if peak else None,
-        }
-    )
+    record.update(model_fields(model, config, token_flops, peak))
     throughput = ThroughputCallback(training_args.throughput_warmup_steps, token_flops, peak)
+    stop = SaveAndStopOnSignal()
 
     promote_cpu_fsdp()
-    trainer = MeasuredTrainer(
+    trainer = FinetuneTrainer(
         model=model,
         args=training_args,
         train_dataset=data.train,
@@ -135,50 +101,58 @@ def train_and_measure(model_args: Any, data_args: Any, training_args: Any, recor
         data_collator=default_data_collator,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
-        callbacks=[memory, throughput],
+        callbacks=[memory, throughput, stop],
     )
-    record.update(strategy_of(trainer.accelerator))
+    record.update({**strategy_of(trainer.accelerator), **resume_fields(resume_from)})
     if "tensorboard" in training_args.report_to:
         trainer.remove_callback(TensorBoardCallback)
         log_dir = logging_dir(training_args.output_dir, training_args.run_name)
-        trainer.add_callback(GroupedTensorBoardCallback(log_dir, record.fields))
+        resumed_step = record.fields["resumed_from_step"]
+        trainer.add_callback(GroupedTensorBoardCallback(log_dir, record.fields, purge_step=resumed_step))
 
-    train_metrics = trainer.train().metrics
-    record.update(
-        {
-            "steps": trainer.state.global_step,
-            "train_loss": train_metrics.get("train_loss"),
-            "train_runtime_s": train_metrics.get("train_runtime"),
-            "loss_curve": loss_curve(trainer.state.log_history),
-            **memory.summary(),
-            **throughput.summary(),
-            "num_hosts": len({rank["host"] for rank in throughput.ranks}) or None,
-            "ranks": [
-                {**progress, **readings}
-                for progress, readings in zip(throughput.ranks, memory.per_rank(), strict=True)
-            ],
-        }
-    )
-    record.update(
-        {"final_loss": record.fields["loss_curve"][-1]["loss"] if record.fields["loss_curve"] else None}
-    )
+    train_metrics = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics
+    record.update(training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput))
+    if stop.received:
+        raise StoppedForResume(
+            f"stopped by {stop.received} at step {stop.stopped_at_step} with checkpoint "
+            f"{record.fields['checkpoint']}: run the same command with --resume to continue"
+        )
     if training_args.profile_memory and training_args.process_index == 0:
         print(memory.report())
-    record.update(final_metrics(trainer.evaluate(), "eval"))
+    record.update(evaluation_fields(trainer.evaluate(), "eval"))
     if data.test is not None:
-        record.update(final_metrics(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
+        record.update(evaluation_fields(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
     save_consolidated_model(trainer, training_args.output_dir, tokenizer)
+    if training_args.generation_prompt and training_args.process_index == 0:
+        prompts = training_args.generation_prompt
+        completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed))
+        pairs = list(zip(prompts, completions, strict=True))
+        record.update({"generations": [{"prompt": prompt, "completion": text} for prompt, text in pairs]})
+        for prompt, text in pairs:
+            print(f"finetune: generated: {prompt}{text}")
 
 
 def main(argv: list[str] | None = None) -> None:
+    # No pickle from a checkpoint folder runs code: every torch.load, ours or a library's, is
+    # weights-only (finetune/checkpoint.py allows the few plain classes DeepSpeed checkpoints hold).
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    allow_checkpoint_classes()
+    load_onto_indexed_cpu()
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
         model_args, data_args, training_args = parse_arguments(argv)
-        training_args.run_name = training_args.run_name or default_run_name(model_args.model)
+        resume_from = checkpoint_to_resume(
+            training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
+        )
+        training_args.run_name = (
+            training_args.run_name
+            or (resume_from and read_manifest(resume_from)["run_name"])
+            or default_run_name(model_args.model)
+        )
         is_main = training_args.process_index == 0
         record = RunRecord(training_args.output_dir, training_args.run_name, is_main)
         with record.until_exit():
-            train_and_measure(model_args, data_args, training_args, record)
+            train_and_measure(model_args, data_args, training_args, record, resume_from)
         if is_main:
             print(format_report(record.fields))
 

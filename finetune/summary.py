@@ -22,12 +22,20 @@ from typing import Any
 
 import torch
 
+from finetune.arguments import as_record
+from finetune.callbacks import MemoryCallback, ThroughputCallback
+from finetune.checkpoint import checkpoints_newest_first, read_manifest
+from finetune.data import DataSummary
+from finetune.errors import StoppedForResume
+from finetune.flops import PeakFlops, matmul_parameters, training_dtype
+from finetune.models import count_parameters
+
 SUMMARY_FILE = "run_summary.json"
 PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "datasets")
 
 # name: (type, meaning). A type ending in "?" may be null.
 FIELDS: dict[str, tuple[str, str]] = {
-    "status": ("str", "completed, failed or interrupted"),
+    "status": ("str", "completed, failed or interrupted (stopped by a signal, with or without a checkpoint)"),
     "error": ("str?", "why the run did not complete, in one line"),
     "run_name": ("str", "TensorBoard run name; logs in output_dir/runs/run_name"),
     "output_dir": ("str", "where the model, logs and this file are"),
@@ -74,7 +82,10 @@ FIELDS: dict[str, tuple[str, str]] = {
     "accelerate_version": ("str?", "accelerate"),
     "deepspeed_version": ("str?", "DeepSpeed"),
     "datasets_version": ("str?", "datasets"),
-    "steps": ("int?", "optimizer steps taken"),
+    "resumed_from": ("str?", "the checkpoint this run continued from"),
+    "resumed_from_step": ("int?", "the step of that checkpoint"),
+    "checkpoint": ("str?", "the last checkpoint this run saved"),
+    "steps": ("int?", "optimizer steps taken (counting those before a resume)"),
     "train_loss": ("float?", "Trainer's mean training loss over all steps"),
     "final_loss": ("float?", "last logged training loss"),
     "train_runtime_s": ("float?", "Trainer's train_runtime: the whole train() call"),
@@ -122,6 +133,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "test_loss": ("float?", "the same on the test split (--eval_test_split)"),
     "test_perplexity": ("float?", "exp(test_loss)"),
     "test_tokens": ("int?", "test tokens predicted"),
+    "generations": ("list", "[{prompt, completion}] for --generation_prompt, from the saved model"),
     "loss_curve": ("list", "[{step, loss}] at every logging step"),
     "ranks": ("list", "per rank: rank, host, steps, and its memory readings at the end of training"),
     "arguments": ("dict", "every argument of the run, as parsed"),
@@ -174,6 +186,100 @@ def loss_curve(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
     return [{"step": entry["step"], "loss": entry["loss"]} for entry in log_history if "loss" in entry]
 
 
+# The record's fields, group by group, as the run learns them.
+
+
+def configuration_fields(model_args: Any, data_args: Any, training_args: Any) -> dict[str, Any]:
+    """What the run was asked to do, and on what: known before anything is loaded."""
+    return {
+        "profile": os.environ.get("FINETUNE_PROFILE"),
+        "model": model_args.model,
+        "from_scratch": model_args.from_scratch,
+        "dataset": data_args.dataset,
+        "packing": data_args.packing,
+        "gradient_checkpointing": training_args.gradient_checkpointing,
+        "micro_batch_size": training_args.per_device_train_batch_size,
+        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
+        "global_batch_size": training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * training_args.world_size,
+        "learning_rate": training_args.learning_rate,
+        "seed": training_args.seed,
+        "dtype": training_dtype(
+            training_args.bf16, training_args.fp16, torch.backends.cuda.matmul.allow_tf32
+        ),
+        "arguments": as_record(model_args, data_args, training_args),
+        **hardware(),
+        **versions(),
+    }
+
+
+def data_fields(location: str, block_size: int, data: DataSummary) -> dict[str, Any]:
+    return {
+        "model_location": location,
+        "data_source": data.source,
+        "block_size": block_size,
+        "train_samples": data.train_samples,
+        "eval_samples": data.eval_samples,
+        "train_tokens": data.train_tokens,
+        "data_notes": data.notes,
+    }
+
+
+def model_fields(model: Any, config: Any, token_flops: int, peak: PeakFlops | None) -> dict[str, Any]:
+    return {
+        "parameters": count_parameters(model),
+        "matmul_parameters": matmul_parameters(model),
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "flops_per_token": token_flops,
+        "peak_tflops": peak.tflops if peak else None,
+        "peak_tflops_source": peak.source if peak else None,
+    }
+
+
+def resume_fields(checkpoint: Path | None) -> dict[str, Any]:
+    if checkpoint is None:
+        return {"resumed_from": None, "resumed_from_step": None}
+    return {"resumed_from": str(checkpoint), "resumed_from_step": read_manifest(checkpoint)["step"]}
+
+
+def training_fields(
+    state: Any,
+    output_dir: str,
+    train_metrics: dict[str, Any],
+    memory: MemoryCallback,
+    throughput: ThroughputCallback,
+) -> dict[str, Any]:
+    """What training did: steps, losses, checkpoint, and the callbacks' run-wide measurements."""
+    curve = loss_curve(state.log_history)
+    checkpoints = checkpoints_newest_first(output_dir)
+    return {
+        "steps": state.global_step,
+        "checkpoint": str(checkpoints[0]) if checkpoints else None,
+        "train_loss": train_metrics.get("train_loss"),
+        "train_runtime_s": train_metrics.get("train_runtime"),
+        "loss_curve": curve,
+        "final_loss": curve[-1]["loss"] if curve else None,
+        **memory.summary(),
+        **throughput.summary(),
+        "num_hosts": len({rank["host"] for rank in throughput.ranks}) or None,
+        "ranks": [
+            {**progress, **readings}
+            for progress, readings in zip(throughput.ranks, memory.per_rank(), strict=True)
+        ],
+    }
+
+
+def evaluation_fields(metrics: dict[str, float], prefix: str) -> dict[str, Any]:
+    """The token-weighted loss (finetune/evaluation.py), not the Trainer's mean of batch means."""
+    return {
+        f"{prefix}_loss": metrics.get(f"{prefix}_token_loss"),
+        f"{prefix}_perplexity": metrics.get(f"{prefix}_perplexity"),
+        f"{prefix}_tokens": metrics.get(f"{prefix}_tokens"),
+    }
+
+
 def write_summary(output_dir: str | Path, summary: dict[str, Any]) -> Path:
     """Written atomically, so a reader never sees half a file."""
     path = Path(output_dir) / SUMMARY_FILE
@@ -220,6 +326,7 @@ class RunRecord:
                 timespec="seconds"
             ),
             data_notes=[],
+            generations=[],
             loss_curve=[],
             ranks=[],
             arguments={},
@@ -243,7 +350,11 @@ class RunRecord:
         try:
             yield self
         except KeyboardInterrupt as interrupt:
-            self.update({"status": "interrupted", "error": f"interrupted by {interrupt or 'SIGINT'}"})
+            self.update({"status": "interrupted", "error": f"interrupted by {str(interrupt) or 'SIGINT'}"})
+            self.write()
+            raise
+        except StoppedForResume as stop:
+            self.update({"status": "interrupted", "error": str(stop)})
             self.write()
             raise
         except BaseException as error:

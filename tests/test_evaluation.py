@@ -6,9 +6,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import EvalPrediction
+from transformers import AutoModelForCausalLM, EvalPrediction
 
-from finetune.evaluation import loss_sums_per_sample, perplexity, token_weighted_loss
+from finetune.arguments import DataArguments
+from finetune.errors import FinetuneError
+from finetune.evaluation import (
+    Window,
+    evaluate_saved_model,
+    loss_sums_per_sample,
+    perplexity,
+    sliding_window_loss,
+    sliding_windows,
+    token_weighted_loss,
+    window_labels,
+)
 
 
 def test_loss_sums_reproduce_the_models_shifted_mean_loss():
@@ -43,3 +54,50 @@ def test_loss_is_weighted_by_tokens_not_by_samples():
 
 def test_perplexity_of_a_huge_loss_is_infinite():
     assert perplexity(1e6) == math.inf
+
+
+# Sliding-window evaluation (finetune eval)
+
+
+def test_windows_without_overlap_are_the_training_blocks():
+    assert sliding_windows(10, 4, 4) == [Window(0, 4, 4), Window(4, 8, 4), Window(8, 10, 2)]
+
+
+def test_overlapping_windows_predict_only_what_the_previous_window_did_not():
+    assert sliding_windows(10, 4, 2) == [Window(0, 4, 4), Window(2, 6, 2), Window(4, 8, 2), Window(6, 10, 2)]
+
+
+def test_window_labels_mask_the_context():
+    tokens = torch.arange(10)
+    assert window_labels(tokens, Window(2, 6, 2)).tolist() == [-100, -100, 4, 5]
+
+
+@pytest.mark.parametrize("stride", [1, 3, 7])
+def test_overlapping_windows_predict_every_token_after_the_first_exactly_once(tiny_gpt2_dir, stride):
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
+    tokens = torch.arange(1000, 1050)
+    _, count = sliding_window_loss(model, tokens, sliding_windows(len(tokens), 8, stride), batch_size=4)
+    assert count == len(tokens) - 1
+
+
+def test_blocks_without_overlap_do_not_predict_their_first_token(tiny_gpt2_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
+    tokens = torch.arange(1000, 1050)
+    windows = sliding_windows(len(tokens), 8, 8)
+    _, count = sliding_window_loss(model, tokens, windows, batch_size=4)
+    assert count == len(tokens) - len(windows)
+
+
+def test_saved_model_evaluates_on_a_local_split(tiny_gpt2_dir, make_text_file):
+    folder = make_text_file("corpus/valid.txt", "Words of the validation split.\n" * 30).parent
+    make_text_file("corpus/train.txt", "Words of the training split.\n" * 30)
+    args = DataArguments(dataset=str(folder))
+    result = evaluate_saved_model(str(tiny_gpt2_dir), args, "validation", 16, None, 4, None)
+    assert (result["block_size"], result["stride"]) == (16, 16)
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
+
+
+def test_stride_longer_than_the_block_is_an_error(tiny_gpt2_dir, make_text_file):
+    path = make_text_file("corpus.txt", "Some text.\n" * 30)
+    with pytest.raises(FinetuneError, match="--stride must be between 1 and the block size"):
+        evaluate_saved_model(str(tiny_gpt2_dir), DataArguments(dataset=str(path)), "train", 16, 32, 4, None)

@@ -7,8 +7,8 @@ the saved model) and check it against what they compute themselves.
 
 from __future__ import annotations
 
+import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -25,41 +25,21 @@ from finetune.evaluation import loss_sums_per_sample
 from finetune.models import load_tokenizer, resolve_model
 from finetune.summary import read_summary, validate_summary
 
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+
 pytestmark = pytest.mark.integration
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ["ddp", "fsdp", "zero2", "zero3", "zero2_offload"]
 BLOCK_SIZE = 64
 EVAL_SAMPLES = 16
 MAX_STEPS = 16
 WARMUP_STEPS = 2
-TINY_MODEL = ["--model", "gpt2", "--from_scratch", "--config_overrides", "n_layer=2,n_embd=64,n_head=2"]
 RUN_FLAGS = [
     *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", str(BLOCK_SIZE),
     "--max_steps", str(MAX_STEPS), "--batch_size", "4", "--learning_rate", "3e-3",
     "--max_eval_samples", str(EVAL_SAMPLES), "--save_strategy", "no", "--report_to", "tensorboard",
     "--logging_steps", "4", "--throughput_warmup_steps", str(WARMUP_STEPS), "--disable_tqdm", "true",
 ]  # fmt: skip
-LAUNCH_TIMEOUT_S = 900
-
-
-ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
-
-
-def launch(
-    command: list[str], output_dir: Path, flags: list[str] = RUN_FLAGS
-) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [*command, *flags, "--output_dir", str(output_dir)],
-        cwd=PROJECT_ROOT,
-        env=ENVIRONMENT,
-        capture_output=True,
-        text=True,
-        timeout=LAUNCH_TIMEOUT_S,
-    )
-    assert result.returncode == 0, f"run failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    return result
 
 
 @pytest.fixture(scope="module", params=PROFILES)
@@ -67,8 +47,7 @@ def finished_run(request, tmp_path_factory) -> tuple[str, Path]:
     """accelerate launch --config_file accelerate_configs/PROFILE.yaml --num_processes 2 finetune/run.py"""
     profile = request.param
     output_dir = tmp_path_factory.mktemp(profile)
-    config_file = f"accelerate_configs/{profile}.yaml"
-    launch([*ACCELERATE, "--config_file", config_file, "--num_processes", "2", "finetune/run.py"], output_dir)
+    launch(accelerate_launch(profile), output_dir, RUN_FLAGS)
     return profile, output_dir
 
 
@@ -171,13 +150,30 @@ def test_saved_model_reloads_with_the_same_logits(finished_run):
     assert loss == pytest.approx(read_summary(output_dir)["eval_loss"], rel=1e-4)
 
 
+def test_finetune_eval_of_the_saved_model_agrees_with_the_training_evaluation(finished_run):
+    _, output_dir = finished_run
+    command = [sys.executable, "-m", "finetune", "eval", str(output_dir), "--block_size", str(BLOCK_SIZE),
+               "--max_tokens", str(EVAL_SAMPLES * BLOCK_SIZE)]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=PROJECT_ROOT, env=ENVIRONMENT, check=True, capture_output=True, text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = read_summary(output_dir)
+    assert evaluated["tokens"] == summary["eval_tokens"]
+    assert evaluated["loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
+
+
 def test_finetune_run_launches_a_profile_from_any_directory(tmp_path):
     output_dir = tmp_path / "out"
     command = [sys.executable, "-m", "finetune", "run", "--profile", "zero2", "--num_processes", "2"]
-    launch(command, output_dir)
+    launch(command, output_dir, [*RUN_FLAGS, "--generation_prompt", "The history of"])
     summary = read_summary(output_dir)
     assert (summary["profile"], summary["zero_stage"], summary["world_size"]) == ("zero2", 2, 2)
     assert summary["run_name"].startswith("zero2-gpt2-")
+    (generation,) = summary["generations"]
+    assert generation["prompt"] == "The history of"
+    assert generation["completion"]
 
 
 # Perplexity over texts of different lengths, split over two ranks
@@ -203,15 +199,7 @@ def padded_run(tmp_path_factory) -> tuple[Path, Path]:
         "--max_steps", "4", "--batch_size", "4", "--per_device_eval_batch_size", "2",
         "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true",
     ]  # fmt: skip
-    command = [
-        *ACCELERATE,
-        "--config_file",
-        "accelerate_configs/ddp.yaml",
-        "--num_processes",
-        "2",
-        "finetune/run.py",
-    ]
-    launch(command, output_dir, flags)
+    launch(accelerate_launch("ddp"), output_dir, flags)
     return folder, output_dir
 
 
@@ -257,7 +245,7 @@ def test_failed_run_leaves_a_summary_that_says_why(tmp_path):
     assert validate_summary(summary) == []
 
 
-def test_terminated_run_leaves_a_summary_marked_interrupted(tmp_path):
+def test_ctrl_c_leaves_a_summary_marked_interrupted(tmp_path):
     output_dir = tmp_path / "out"
     command = single_process(output_dir, "--max_steps", "100000", "--logging_steps", "1")
     with subprocess.Popen(
@@ -271,9 +259,9 @@ def test_terminated_run_leaves_a_summary_marked_interrupted(tmp_path):
         for line in process.stdout:
             if "'loss'" in line:
                 break
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGINT)
         process.communicate(timeout=120)
     assert process.returncode == 130
     summary = read_summary(output_dir)
-    assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by SIGTERM")
+    assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by SIGINT")
     assert summary["model"] == "gpt2"

@@ -1,0 +1,179 @@
+"""Checkpoints that are complete or absent, resuming from the newest good one, and stopping with a
+checkpoint when the scheduler asks (SIGTERM, or SIGUSR1 as SLURM sends before a time limit).
+
+The Trainer writes a checkpoint into `output_dir/.staging/checkpoint-N`; once every rank has
+finished, the main process writes a manifest (every file and its size) and renames the folder to
+`output_dir/checkpoint-N` (one rename: the checkpoint appears whole or not at all). Resume checks
+the manifest against the files, so a checkpoint truncated or damaged afterwards is skipped with a
+warning in favour of the one before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.utils import logging
+
+from finetune.errors import FinetuneError
+
+logger = logging.get_logger("finetune")
+
+STAGING_DIR = ".staging"
+MANIFEST = "finetune_checkpoint.json"
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def write_manifest(checkpoint: Path, step: int, run_name: str) -> None:
+    files = {
+        str(path.relative_to(checkpoint)): path.stat().st_size
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    }
+    manifest = {"step": step, "run_name": run_name, "files": files}
+    (checkpoint / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def publish(staged: Path, final: Path) -> None:
+    """Make a fully written checkpoint visible under its final name, replacing an older copy."""
+    if final.exists():
+        retired = staged.with_name(staged.name + ".retired")
+        os.replace(final, retired)
+        shutil.rmtree(retired)
+    os.replace(staged, final)
+
+
+def read_manifest(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / MANIFEST).read_text())
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why a checkpoint cannot be resumed from, or None if every file it was written with is intact."""
+    try:
+        manifest = read_manifest(checkpoint)
+    except OSError as error:
+        return f"no readable {MANIFEST} ({error.strerror}): it was not completely written"
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{MANIFEST} is damaged"
+    for name, size in manifest["files"].items():
+        path = checkpoint / name
+        try:
+            with path.open("rb"):
+                actual = path.stat().st_size
+        except OSError as error:
+            return f"{name}: {error.strerror}"
+        if actual != size:
+            return f"{name} has {actual} bytes, {size} were written"
+    return None
+
+
+def checkpoints_newest_first(output_dir: str | Path) -> list[Path]:
+    found = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        match = CHECKPOINT_PATTERN.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def latest_good_checkpoint(output_dir: str | Path) -> Path | None:
+    for checkpoint in checkpoints_newest_first(output_dir):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint
+        logger.warning(f"finetune: skipping {checkpoint}: {problem}")
+    return None
+
+
+def checkpoint_to_resume(output_dir: str, resume: bool, resume_from: str | None) -> Path | None:
+    """The checkpoint a run continues from: the one named, the newest good one, or none.
+
+    `--resume` with no checkpoint yet starts from scratch, so one command serves a job's first
+    start and its requeues.
+    """
+    if resume_from:
+        path = Path(resume_from)
+        problem = checkpoint_problem(path) if path.is_dir() else "no such folder"
+        if problem:
+            raise FinetuneError(f"--resume_from_checkpoint {resume_from}: {problem}")
+        return path
+    if not resume:
+        return None
+    checkpoint = latest_good_checkpoint(output_dir)
+    if checkpoint is None:
+        logger.warning(
+            f"finetune: --resume: no complete checkpoint in {output_dir} yet, starting from scratch"
+        )
+    return checkpoint
+
+
+def allow_checkpoint_classes() -> None:
+    """Let weights-only loading read DeepSpeed checkpoints: they pickle a few plain state classes.
+
+    Found by loading every file of ZeRO-1/2/3 checkpoints with weights_only=True; each is a data
+    holder restored from its __dict__, no code of the checkpoint's choosing.
+    """
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:
+        return
+    torch.serialization.add_safe_globals([ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address])
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if it is True on one. Collective."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+class SaveAndStopOnSignal(TrainerCallback):
+    """On SIGTERM or SIGUSR1, save a checkpoint at the next step boundary on all ranks, then stop.
+
+    The signal may reach only some ranks, so at every step end the ranks agree (one all-reduce of
+    a flag) before any of them acts. A second signal stops at once (KeyboardInterrupt).
+    """
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.stopped_at_step: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:
+            raise KeyboardInterrupt(f"second signal {name}")
+        self.received = name
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._previous = {number: signal.signal(number, self._handle) for number in STOP_SIGNALS}
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if any_rank(self.received is not None, args.device):
+            self.received = self.received or "a signal on another rank"
+            self.stopped_at_step = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)

@@ -1,0 +1,72 @@
+"""Text from a saved model: `finetune generate MODEL --prompt ...`, and `--generation_prompt` in a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, set_seed
+
+from finetune.arguments import ModelArguments
+from finetune.errors import FinetuneError
+from finetune.models import build_model, load_config, load_tokenizer, resolve_model
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 50
+    temperature: float = 1.0
+    top_k: int = 50
+    top_p: float = 1.0
+    greedy: bool = False
+    seed: int = 42
+
+    def generation_config(self, pad_token_id: int) -> GenerationConfig:
+        if self.greedy:
+            return GenerationConfig(
+                max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=pad_token_id
+            )
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens,
+            do_sample=True,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            pad_token_id=pad_token_id,
+        )
+
+
+def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
+    """Prompts given on the command line, then one per non-empty line of the file."""
+    found = list(prompts)
+    if prompts_file:
+        try:
+            found += [line for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+        except OSError as error:
+            raise FinetuneError(f"--prompts_file {prompts_file}: {error.strerror}") from None
+    if not found:
+        raise FinetuneError("give at least one --prompt or a --prompts_file")
+    return found
+
+
+@torch.no_grad()
+def generate(model_path: str, prompts: list[str], sampling: Sampling) -> list[str]:
+    """One completion per prompt (the generated text only), reproducible for a given seed."""
+    location = resolve_model(model_path)
+    model_args = ModelArguments(model=model_path)
+    config = load_config(model_args, location)
+    tokenizer = load_tokenizer(model_args, location)
+    model = build_model(model_args, config, location).eval()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    generation_config = sampling.generation_config(tokenizer.pad_token_id)
+    completions = []
+    for prompt in prompts:
+        set_seed(sampling.seed)
+        inputs = tokenizer(prompt, return_tensors="pt").to(device)
+        output = model.generate(**inputs, generation_config=generation_config)
+        completions.append(
+            tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        )
+    return completions

@@ -1,0 +1,57 @@
+"""The project's Trainer: transformers.Trainer with two documented-style overrides.
+
+- `log` adds the measuring callbacks' scalars to the training logs, so every `report_to`
+  integration and `state.log_history` receive them (a callback's `on_log` cannot: the integrations
+  come first in the Trainer's callback list, and log_history is written before any callback runs).
+- `_save_checkpoint` writes into a staging folder and publishes the checkpoint with one rename
+  once every rank has finished (finetune/checkpoint.py), so a checkpoint is complete or absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from finetune.callbacks import MemoryCallback, ThroughputCallback
+from finetune.checkpoint import STAGING_DIR, publish, write_manifest
+
+
+class FinetuneTrainer(Trainer):
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, (MemoryCallback, ThroughputCallback)):
+                    logs.update(callback.log_scalars())
+        super().log(logs, start_time)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        output_dir = self.args.output_dir
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staged = Path(output_dir) / STAGING_DIR / name
+        self.args.output_dir = str(staged.parent)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.output_dir = output_dir
+        if self.args.should_save and not (staged / "config.json").exists():
+            self.model.config.save_pretrained(staged)  # FSDP's sharded save writes weights only
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(staged)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            write_manifest(staged, self.state.global_step, self.args.run_name)
+            publish(staged, Path(output_dir) / name)
+            if not any(staged.parent.iterdir()):
+                staged.parent.rmdir()
+        if self.state.best_model_checkpoint == str(staged):
+            self.state.best_model_checkpoint = str(Path(output_dir) / name)
+        if self.args.should_save:
+            rotate_checkpoints(
+                output_dir=output_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+            )
+        self.accelerator.wait_for_everyone()

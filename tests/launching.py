@@ -1,0 +1,33 @@
+"""Launching real training runs from tests: the command lines, environment and time limit they share."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
+TINY_MODEL = ["--model", "gpt2", "--from_scratch", "--config_overrides", "n_layer=2,n_embd=64,n_head=2"]
+LAUNCH_TIMEOUT_S = 900
+
+
+def accelerate_launch(profile: str, num_processes: int = 2) -> list[str]:
+    config = f"accelerate_configs/{profile}.yaml"
+    return [*ACCELERATE, "--config_file", config, "--num_processes", str(num_processes), "finetune/run.py"]
+
+
+def launch(command: list[str], output_dir: Path, flags: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run to the end from the project root; a non-zero exit fails the test with the run's output."""
+    result = subprocess.run(
+        [*command, *flags, "--output_dir", str(output_dir)],
+        cwd=PROJECT_ROOT,
+        env=ENVIRONMENT,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert result.returncode == 0, f"run failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result

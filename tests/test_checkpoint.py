@@ -1,0 +1,156 @@
+"""Checkpoints are complete or skipped; resume picks the newest good one; signals stop with a save."""
+
+import json
+import logging
+import os
+import signal
+
+import pytest
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from finetune.checkpoint import (
+    MANIFEST,
+    SaveAndStopOnSignal,
+    checkpoint_problem,
+    checkpoint_to_resume,
+    latest_good_checkpoint,
+    publish,
+    write_manifest,
+)
+from finetune.errors import FinetuneError
+
+
+def make_checkpoint(root, step, files=None):
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name, content in (
+        files or {"model.safetensors": b"weights" * 10, "trainer_state.json": b"{}"}
+    ).items():
+        (folder / name).write_bytes(content)
+    write_manifest(folder, step, "run-a")
+    return folder
+
+
+def test_a_written_checkpoint_is_good(tmp_path):
+    assert checkpoint_problem(make_checkpoint(tmp_path, 2)) is None
+
+
+def test_manifest_records_step_run_name_and_sizes(tmp_path):
+    manifest = json.loads((make_checkpoint(tmp_path, 2) / MANIFEST).read_text())
+    assert manifest == {
+        "step": 2,
+        "run_name": "run-a",
+        "files": {"model.safetensors": 70, "trainer_state.json": 2},
+    }
+
+
+def test_truncated_file_is_a_problem(tmp_path):
+    folder = make_checkpoint(tmp_path, 2)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    assert checkpoint_problem(folder) == "model.safetensors has 7 bytes, 70 were written"
+
+
+def test_missing_file_is_a_problem(tmp_path):
+    folder = make_checkpoint(tmp_path, 2)
+    (folder / "model.safetensors").unlink()
+    assert "model.safetensors: No such file" in checkpoint_problem(folder)
+
+
+def test_checkpoint_without_manifest_was_not_completely_written(tmp_path):
+    folder = make_checkpoint(tmp_path, 2)
+    (folder / MANIFEST).unlink()
+    assert "not completely written" in checkpoint_problem(folder)
+
+
+def test_damaged_manifest_is_a_problem(tmp_path):
+    folder = make_checkpoint(tmp_path, 2)
+    (folder / MANIFEST).write_text('{"step": 2, "fi')
+    assert checkpoint_problem(folder) == f"{MANIFEST} is damaged"
+
+
+def test_newest_good_checkpoint_wins_and_bad_ones_are_skipped_with_a_warning(tmp_path, caplog):
+    make_checkpoint(tmp_path, 2)
+    good = make_checkpoint(tmp_path, 10)
+    bad = make_checkpoint(tmp_path, 12)
+    (bad / "model.safetensors").write_bytes(b"")
+    (tmp_path / ".staging" / "checkpoint-14").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert latest_good_checkpoint(tmp_path) == good
+    assert f"skipping {bad}" in caplog.text
+
+
+def test_checkpoints_are_ordered_by_step_not_by_name(tmp_path):
+    make_checkpoint(tmp_path, 9)
+    newest = make_checkpoint(tmp_path, 10)
+    assert latest_good_checkpoint(tmp_path) == newest
+
+
+def test_resume_without_any_checkpoint_starts_fresh(tmp_path):
+    assert checkpoint_to_resume(str(tmp_path), resume=True, resume_from=None) is None
+
+
+def test_no_resume_flag_means_no_checkpoint(tmp_path):
+    make_checkpoint(tmp_path, 2)
+    assert checkpoint_to_resume(str(tmp_path), resume=False, resume_from=None) is None
+
+
+def test_resume_from_a_damaged_checkpoint_is_an_error(tmp_path):
+    folder = make_checkpoint(tmp_path, 2)
+    (folder / "trainer_state.json").write_bytes(b"")
+    with pytest.raises(FinetuneError, match=r"trainer_state\.json has 0 bytes"):
+        checkpoint_to_resume(str(tmp_path), resume=False, resume_from=str(folder))
+
+
+def test_resume_from_a_missing_folder_is_an_error(tmp_path):
+    with pytest.raises(FinetuneError, match="no such folder"):
+        checkpoint_to_resume(str(tmp_path), resume=False, resume_from=str(tmp_path / "nope"))
+
+
+def test_publishing_replaces_an_older_copy_in_one_rename(tmp_path):
+    old = make_checkpoint(tmp_path, 4)
+    staged = make_checkpoint(tmp_path / ".staging", 4, {"model.safetensors": b"new"})
+    publish(staged, old)
+    assert (old / "model.safetensors").read_bytes() == b"new"
+    assert not staged.exists()
+    assert sorted(p.name for p in (tmp_path / ".staging").iterdir()) == []
+
+
+@pytest.fixture
+def events(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    return args, TrainerState(), TrainerControl()
+
+
+def test_signal_saves_and_stops_at_the_next_step_end(events):
+    _, state, control = events
+    callback = SaveAndStopOnSignal()
+    callback.on_train_begin(*events)
+    try:
+        callback.on_step_end(*events)
+        assert not control.should_save
+        os.kill(os.getpid(), signal.SIGUSR1)
+        state.global_step = 7
+        callback.on_step_end(*events)
+    finally:
+        callback.on_train_end(*events)
+    assert (control.should_save, control.should_training_stop) == (True, True)
+    assert (callback.received, callback.stopped_at_step) == ("SIGUSR1", 7)
+
+
+def test_second_signal_stops_at_once(events):
+    callback = SaveAndStopOnSignal()
+    callback.on_train_begin(*events)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt, match="second signal SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        callback.on_train_end(*events)
+
+
+def test_handlers_are_restored_when_training_ends(events):
+    before = signal.getsignal(signal.SIGTERM)
+    callback = SaveAndStopOnSignal()
+    callback.on_train_begin(*events)
+    callback.on_train_end(*events)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -1,0 +1,142 @@
+"""Kill a real 2-process run, resume it, and get the run that was never stopped.
+
+For each sharded profile: one uninterrupted run; one run whose rank 1 is SIGKILLed after its first
+checkpoint, then resumed; one run whose ranks all get SIGTERM (what SLURM sends), which saves,
+exits with the resumable code, and is resumed. On CPU the kernels and gloo's reductions are
+deterministic and the checkpoint restores model, optimizer, scheduler, RNG and data position, so
+the resumed runs must end with exactly the uninterrupted run's weights.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from finetune.checkpoint import MANIFEST
+from finetune.errors import RESUMABLE_EXIT_CODE
+from finetune.summary import read_summary
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+
+pytestmark = pytest.mark.integration
+
+PROFILES = ["ddp", "fsdp", "zero2", "zero3"]
+MAX_STEPS = 30
+SAVE_STEPS = 5
+FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", str(MAX_STEPS),
+    "--batch_size", "4", "--learning_rate", "3e-3", "--max_eval_samples", "8",
+    "--save_steps", str(SAVE_STEPS), "--logging_steps", "5", "--report_to", "tensorboard",
+    "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+def run(profile: str, output_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return launch(accelerate_launch(profile), output_dir, [*FLAGS, *extra])
+
+
+def workers(launcher: subprocess.Popen) -> list[psutil.Process]:
+    """The training ranks under the launcher, in rank order."""
+    children = psutil.Process(launcher.pid).children(recursive=True)
+    ranks = [
+        (int(p.environ().get("RANK", -1)), p) for p in children if "finetune/run.py" in " ".join(p.cmdline())
+    ]
+    return [p for _, p in sorted(ranks, key=lambda pair: pair[0])]
+
+
+def start_and_wait_for_a_checkpoint(profile: str, output_dir: Path, log: Path) -> subprocess.Popen:
+    with log.open("w") as stream:
+        launcher = subprocess.Popen(
+            [*accelerate_launch(profile), *FLAGS, "--output_dir", str(output_dir)],
+            cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=stream, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (output_dir / f"checkpoint-{SAVE_STEPS}" / MANIFEST).exists():
+        assert launcher.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return launcher
+
+
+def weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(output_dir / "model.safetensors")
+
+
+def assert_same_weights(resumed: Path, straight: Path) -> None:
+    expected = weights(straight)
+    actual = weights(resumed)
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.fixture(scope="module", params=PROFILES)
+def straight_run(request, tmp_path_factory) -> tuple[str, Path]:
+    output_dir = tmp_path_factory.mktemp(f"straight-{request.param}")
+    run(request.param, output_dir)
+    return request.param, output_dir
+
+
+def test_killed_rank_then_resume_ends_with_the_uninterrupted_weights(straight_run, tmp_path):
+    profile, straight = straight_run
+    output_dir = tmp_path / "out"
+    launcher = start_and_wait_for_a_checkpoint(profile, output_dir, tmp_path / "killed.log")
+    workers(launcher)[1].kill()
+    assert launcher.wait(timeout=LAUNCH_TIMEOUT_S) != 0
+    run(profile, output_dir, "--resume")
+    summary = read_summary(output_dir)
+    assert summary["status"] == "completed"
+    assert summary["resumed_from_step"] >= SAVE_STEPS
+    assert summary["steps"] == MAX_STEPS
+    assert_same_weights(output_dir, straight)
+    assert summary["eval_loss"] == read_summary(straight)["eval_loss"]
+
+
+def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_weights(straight_run, tmp_path):
+    profile, straight = straight_run
+    output_dir = tmp_path / "out"
+    log = tmp_path / "stopped.log"
+    launcher = start_and_wait_for_a_checkpoint(profile, output_dir, log)
+    for rank in workers(launcher):
+        rank.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=LAUNCH_TIMEOUT_S)
+    stopped = read_summary(output_dir)
+    # the ranks' exit codes, as the launcher reports them
+    assert set(re.findall(r"exitcode\s*:\s*(\d+)", log.read_text())) == {str(RESUMABLE_EXIT_CODE)}
+    assert stopped["status"] == "interrupted"
+    assert stopped["error"].startswith("stopped by SIGTERM")
+    assert stopped["checkpoint"] == str(output_dir / f"checkpoint-{stopped['steps']}")
+    run(profile, output_dir, "--resume")
+    assert read_summary(output_dir)["resumed_from_step"] == stopped["steps"]
+    assert_same_weights(output_dir, straight)
+
+
+def test_export_of_the_final_checkpoint_gives_the_trained_models_logits(straight_run, tmp_path):
+    """Runs in a fresh process that never imports DeepSpeed: the export needs nothing but transformers."""
+    _, straight = straight_run
+    export = tmp_path / "export"
+    checkpoint = straight / f"checkpoint-{MAX_STEPS}"
+    subprocess.run(
+        [sys.executable, "-m", "finetune", "export", str(checkpoint), str(export)],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, check=True, capture_output=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    probe = (
+        "import sys, torch; from transformers import AutoModelForCausalLM as M; "
+        "x = torch.arange(100, 164).reshape(2, 32); "
+        "a, b = (M.from_pretrained(p).eval()(x).logits for p in sys.argv[1:3]); "
+        "assert 'deepspeed' not in sys.modules; print((a - b).abs().max().item())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(export), str(straight)],
+        env=ENVIRONMENT, check=True, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert float(result.stdout.strip().splitlines()[-1]) <= 1e-5
