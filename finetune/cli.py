@@ -14,13 +14,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-import yaml
 
 from finetune.errors import FinetuneError, exit_on_user_error
-from finetune.profiles import Profile, available_profiles, load_profile
+from finetune.launch import Placement, launch_command, resolved_profile_file
+from finetune.profiles import available_profiles, load_profile
 
-RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
-LAUNCH_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
+PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 
 
 def profiles_command(args: argparse.Namespace) -> int:
@@ -38,44 +37,18 @@ def profiles_command(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def resolved_profile_file(profile: Profile, folder: Path) -> Path:
-    """A copy of the profile with an absolute DeepSpeed JSON path, so runs work from any directory."""
-    settings = dict(profile.settings)
-    if profile.deepspeed_config_path is not None:
-        settings["deepspeed_config"] = {
-            **settings["deepspeed_config"],
-            "deepspeed_config_file": str(profile.deepspeed_config_path),
-        }
-    path = folder / f"{profile.name}.yaml"
-    path.write_text(yaml.safe_dump(settings, sort_keys=False))
-    return path
-
-
-def default_num_processes() -> int:
-    gpus = torch.cuda.device_count()
-    if gpus == 0:
-        raise FinetuneError("no GPU is visible: pass --num_processes N to run N CPU processes (gloo)")
-    return gpus
-
-
-def launch_command(
-    profile: Profile, config_file: Path, options: argparse.Namespace, run_args: list[str]
-) -> list[str]:
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
-    if profile.multi_process:
-        if options.num_processes is None:
-            options.num_processes = default_num_processes()
-        for name in LAUNCH_OPTIONS:
-            value = getattr(options, name)
-            if value is not None:
-                command += [f"--{name}", str(value)]
-    return [*command, str(RUN_SCRIPT), *run_args]
+def placement_of(options: argparse.Namespace) -> Placement:
+    return Placement(**{name: getattr(options, name) for name in PLACEMENT_OPTIONS})
 
 
 def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
+    if options.profile == "auto":
+        options.profile, reason = auto_profile(run_args, options.num_processes)
+        print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
     profile = load_profile(options.profile)
     with tempfile.TemporaryDirectory(prefix="finetune-profile-") as folder:
-        command = launch_command(profile, resolved_profile_file(profile, Path(folder)), options, run_args)
+        config_file = resolved_profile_file(profile, Path(folder))
+        command = launch_command(profile, config_file, placement_of(options), run_args)
         print("finetune: " + " ".join(command), file=sys.stderr)
         environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
         return subprocess.call(command, env=environment)
@@ -130,6 +103,116 @@ def generate_command(options: argparse.Namespace) -> int:
     return 0
 
 
+def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, str]:
+    """The planner's pick for the model and batch the run flags ask for."""
+    from finetune.planner import Workload, choose_profile, shape_of, visible_gpu_memory_gib
+
+    wanted = argparse.ArgumentParser(add_help=False)
+    wanted.add_argument("--model", "--model_name_or_path", default="gpt2")
+    wanted.add_argument("--config_overrides")
+    wanted.add_argument("--batch_size", "--per_device_train_batch_size", type=int, default=8)
+    wanted.add_argument("--block_size", type=int)
+    wanted.add_argument("--precision", default="bf16")
+    wanted.add_argument("--gradient_checkpointing", nargs="?", const="true", default="false")
+    known, _ = wanted.parse_known_args(run_args)
+    memory = visible_gpu_memory_gib()
+    if memory is None:
+        raise FinetuneError("--profile auto plans GPU memory, and no GPU is visible: name a profile")
+    shape, default_block = shape_of(known.model, known.config_overrides)
+    dtype = "bf16" if known.precision == "auto" else known.precision
+    checkpointing = known.gradient_checkpointing.lower() in ("1", "true", "yes")
+    workload = Workload(known.batch_size, known.block_size or default_block, dtype, checkpointing)
+    return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
+
+
+def plan_command(options: argparse.Namespace) -> int:
+    from finetune.planner import (
+        Calibration,
+        Workload,
+        format_plan,
+        plan,
+        recommend,
+        shape_of,
+        visible_gpu_memory_gib,
+        what_would_fit,
+    )
+
+    memory = options.gpu_memory or visible_gpu_memory_gib()
+    if memory is None:
+        raise FinetuneError("no GPU is visible: pass --gpu_memory GIB")
+    shape, default_block = shape_of(options.model, options.config_overrides)
+    workload = Workload(
+        options.batch_size,
+        options.block_size or default_block,
+        options.precision,
+        options.gradient_checkpointing,
+    )
+    calibration = Calibration.measured()
+    profiles = options.profiles.split(",") if options.profiles else None
+    estimates = plan(shape, workload, options.gpus, calibration, profiles)
+    print(
+        format_plan(shape, workload, estimates, memory, options.gpus_per_node or options.gpus, options.margin)
+    )
+    best = recommend(estimates, memory, options.margin)
+    if best is not None:
+        order = ", ".join(e.profile for e in estimates)
+        print(f"recommended: {best.profile} (the first that fits, in the order {order})")
+        return 0
+    print("nothing fits; changes that would:")
+    for change in what_would_fit(shape, workload, options.gpus, memory, calibration, options.margin):
+        print(f"  {change}")
+    return 1
+
+
+def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
+    from finetune.compare import compare, default_profiles
+
+    profiles = options.profiles.split(",") if options.profiles else default_profiles(run_args)
+    for name in profiles:
+        load_profile(name)
+    command_line = " ".join(["finetune", "compare", *sys.argv[2:]])
+    rows = compare(
+        profiles,
+        Placement(num_processes=options.num_processes),
+        ["--model", options.model, *run_args],
+        Path(options.output_dir),
+        options.timeout,
+        command_line,
+    )
+    print((Path(options.output_dir) / "comparison.md").read_text())
+    return 0 if any(row.status == "completed" for row in rows) else 1
+
+
+def add_plan_parser(commands: argparse._SubParsersAction) -> None:
+    planning = commands.add_parser("plan", help="predict memory per GPU for every profile, and recommend one")
+    planning.add_argument("--model", default="gpt2", help="name, GPT-2 alias or local folder (config only)")
+    planning.add_argument("--config_overrides", help='change the shape: "n_layer=32,n_embd=4096,n_head=32"')
+    planning.add_argument("--gpus", type=int, default=1, help="GPUs in all")
+    planning.add_argument(
+        "--gpus_per_node", type=int, help="GPUs per machine, for host RAM (default: --gpus)"
+    )
+    planning.add_argument("--gpu_memory", type=float, help="GiB per GPU (default: the visible GPU's)")
+    planning.add_argument("--batch_size", type=int, default=8, help="micro batch per GPU")
+    planning.add_argument("--block_size", type=int, help="tokens per sample (default: context, at most 1024)")
+    planning.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    planning.add_argument("--gradient_checkpointing", action="store_true")
+    planning.add_argument("--profiles", help="comma-separated profiles (default: all)")
+    planning.add_argument("--margin", type=float, default=0.10, help="share of GPU memory kept free")
+
+
+def add_compare_parser(commands: argparse._SubParsersAction) -> None:
+    comparing = commands.add_parser(
+        "compare",
+        help="run several profiles on one model, one table",
+        description="Flags not listed here go to every run (see `python finetune/run.py --help`).",
+    )
+    comparing.add_argument("--model", required=True, help="as finetune/run.py --model")
+    comparing.add_argument("--profiles", help="comma-separated (default: every multi-process profile)")
+    comparing.add_argument("--num_processes", "--gpus", type=int, help="processes per run (default: GPUs)")
+    comparing.add_argument("--output_dir", default="outputs/compare", help="one folder per profile in it")
+    comparing.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
+
+
 def add_export_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export", help="write a checkpoint of any profile as a plain Hugging Face model folder"
@@ -181,12 +264,18 @@ def make_parser() -> argparse.ArgumentParser:
         help="launch finetune/run.py under a profile with accelerate launch",
         description="Any flag not listed here goes to finetune/run.py (see `python finetune/run.py --help`).",
     )
-    run.add_argument("--profile", required=True, help="profile name (see `finetune profiles`) or YAML file")
+    run.add_argument(
+        "--profile",
+        required=True,
+        help="profile name (see `finetune profiles`), YAML file, or auto (the planner's pick)",
+    )
     run.add_argument("--num_processes", type=int, help="processes in all (default: every visible GPU)")
     run.add_argument("--num_machines", type=int, help="machines (nodes) taking part")
     run.add_argument("--machine_rank", type=int, help="this machine's rank among them")
     run.add_argument("--main_process_ip", help="address of machine rank 0")
     run.add_argument("--main_process_port", type=int, help="port on machine rank 0")
+    add_compare_parser(commands)
+    add_plan_parser(commands)
     add_export_parser(commands)
     add_eval_parser(commands)
     add_generate_parser(commands)
@@ -196,10 +285,11 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     options, rest = parser.parse_known_args(argv)
-    if rest and options.command != "run":
+    if rest and options.command not in ("run", "compare"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     commands = {
         "profiles": profiles_command,
+        "plan": plan_command,
         "export": export_command,
         "eval": eval_command,
         "generate": generate_command,
@@ -207,5 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     with exit_on_user_error():
         if options.command == "run":
             return run_command(options, rest)
+        if options.command == "compare":
+            return compare_command(options, rest)
         return commands[options.command](options)
     return 0

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from finetune.cli import main, resolved_profile_file
+from finetune.cli import main
 from finetune.errors import FinetuneError
+from finetune.launch import resolved_profile_file
 from finetune.profiles import available_profiles, fill_nvme_path, load_profile, needs_nvme_path
 
 SHIPPED = available_profiles()

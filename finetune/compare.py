@@ -1,0 +1,252 @@
+"""`finetune compare`: run several profiles on the same model and machine, one table of what each costs.
+
+Each profile is a real `accelerate launch` of finetune/run.py into `<output_dir>/<profile>/`, in its
+own process group, with a time limit. Its row comes from the run summary it leaves; a run that
+fails, runs out of memory or times out is a row that says so, and the comparison goes on. Ctrl-C
+stops the current run and keeps the rows already measured. The table is written after every
+profile, so what is on disk is always the comparison so far.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from finetune.launch import Placement, launch_command, resolved_profile_file
+from finetune.profiles import available_profiles, load_profile
+from finetune.summary import SUMMARY_FILE, read_summary
+
+STOP_GRACE_S = 30
+
+
+@dataclass
+class Row:
+    """One profile's line of the comparison. Memory is per device: the highest rank's peak."""
+
+    profile: str
+    status: str
+    reason: str = ""
+    world_size: int | None = None
+    memory_kind: str = ""
+    peak_memory_gib: float | None = None
+    tokens_per_second_per_device: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    mfu_percent: float | None = None
+    step_time_median_s: float | None = None
+    eval_perplexity: float | None = None
+
+
+def row_from_summary(profile: str, summary: dict[str, Any]) -> Row:
+    on_gpu = summary["memory_device"] == "cuda"
+    peak = summary["memory_peak_allocated_gib_max"] if on_gpu else summary["memory_host_peak_rss_gib_max"]
+    return Row(
+        profile=profile,
+        status=summary["status"],
+        reason=summary["error"] or "",
+        world_size=summary["world_size"],
+        memory_kind="GPU allocated" if on_gpu else "host RSS",
+        peak_memory_gib=peak,
+        tokens_per_second_per_device=summary["tokens_per_second_per_device"],
+        tokens_per_second=summary["tokens_per_second"],
+        samples_per_second=summary["samples_per_second"],
+        mfu_percent=None if summary["mfu"] is None else 100 * summary["mfu"],
+        step_time_median_s=summary["step_time_median_s"],
+        eval_perplexity=summary["eval_perplexity"],
+    )
+
+
+def failure_reason(log: Path) -> str:
+    """The most telling line of a run's log: our error line, an out-of-memory line, or the last one."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    for marker in ("finetune: error:", "OutOfMemoryError", "out of memory", "Error"):
+        found = [line for line in lines if marker in line]
+        if found:
+            return found[-1][:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def classify(reason: str) -> str:
+    return "out of memory" if "out of memory" in reason.lower() else "failed"
+
+
+def stop_group(process: subprocess.Popen, first: signal.Signals) -> None:
+    """Signal the run's whole process group; kill it if it has not exited within the grace period."""
+    try:
+        os.killpg(process.pid, first)
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def run_profile(
+    profile_name: str, placement: Placement, run_args: list[str], run_dir: Path, timeout_s: float
+) -> Row:
+    profile = load_profile(profile_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    log = run_dir / "launch.log"
+    flags = ["--save_strategy", "no", *run_args, "--output_dir", str(run_dir), "--run_name", profile.name]
+    with tempfile.TemporaryDirectory(prefix="finetune-compare-") as folder, log.open("w") as stream:
+        command = launch_command(profile, resolved_profile_file(profile, Path(folder)), placement, flags)
+        environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
+        process = subprocess.Popen(
+            command, stdout=stream, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(process, signal.SIGINT)
+            return Row(profile.name, "timeout", f"stopped after {timeout_s:.0f} s")
+        except KeyboardInterrupt:
+            stop_group(process, signal.SIGINT)
+            raise
+    if (run_dir / SUMMARY_FILE).exists():
+        summary = read_summary(run_dir)
+        if summary["status"] == "completed":
+            return row_from_summary(profile.name, summary)
+        reason = summary["error"] or failure_reason(log)
+        return Row(profile.name, classify(reason), reason)
+    reason = failure_reason(log)
+    return Row(profile.name, classify(reason), reason)
+
+
+def default_profiles(run_args: list[str]) -> list[str]:
+    """Every multi-process profile; the NVMe one only when --nvme_path is given."""
+    names = []
+    for path in available_profiles():
+        profile = load_profile(path)
+        if profile.multi_process and (not profile.needs_nvme_path or "--nvme_path" in run_args):
+            names.append(profile.name)
+    return names
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output files
+
+COLUMNS = {
+    "profile": "profile",
+    "status": "status",
+    "world_size": "devices",
+    "peak_memory_gib": "peak memory / device (GiB)",
+    "tokens_per_second_per_device": "tokens/s / device",
+    "tokens_per_second": "tokens/s",
+    "samples_per_second": "samples/s",
+    "mfu_percent": "MFU %",
+    "step_time_median_s": "step (s, median)",
+    "eval_perplexity": "eval perplexity",
+    "reason": "reason",
+}
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+    return str(value).replace("|", "/")
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=[f.name for f in fields(Row)])
+        writer.writeheader()
+        writer.writerows(asdict(row) for row in rows)
+
+
+def write_markdown(rows: list[Row], path: Path, header: list[str]) -> None:
+    kinds = {row.memory_kind for row in rows if row.memory_kind}
+    lines = [*header, ""]
+    if kinds:
+        lines.append(f"Peak memory is {', '.join(sorted(kinds))}, highest rank.")
+        lines.append("")
+    lines.append("| " + " | ".join(COLUMNS.values()) + " |")
+    lines.append("|" + "---|" * len(COLUMNS))
+    for row in rows:
+        lines.append("| " + " | ".join(cell(getattr(row, name)) for name in COLUMNS) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(rows: list[Row], path: Path) -> None:
+    """Memory and throughput per device, side by side; a profile without numbers says why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [row.profile for row in rows]
+    kinds = ", ".join(sorted({row.memory_kind for row in rows if row.memory_kind})) or "no run completed"
+    figure, (memory_axis, speed_axis) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 1.8))
+    panels = [
+        (memory_axis, "peak_memory_gib", f"peak memory per device (GiB, {kinds})"),
+        (speed_axis, "tokens_per_second_per_device", "tokens/s per device"),
+    ]
+    for axis, attribute, title in panels:
+        values = [getattr(row, attribute) or 0 for row in rows]
+        axis.barh(names, values, color="tab:blue")
+        for index, row in enumerate(rows):
+            label = cell(getattr(row, attribute)) if row.status == "completed" else row.status
+            axis.text(values[index], index, f" {label}", va="center", fontsize=9)
+        axis.set_title(title)
+        axis.invert_yaxis()
+        axis.margins(x=0.25)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_results(rows: list[Row], output_dir: Path, header: list[str]) -> None:
+    write_csv(rows, output_dir / "comparison.csv")
+    write_markdown(rows, output_dir / "comparison.md", header)
+    write_plot(rows, output_dir / "comparison.png")
+
+
+def environment(output_dir: Path, rows: list[Row]) -> str:
+    """Device and versions, from the first profile that completed."""
+    for row in rows:
+        if row.status == "completed":
+            summary = read_summary(output_dir / row.profile)
+            versions = ", ".join(
+                f"{package} {summary[f'{package}_version']}"
+                for package in ("torch", "transformers", "accelerate", "deepspeed")
+            )
+            return f"{summary['world_size']} x {summary['device_name']}; {versions}"
+    return "no profile completed"
+
+
+def compare(
+    profiles: list[str],
+    placement: Placement,
+    run_args: list[str],
+    output_dir: Path,
+    timeout_s: float,
+    command_line: str,
+) -> list[Row]:
+    """Run the profiles in turn; the files in output_dir are rewritten after every profile."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+
+    def save() -> None:
+        header = ["# finetune compare", "", f"    {command_line}", "", environment(output_dir, rows)]
+        write_results(rows, output_dir, header)
+
+    for name in profiles:
+        print(f"finetune compare: {name}", file=sys.stderr, flush=True)
+        try:
+            rows.append(run_profile(name, placement, run_args, output_dir / name, timeout_s))
+        except KeyboardInterrupt:
+            rows.append(Row(name, "interrupted", "stopped by Ctrl-C"))
+            save()
+            raise
+        save()
+    return rows

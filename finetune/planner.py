@@ -1,0 +1,368 @@
+"""`finetune plan`: predicted memory per GPU for every profile, before anything is launched.
+
+Model states (bytes per parameter Ψ) follow what each framework keeps:
+
+- DeepSpeed with bf16/fp16, the ZeRO paper's mixed-precision Adam: 2Ψ parameters, 2Ψ gradients,
+  12Ψ optimizer states (fp32 master weights, momentum, variance). Stage 1 divides the optimizer
+  states by the number of GPUs Nd, stage 2 also the gradients, stage 3 also the parameters.
+- DDP and FSDP2 under torch autocast keep fp32 parameters and gradients: 4Ψ + 4Ψ + 8Ψ (Adam's two
+  moments). FSDP2 full shard divides all three by Nd; FSDP2 without resharding after forward holds
+  the gathered parameters from forward to backward, so its parameters count whole.
+- The offload profiles move the optimizer states (ZeRO-Offload), and the parameters (stage 3), to
+  host memory or, for ZeRO-Infinity, to the NVMe folder.
+
+Activations per GPU are `L·b·T·H·c_layer + b·T·V·(c_logits + 4)` bytes for L layers of width H,
+micro batch b, block T and vocabulary V (SDPA attention keeps no T-by-T scores). c_logits = 10:
+the bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 log-softmax (4);
+the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. c_layer is
+fitted to measured training peaks (finetune/calibration.json, least squares), separately for torch
+autocast and DeepSpeed, whose saved activations differ in dtype; framework buffers and allocator
+slack are in it too. With gradient checkpointing each layer keeps
+only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from finetune.errors import FinetuneError
+
+GIB = 2**30
+CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
+LOGIT_BYTES = 10
+LOGIT_GRADIENT_BYTES = 4
+CHECKPOINTED_LAYER_BYTES = 4
+DEFAULT_MARGIN = 0.10
+
+# profile: (framework, sharded states, offloaded states). Ordered fastest first, as the
+# recommendation prefers them: DDP/ZeRO-1, then ZeRO-2 (and FSDP without resharding), then full
+# sharding, then offload to host, then NVMe.
+PROFILES: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {
+    "ddp": ("torch", frozenset(), frozenset()),
+    "zero1": ("deepspeed", frozenset({"optimizer"}), frozenset()),
+    "zero2": ("deepspeed", frozenset({"optimizer", "gradients"}), frozenset()),
+    "fsdp_grad_op": ("torch", frozenset({"optimizer", "gradients"}), frozenset()),
+    "zero3": ("deepspeed", frozenset({"optimizer", "gradients", "parameters"}), frozenset()),
+    "fsdp": ("torch", frozenset({"optimizer", "gradients", "parameters"}), frozenset()),
+    "zero2_offload": ("deepspeed", frozenset({"optimizer", "gradients"}), frozenset({"optimizer"})),
+    "zero3_offload": (
+        "deepspeed",
+        frozenset({"optimizer", "gradients", "parameters"}),
+        frozenset({"optimizer", "parameters"}),
+    ),
+    "zero3_nvme": (
+        "deepspeed",
+        frozenset({"optimizer", "gradients", "parameters"}),
+        frozenset({"optimizer", "parameters"}),
+    ),
+}
+STATE_BYTES = {
+    "deepspeed": {"parameters": 2, "gradients": 2, "optimizer": 12},
+    "torch": {"parameters": 4, "gradients": 4, "optimizer": 8},
+    "fp32": {"parameters": 4, "gradients": 4, "optimizer": 8},
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    parameters: int
+    layers: int
+    hidden: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, name: str, config: PretrainedConfig) -> ModelShape:
+        """Counted on the meta device: exact, and free even for billions of parameters."""
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        return cls(name, parameters, config.num_hidden_layers, config.hidden_size, config.vocab_size)
+
+
+@dataclass(frozen=True)
+class Workload:
+    micro_batch: int
+    block_size: int
+    dtype: str = "bf16"
+    gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A measured training peak, with everything needed to predict it again."""
+
+    shape: ModelShape
+    workload: Workload
+    profile: str
+    gpus: int
+    peak_allocated_gib: float
+    forward_activations_gib: float | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Measurement:
+        shape = ModelShape(row["model"], row["parameters"], row["layers"], row["hidden"], row["vocab"])
+        workload = Workload(
+            row["micro_batch"], row["block_size"], row["dtype"], row["gradient_checkpointing"]
+        )
+        profile = "ddp" if row["profile"] == "single" else row["profile"]
+        return cls(
+            shape,
+            workload,
+            profile,
+            row["gpus"],
+            row["peak_allocated_gib"],
+            row.get("forward_activations_gib"),
+        )
+
+
+def estimate_for(measurement: Measurement, calibration: Calibration) -> Estimate:
+    m = measurement
+    return estimate(m.profile, m.shape, m.workload, m.gpus, calibration)
+
+
+def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
+    """How many GiB of activations one byte of c_layer stands for."""
+    return activation_gib(shape, workload, 1.0) - activation_gib(shape, workload, 0.0)
+
+
+def read_measurements(path: Path = CALIBRATION_FILE) -> list[Measurement]:
+    return [Measurement.from_row(row) for row in json.loads(path.read_text())["measurements"]]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Bytes kept per b·T·H per layer, by framework (torch autocast or DeepSpeed)."""
+
+    layer_bytes: dict[str, float]
+
+    @classmethod
+    def fit(cls, measurements: list[Measurement]) -> Calibration:
+        """Least squares through the origin: what the measured peaks leave after states and logits."""
+        layer_bytes = {}
+        for kind in ("torch", "deepspeed"):
+            rows = [m for m in measurements if calibration_kind(m.profile, m.workload.dtype) == kind]
+            if not rows:
+                raise ValueError(f"no {kind} measurement to calibrate activations with")
+            residuals, units = [], []
+            for m in rows:
+                without_layers = estimate(
+                    m.profile, m.shape, m.workload, m.gpus, cls({kind: 0.0, **layer_bytes})
+                )
+                residuals.append(m.peak_allocated_gib - without_layers.total)
+                units.append(
+                    activation_gib(m.shape, m.workload, 1.0) - activation_gib(m.shape, m.workload, 0.0)
+                )
+            layer_bytes[kind] = sum(r * u for r, u in zip(residuals, units, strict=True)) / sum(
+                u * u for u in units
+            )
+        return cls(layer_bytes)
+
+    @classmethod
+    def measured(cls) -> Calibration:
+        return cls.fit(read_measurements())
+
+
+@dataclass
+class Estimate:
+    profile: str
+    gpus: int
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    host_per_gpu: float = 0.0
+    nvme: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations
+
+    def fits(self, gpu_memory_gib: float, margin: float = DEFAULT_MARGIN) -> bool:
+        return self.total <= gpu_memory_gib * (1 - margin)
+
+
+def framework_of(profile: str, dtype: str) -> str:
+    return "fp32" if dtype == "fp32" else PROFILES[profile][0]
+
+
+def calibration_kind(profile: str, dtype: str) -> str:
+    return "deepspeed" if framework_of(profile, dtype) == "deepspeed" else "torch"
+
+
+def forward_activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) -> float:
+    """What the forward pass leaves for backward."""
+    tokens = workload.micro_batch * workload.block_size
+    per_layer = tokens * shape.hidden * layer_bytes
+    if workload.gradient_checkpointing:
+        layers = shape.layers * tokens * shape.hidden * CHECKPOINTED_LAYER_BYTES + per_layer
+    else:
+        layers = shape.layers * per_layer
+    return (layers + tokens * shape.vocab * LOGIT_BYTES) / GIB
+
+
+def activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) -> float:
+    """At the peak, the start of backward: the forward's activations and the logits' gradient."""
+    tokens = workload.micro_batch * workload.block_size
+    return (
+        forward_activation_gib(shape, workload, layer_bytes)
+        + tokens * shape.vocab * LOGIT_GRADIENT_BYTES / GIB
+    )
+
+
+def estimate(
+    profile: str, shape: ModelShape, workload: Workload, gpus: int, calibration: Calibration
+) -> Estimate:
+    framework = framework_of(profile, workload.dtype)
+    _, sharded, offloaded = PROFILES[profile]
+    states = {}
+    host = nvme = 0.0
+    for kind, per_parameter in STATE_BYTES[framework].items():
+        gib = shape.parameters * per_parameter / GIB / (gpus if kind in sharded else 1)
+        if kind in offloaded:
+            nvme += gib * gpus if profile == "zero3_nvme" else 0.0
+            host += 0.0 if profile == "zero3_nvme" else gib
+            gib = 0.0
+        states[kind] = gib
+    kind = calibration_kind(profile, workload.dtype)
+    return Estimate(
+        profile=profile,
+        gpus=gpus,
+        parameters=states["parameters"],
+        gradients=states["gradients"],
+        optimizer=states["optimizer"],
+        activations=activation_gib(shape, workload, calibration.layer_bytes.get(kind, 0.0)),
+        host_per_gpu=host,
+        nvme=nvme,
+    )
+
+
+def plan(
+    shape: ModelShape,
+    workload: Workload,
+    gpus: int,
+    calibration: Calibration,
+    profiles: list[str] | None = None,
+) -> list[Estimate]:
+    names = profiles or list(PROFILES)
+    return [estimate(name, shape, workload, gpus, calibration) for name in names]
+
+
+def recommend(
+    estimates: list[Estimate], gpu_memory_gib: float, margin: float = DEFAULT_MARGIN
+) -> Estimate | None:
+    """The first (fastest) profile that fits with the margin; PROFILES is in speed order."""
+    fitting = [e for e in estimates if e.fits(gpu_memory_gib, margin)]
+    return fitting[0] if fitting else None
+
+
+def what_would_fit(
+    shape: ModelShape,
+    workload: Workload,
+    gpus: int,
+    gpu_memory_gib: float,
+    calibration: Calibration,
+    margin: float = DEFAULT_MARGIN,
+) -> list[str]:
+    """Changes that make some profile fit, cheapest first: smaller micro batch, checkpointing, more GPUs."""
+    suggestions = []
+    batch = workload.micro_batch // 2
+    while batch >= 1:
+        smaller = Workload(batch, workload.block_size, workload.dtype, workload.gradient_checkpointing)
+        found = recommend(plan(shape, smaller, gpus, calibration), gpu_memory_gib, margin)
+        if found:
+            factor = workload.micro_batch // batch
+            suggestions.append(
+                f"--batch_size {batch} --gradient_accumulation_steps {factor} (same global batch) "
+                f"with {found.profile}: {found.total:.1f} GiB"
+            )
+            break
+        batch //= 2
+    if not workload.gradient_checkpointing:
+        checkpointed = Workload(workload.micro_batch, workload.block_size, workload.dtype, True)
+        found = recommend(plan(shape, checkpointed, gpus, calibration), gpu_memory_gib, margin)
+        if found:
+            suggestions.append(f"--gradient_checkpointing with {found.profile}: {found.total:.1f} GiB")
+    for more in (gpus * 2, gpus * 4, gpus * 8):
+        found = recommend(plan(shape, workload, more, calibration), gpu_memory_gib, margin)
+        if found:
+            suggestions.append(f"{more} GPUs with {found.profile}: {found.total:.1f} GiB")
+            break
+    return suggestions
+
+
+def format_plan(
+    shape: ModelShape,
+    workload: Workload,
+    estimates: list[Estimate],
+    gpu_memory_gib: float,
+    gpus_per_node: int,
+    margin: float = DEFAULT_MARGIN,
+) -> str:
+    lines = [
+        f"finetune plan: {shape.name} ({shape.parameters:,} parameters), {estimates[0].gpus} GPU(s) of "
+        f"{gpu_memory_gib:g} GiB, micro batch {workload.micro_batch} x {workload.block_size} tokens, "
+        f"{workload.dtype}{', gradient checkpointing' if workload.gradient_checkpointing else ''}",
+        "",
+        "| profile | parameters | gradients | optimizer | activations | total / GPU | fits "
+        "| host RAM / node | NVMe |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in estimates:
+        cells = [e.parameters, e.gradients, e.optimizer, e.activations, e.total]
+        fits = "yes" if e.fits(gpu_memory_gib, margin) else "no"
+        host = f"{e.host_per_gpu * min(gpus_per_node, e.gpus):.1f}" if e.host_per_gpu else ""
+        nvme = f"{e.nvme:.1f}" if e.nvme else ""
+        lines.append(
+            f"| {e.profile} | "
+            + " | ".join(f"{value:.2f}" for value in cells)
+            + f" | {fits} | {host} | {nvme} |"
+        )
+    lines.append("")
+    lines.append(f"GiB; fits means total <= {100 * (1 - margin):.0f}% of the GPU's memory.")
+    return "\n".join(lines)
+
+
+def shape_of(model: str, config_overrides: str | None = None) -> tuple[ModelShape, int]:
+    """The model's shape and its default block size, from its config alone (no weights)."""
+    from finetune.arguments import ModelArguments
+    from finetune.models import choose_block_size, load_config, resolve_model
+
+    model_args = ModelArguments(model=model, config_overrides=config_overrides)
+    config = load_config(model_args, resolve_model(model))
+    return ModelShape.from_config(model, config), choose_block_size(None, config)
+
+
+def visible_gpu_memory_gib() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def choose_profile(
+    shape: ModelShape, workload: Workload, gpus: int, gpu_memory_gib: float
+) -> tuple[str, str]:
+    """The recommended profile and a one-line reason, for `finetune run --profile auto`."""
+    calibration = Calibration.measured()
+    estimates = plan(shape, workload, gpus, calibration)
+    best = recommend(estimates, gpu_memory_gib)
+    if best is None:
+        changes = (
+            "; ".join(what_would_fit(shape, workload, gpus, gpu_memory_gib, calibration)) or "none found"
+        )
+        raise FinetuneError(
+            f"no profile fits {shape.name} in {gpus} x {gpu_memory_gib:.0f} GiB (finetune plan); "
+            f"changes that would: {changes or 'none found'}"
+        )
+    if gpus == 1:
+        return "single", f"one GPU; predicted {best.total:.1f} of {gpu_memory_gib:.0f} GiB"
+    return best.profile, (
+        f"the fastest profile predicted to fit: {best.total:.1f} of {gpu_memory_gib:.0f} GiB per GPU"
+    )

@@ -1,0 +1,140 @@
+"""finetune plan: the ZeRO accounting by hand, the calibration against measured peaks, the advice."""
+
+import pytest
+from transformers import AutoConfig
+
+from finetune.cli import main as cli_main
+from finetune.planner import (
+    GIB,
+    Calibration,
+    ModelShape,
+    Workload,
+    calibration_kind,
+    choose_profile,
+    estimate_for,
+    forward_activation_gib,
+    plan,
+    read_measurements,
+    recommend,
+    what_would_fit,
+)
+
+GPT2_XL_PARAMETERS = 1_557_611_200  # 48 x (12·1600² + 13·1600) + 50257·1600 + 1024·1600 + 2·1600
+
+
+@pytest.fixture(scope="module")
+def gpt2_xl(data_dir):
+    return ModelShape.from_config("gpt2-xl", AutoConfig.from_pretrained(data_dir / "gpt2-xl"))
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    return Calibration.measured()
+
+
+def test_gpt2_xl_shape_is_counted_exactly(gpt2_xl):
+    assert GPT2_XL_PARAMETERS == 48 * (12 * 1600**2 + 13 * 1600) + 50257 * 1600 + 1024 * 1600 + 2 * 1600
+    assert (gpt2_xl.parameters, gpt2_xl.layers, gpt2_xl.hidden, gpt2_xl.vocab) == (
+        GPT2_XL_PARAMETERS,
+        48,
+        1600,
+        50257,
+    )
+
+
+def test_gpt2_xl_on_four_80_gib_gpus_matches_the_hand_calculation(gpt2_xl, calibration):
+    workload = Workload(micro_batch=8, block_size=1024)
+    by_profile = {e.profile: e for e in plan(gpt2_xl, workload, 4, calibration)}
+    psi = GPT2_XL_PARAMETERS
+    tokens = 8 * 1024
+    logits = tokens * 50257 * (10 + 4)  # logits, fp32 copy, log-softmax; the logits' gradient
+    deepspeed_activations = (48 * tokens * 1600 * calibration.layer_bytes["deepspeed"] + logits) / GIB
+    torch_activations = (48 * tokens * 1600 * calibration.layer_bytes["torch"] + logits) / GIB
+    expected = {  # (parameters, gradients, optimizer) in bytes per GPU, then activations in GiB
+        "ddp": (4 * psi, 4 * psi, 8 * psi, torch_activations),
+        "zero1": (2 * psi, 2 * psi, 12 * psi / 4, deepspeed_activations),
+        "zero2": (2 * psi, 2 * psi / 4, 12 * psi / 4, deepspeed_activations),
+        "zero3": (2 * psi / 4, 2 * psi / 4, 12 * psi / 4, deepspeed_activations),
+        "fsdp": (4 * psi / 4, 4 * psi / 4, 8 * psi / 4, torch_activations),
+        "zero3_offload": (0, 2 * psi / 4, 0, deepspeed_activations),
+    }
+    for profile, (parameters, gradients, optimizer, activations) in expected.items():
+        e = by_profile[profile]
+        assert (e.parameters, e.gradients, e.optimizer) == pytest.approx(
+            (parameters / GIB, gradients / GIB, optimizer / GIB)
+        ), profile
+        assert e.activations == pytest.approx(activations), profile
+    assert by_profile["zero3"].parameters == pytest.approx(0.7253, abs=1e-4)  # 2·Ψ/4 bytes in GiB
+    assert by_profile["zero3"].optimizer == pytest.approx(4.3520, abs=1e-4)  # 12·Ψ/4 bytes in GiB
+    assert by_profile["zero2_offload"].host_per_gpu == pytest.approx(12 * psi / 4 / GIB)
+    assert by_profile["zero3_nvme"].nvme == pytest.approx(14 * psi / GIB)
+
+
+def test_every_measured_peak_is_predicted_within_15_percent(calibration):
+    """The activation coefficient is fitted to these peaks: with one row per framework this holds by
+    construction, and bites as rows are added (each new measurement must fit the same two numbers)."""
+    for measurement in read_measurements():
+        predicted = estimate_for(measurement, calibration).total
+        assert predicted == pytest.approx(measurement.peak_allocated_gib, rel=0.15), measurement
+
+
+def test_measured_forward_activations_are_predicted_within_15_percent(calibration):
+    """Not fitted: checks that the peak is split right between model states and activations."""
+    for m in read_measurements():
+        kind = calibration_kind(m.profile, m.workload.dtype)
+        predicted = forward_activation_gib(m.shape, m.workload, calibration.layer_bytes[kind])
+        assert predicted == pytest.approx(m.forward_activations_gib, rel=0.15), m
+
+
+def test_recommendation_is_the_fastest_profile_that_fits(gpt2_xl, calibration):
+    estimates = plan(gpt2_xl, Workload(8, 1024), 4, calibration)
+    fitting = [e.profile for e in estimates if e.fits(80)]
+    assert recommend(estimates, 80).profile == fitting[0]
+    assert fitting[0] in ("ddp", "zero1")
+
+
+def test_a_model_too_big_for_any_profile_gets_changes_that_fit(gpt2_xl, calibration):
+    workload = Workload(micro_batch=64, block_size=1024)
+    assert recommend(plan(gpt2_xl, workload, 1, calibration), 80) is None
+    suggestions = what_would_fit(gpt2_xl, workload, 1, 80, calibration)
+    assert any(s.startswith("--batch_size") and "--gradient_accumulation_steps" in s for s in suggestions)
+
+
+def test_gradient_checkpointing_shrinks_activations(gpt2_xl, calibration):
+    plain = plan(gpt2_xl, Workload(8, 1024), 4, calibration, ["zero3"])[0]
+    checkpointed = plan(gpt2_xl, Workload(8, 1024, gradient_checkpointing=True), 4, calibration, ["zero3"])[0]
+    assert checkpointed.activations < plain.activations / 2
+
+
+def test_more_gpus_shrink_only_the_sharded_states(gpt2_xl, calibration):
+    two, eight = (plan(gpt2_xl, Workload(8, 1024), n, calibration, ["zero2"])[0] for n in (2, 8))
+    assert two.parameters == eight.parameters
+    assert two.optimizer == pytest.approx(4 * eight.optimizer)
+
+
+def test_plan_command_prints_the_table_and_the_recommendation(capsys):
+    assert cli_main(["plan", "--model", "gpt2-xl", "--gpus", "4", "--gpu_memory", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "| zero3 | 0.73 | 0.73 | 4.35 |" in out
+    assert out.strip().splitlines()[-1].startswith("recommended: zero1")
+
+
+def test_plan_command_says_what_would_fit_when_nothing_does(capsys):
+    shape = ["--model", "gpt2", "--config_overrides", "n_layer=32,n_embd=4096,n_head=32"]
+    assert cli_main(["plan", *shape, "--gpus", "1", "--gpu_memory", "80"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing fits; changes that would:" in out
+    assert "--gradient_checkpointing with" in out
+
+
+def test_profile_auto_without_a_gpu_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["run", "--profile", "auto", "--model", "gpt2"])
+    assert stopped.value.code == 2
+    assert "no GPU is visible: name a profile" in capsys.readouterr().err
+
+
+def test_auto_choice_explains_itself(gpt2_xl):
+    profile, reason = choose_profile(gpt2_xl, Workload(8, 1024), 4, 80)
+    assert profile == "zero1"
+    assert reason.startswith("the fastest profile predicted to fit")
