@@ -37,14 +37,45 @@ HPARAM_FIELDS = (
     "accelerate_version",
     "deepspeed_version",
 )
-# Scalar tags the HParams dashboard shows beside each run's configuration (their last value).
+# Whole-run results, logged once when the run ends (run_scalars) and shown as the HParams
+# dashboard's metric columns beside each run's configuration.
 HPARAM_METRICS = (
-    "throughput/tokens_per_second_per_device",
-    "throughput/mfu",
-    "memory/peak_allocated_gib_max",
-    "memory/host_peak_rss_gib_max",
-    "eval/perplexity",
+    "run/tokens_per_second_per_device",
+    "run/mfu",
+    "run/peak_memory_gib",
+    "run/eval_perplexity",
 )
+# The Custom Scalars dashboard: one chart per question, every run's line on it (tags are regexes).
+LAYOUT = {
+    "memory": {
+        "GPU peak allocated, max and mean over ranks (GiB)": ["Multiline", [r"memory/peak_allocated_gib_.*"]],
+        "GPU peak reserved, max over ranks (GiB)": ["Multiline", [r"memory/peak_reserved_gib_max"]],
+        "host peak RSS, max and mean over ranks (GiB)": ["Multiline", [r"memory/host_peak_rss_gib_.*"]],
+    },
+    "throughput": {
+        "tokens/s per device": ["Multiline", [r"throughput/tokens_per_second_per_device"]],
+        "MFU": ["Multiline", [r"throughput/mfu"]],
+        "step time (s)": ["Multiline", [r"throughput/step_time_s"]],
+    },
+    "eval": {
+        "perplexity": ["Multiline", [r"eval/perplexity"]],
+        "training loss": ["Multiline", [r"train/loss"]],
+    },
+}
+
+
+def run_scalars(fields: dict[str, Any]) -> dict[str, float]:
+    """The run summary's headline numbers as `run/` scalars (null ones left out)."""
+    on_gpu = fields["memory_device"] == "cuda"
+    values = {
+        "run/tokens_per_second_per_device": fields["tokens_per_second_per_device"],
+        "run/mfu": fields["mfu"],
+        "run/peak_memory_gib": fields[
+            "memory_peak_allocated_gib_max" if on_gpu else "memory_host_peak_rss_gib_max"
+        ],
+        "run/eval_perplexity": fields["eval_perplexity"],
+    }
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def tensorboard_tag(key: str) -> str:
@@ -90,6 +121,7 @@ class GroupedTensorBoardCallback(TensorBoardCallback):
             writer = self.tb_writer._get_file_writer()
             for summary in (experiment, session_start, session_end):
                 writer.add_summary(summary)
+            self.tb_writer.add_custom_scalars(LAYOUT)
 
     def on_log(
         self,

@@ -15,6 +15,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file by accelerate launch: import the package, not its siblings
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+import torch
 from transformers import default_data_collator, set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
@@ -36,7 +37,7 @@ from finetune.flops import model_flops_per_token, peak_flops
 from finetune.generate import Sampling, generate
 from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
 from finetune.profiles import strategy_of
-from finetune.reporting import GroupedTensorBoardCallback, logging_dir
+from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
 from finetune.summary import (
     RunRecord,
     configuration_fields,
@@ -52,9 +53,12 @@ from finetune.trainer import FinetuneTrainer
 logger = logging.get_logger("finetune")
 
 
-def default_run_name(model: str) -> str:
+def default_run_name(model: str, training_args: FinetuneTrainingArguments) -> str:
+    """Profile, model, devices and batch, then the time: what tells runs apart in one TensorBoard."""
     profile = os.environ.get("FINETUNE_PROFILE") or "run"
-    return f"{profile}-{Path(model).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    devices = f"{training_args.world_size}{'gpu' if torch.cuda.is_available() else 'cpu'}"
+    batch = f"b{training_args.per_device_train_batch_size}x{training_args.gradient_accumulation_steps}"
+    return f"{profile}-{Path(model).name}-{devices}-{batch}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def train_and_measure(
@@ -122,6 +126,7 @@ def train_and_measure(
     record.update(evaluation_fields(trainer.evaluate(), "eval"))
     if data.test is not None:
         record.update(evaluation_fields(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
+    trainer.log(run_scalars(record.fields))
     save_consolidated_model(trainer, training_args.output_dir, tokenizer)
     if training_args.generation_prompt and training_args.process_index == 0:
         prompts = training_args.generation_prompt
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         training_args.run_name = (
             training_args.run_name
             or (resume_from and read_manifest(resume_from)["run_name"])
-            or default_run_name(model_args.model)
+            or default_run_name(model_args.model, training_args)
         )
         is_main = training_args.process_index == 0
         record = RunRecord(training_args.output_dir, training_args.run_name, is_main)

@@ -124,6 +124,8 @@ def test_tensorboard_log_holds_the_runs_measurements(finished_run):
         "memory/host_peak_rss_gib_max",
         "throughput/tokens_per_second_per_device",
         "eval/perplexity",
+        "run/tokens_per_second_per_device",
+        "run/peak_memory_gib",
     }
     assert expected <= scalars
     assert events.Scalars("train/loss")[-1].step == MAX_STEPS
@@ -170,7 +172,7 @@ def test_finetune_run_launches_a_profile_from_any_directory(tmp_path):
     launch(command, output_dir, [*RUN_FLAGS, "--generation_prompt", "The history of"])
     summary = read_summary(output_dir)
     assert (summary["profile"], summary["zero_stage"], summary["world_size"]) == ("zero2", 2, 2)
-    assert summary["run_name"].startswith("zero2-gpt2-")
+    assert summary["run_name"].startswith("zero2-gpt2-2cpu-b4x1-")
     (generation,) = summary["generations"]
     assert generation["prompt"] == "The history of"
     assert generation["completion"]

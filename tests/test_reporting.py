@@ -2,10 +2,11 @@
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from finetune.reporting import GroupedTensorBoardCallback, tensorboard_tag
+from finetune.reporting import HPARAM_METRICS, GroupedTensorBoardCallback, run_scalars, tensorboard_tag
 
 
 def read_events(log_dir):
@@ -65,3 +66,37 @@ def test_run_configuration_is_written_as_hparams(written_log):
 def test_run_configuration_is_written_as_text(written_log):
     events = read_events(written_log)
     assert "run_config/text_summary" in events.Tags()["tensors"]
+
+
+def test_custom_scalars_layout_groups_memory_throughput_and_eval(written_log):
+    events = read_events(written_log)
+    content = events.PluginTagToContent("custom_scalars")
+    assert content  # the layout summary is in the log
+    (tensor,) = events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(tensor.tensor_proto.string_val[0])
+    assert [category.title for category in layout.category] == ["memory", "throughput", "eval"]
+
+
+def test_hparams_metric_columns_are_the_whole_run_results(written_log):
+    events = read_events(written_log)
+    content = events.PluginTagToContent("hparams")["_hparams_/experiment"]
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+    assert [info.name.tag for info in experiment.metric_infos] == list(HPARAM_METRICS)
+
+
+def test_run_scalars_use_gpu_memory_on_gpu_runs_and_host_memory_on_cpu_runs():
+    fields = {
+        "tokens_per_second_per_device": 100.0,
+        "mfu": None,
+        "memory_device": "cpu",
+        "memory_peak_allocated_gib_max": None,
+        "memory_host_peak_rss_gib_max": 1.5,
+        "eval_perplexity": 30.0,
+    }
+    assert run_scalars(fields) == {
+        "run/tokens_per_second_per_device": 100.0,
+        "run/peak_memory_gib": 1.5,
+        "run/eval_perplexity": 30.0,
+    }
+    gpu = {**fields, "memory_device": "cuda", "memory_peak_allocated_gib_max": 20.0}
+    assert run_scalars(gpu)["run/peak_memory_gib"] == 20.0
