@@ -250,3 +250,22 @@ def compare(
             raise
         save()
     return rows
+
+
+def summaries_frame(output_dir: str | Path) -> Any:
+    """Every run summary under a comparison folder as a pandas DataFrame, one row per profile.
+
+    The flat fields become columns; the per-rank, loss-curve and argument records stay out.
+    """
+    import pandas as pd
+
+    records = []
+    for path in sorted(Path(output_dir).glob(f"*/{SUMMARY_FILE}")):
+        summary = read_summary(path.parent)
+        records.append(
+            {
+                "profile": path.parent.name,
+                **{k: v for k, v in summary.items() if not isinstance(v, (list, dict))},
+            }
+        )
+    return pd.DataFrame.from_records(records)

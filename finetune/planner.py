@@ -366,3 +366,63 @@ def choose_profile(
     return best.profile, (
         f"the fastest profile predicted to fit: {best.total:.1f} of {gpu_memory_gib:.0f} GiB per GPU"
     )
+
+
+# GPT-2 sizes as published (layers, width, heads): plans for them need no config files.
+GPT2_SIZES = {
+    "gpt2": (12, 768, 12),
+    "gpt2-medium": (24, 1024, 16),
+    "gpt2-large": (36, 1280, 20),
+    "gpt2-xl": (48, 1600, 25),
+}
+
+
+def gpt2_shape(name: str) -> ModelShape:
+    from transformers import GPT2Config
+
+    layers, width, heads = GPT2_SIZES[name]
+    return ModelShape.from_config(name, GPT2Config(n_layer=layers, n_embd=width, n_head=heads))
+
+
+def plan_frame(shapes: list[ModelShape], gpu_counts: list[int], workload: Workload) -> Any:
+    """Predicted GiB per GPU, by model x GPU count x profile, as a pandas DataFrame."""
+    import pandas as pd
+
+    calibration = Calibration.measured()
+    rows = []
+    for shape in shapes:
+        for gpus in gpu_counts:
+            for e in plan(shape, workload, gpus, calibration):
+                rows.append(
+                    {
+                        "model": shape.name,
+                        "gpus": gpus,
+                        "profile": e.profile,
+                        "parameters": e.parameters,
+                        "gradients": e.gradients,
+                        "optimizer": e.optimizer,
+                        "activations": e.activations,
+                        "total": e.total,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def measured_vs_predicted() -> Any:
+    """Each stored measurement beside the planner's prediction for it."""
+    import pandas as pd
+
+    calibration = Calibration.measured()
+    return pd.DataFrame(
+        [
+            {
+                "model": m.shape.name,
+                "profile": m.profile,
+                "gpus": m.gpus,
+                "micro_batch": m.workload.micro_batch,
+                "measured_gib": m.peak_allocated_gib,
+                "predicted_gib": estimate_for(m, calibration).total,
+            }
+            for m in read_measurements()
+        ]
+    )

@@ -143,3 +143,22 @@ class GroupedTensorBoardCallback(TensorBoardCallback):
 
 def logging_dir(output_dir: str, run_name: str) -> str:
     return os.path.join(output_dir, "runs", run_name)
+
+
+def read_scalars(log_root: str | Path) -> Any:
+    """Every scalar of every TensorBoard run under `log_root`, as a long pandas DataFrame
+    (run, tag, step, value), read with TensorBoard's own event reader."""
+    import pandas as pd
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = []
+    run_dirs = sorted({path.parent for path in Path(log_root).rglob("events.out.tfevents.*")})
+    for run_dir in run_dirs:
+        events = EventAccumulator(str(run_dir))
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            rows += [
+                {"run": run_dir.name, "tag": tag, "step": point.step, "value": point.value}
+                for point in events.Scalars(tag)
+            ]
+    return pd.DataFrame(rows, columns=["run", "tag", "step", "value"])
