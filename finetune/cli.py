@@ -183,6 +183,60 @@ def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
     return 0 if any(row.status == "completed" for row in rows) else 1
 
 
+def slurm_command(options: argparse.Namespace, run_args: list[str]) -> int:
+    from finetune.slurm import SlurmJob
+
+    load_profile(options.profile)
+    wanted = argparse.ArgumentParser(add_help=False)
+    wanted.add_argument("--output_dir", default=f"outputs/{options.job_name}")
+    known, run_args = wanted.parse_known_args(run_args)
+    job = SlurmJob(
+        profile=options.profile,
+        nodes=options.nodes,
+        processes_per_node=options.processes_per_node or options.gpus_per_node,
+        gpus_per_node=options.gpus_per_node,
+        time=options.time,
+        output_dir=known.output_dir,
+        job_name=options.job_name,
+        partition=options.partition,
+        cpus_per_task=options.cpus_per_task,
+        signal_seconds=options.signal_seconds,
+        nccl_debug=options.nccl_debug,
+        nccl_socket_ifname=options.nccl_socket_ifname,
+        nccl_ib_disable=options.nccl_ib_disable,
+        run_args=run_args,
+    )
+    if job.processes_per_node < 1:
+        raise FinetuneError("give --gpus_per_node N (or --processes_per_node N for CPU ranks)")
+    Path(known.output_dir).mkdir(parents=True, exist_ok=True)
+    Path(options.output).write_text(job.script())
+    print(f"finetune: wrote {options.output}; submit it with: sbatch {options.output}")
+    return 0
+
+
+def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
+    slurm = commands.add_parser(
+        "slurm",
+        help="write an sbatch script: a profile on N nodes, checkpoint before the time limit, requeue",
+        description="Flags not listed here go to every run (see `python finetune/run.py --help`).",
+    )
+    slurm.add_argument("--profile", required=True, help="profile name or YAML file")
+    slurm.add_argument("--nodes", type=int, default=1)
+    slurm.add_argument("--gpus_per_node", "--gpus-per-node", type=int, default=0)
+    slurm.add_argument("--processes_per_node", type=int, help="ranks per node (default: --gpus_per_node)")
+    slurm.add_argument("--time", default="04:00:00", help="time limit, as sbatch --time")
+    slurm.add_argument("--partition")
+    slurm.add_argument("--job_name", default="finetune")
+    slurm.add_argument("--cpus_per_task", type=int, help="CPUs for each node's task")
+    slurm.add_argument(
+        "--signal_seconds", type=int, default=120, help="checkpoint this long before the limit"
+    )
+    slurm.add_argument("--nccl_debug", help="NCCL_DEBUG, e.g. INFO or WARN")
+    slurm.add_argument("--nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, e.g. ib0 or eth0")
+    slurm.add_argument("--nccl_ib_disable", action="store_true", help="NCCL_IB_DISABLE=1 (no InfiniBand)")
+    slurm.add_argument("--output", default="finetune.sbatch", help="where to write the script")
+
+
 def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning = commands.add_parser("plan", help="predict memory per GPU for every profile, and recommend one")
     planning.add_argument("--model", default="gpt2", help="name, GPT-2 alias or local folder (config only)")
@@ -275,6 +329,7 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--main_process_ip", help="address of machine rank 0")
     run.add_argument("--main_process_port", type=int, help="port on machine rank 0")
     add_compare_parser(commands)
+    add_slurm_parser(commands)
     add_plan_parser(commands)
     add_export_parser(commands)
     add_eval_parser(commands)
@@ -285,7 +340,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     options, rest = parser.parse_known_args(argv)
-    if rest and options.command not in ("run", "compare"):
+    if rest and options.command not in ("run", "compare", "slurm"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     commands = {
         "profiles": profiles_command,
@@ -299,5 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_command(options, rest)
         if options.command == "compare":
             return compare_command(options, rest)
+        if options.command == "slurm":
+            return slurm_command(options, rest)
         return commands[options.command](options)
     return 0

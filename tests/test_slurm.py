@@ -1,0 +1,180 @@
+"""finetune slurm: the script's contents, and a real one-machine SLURM cluster running it.
+
+The cluster (munge + slurmctld + slurmd, Debian's slurm-wlm) is installed by .ci/run and started
+here; where it is not installed or this is not root, the cluster tests skip and say why. A machine
+that already has a SLURM configuration is left alone (skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from finetune.cli import main as cli_main
+
+from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL
+
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+MARKER = "ClusterName=finetune-ci"
+RUN_FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--batch_size", "4",
+    "--max_eval_samples", "8", "--disable_tqdm", "true", "--report_to", "none",
+]  # fmt: skip
+
+
+def write_script(tmp_path: Path, output_dir: Path, *flags: str, **options: str) -> Path:
+    script = tmp_path / "job.sbatch"
+    arguments = ["slurm", "--profile", "ddp", "--output", str(script), "--output_dir", str(output_dir)]
+    for name, value in options.items():
+        arguments += [f"--{name}", value]
+    assert cli_main([*arguments, *flags]) == 0
+    return script
+
+
+def test_script_asks_for_the_nodes_gpus_time_and_requeue(tmp_path):
+    text = write_script(tmp_path, tmp_path / "out", nodes="2", gpus_per_node="4", time="04:00:00").read_text()
+    for directive in (
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=4",
+        "--time=04:00:00",
+        "--requeue",
+    ):
+        assert f"#SBATCH {directive}\n" in text
+    assert "#SBATCH --signal=B:USR1@120" in text
+    assert "--num_processes 8 --num_machines 2" in text
+    assert "--machine_rank \\$SLURM_NODEID" in text
+    assert text.rstrip().endswith('scontrol requeue "$SLURM_JOB_ID"\nfi')
+
+
+def test_script_sets_the_nccl_options_asked_for(tmp_path):
+    script = write_script(tmp_path, tmp_path / "out", "--nccl_ib_disable", nodes="2", gpus_per_node="8",
+                          nccl_debug="INFO", nccl_socket_ifname="eth0")  # fmt: skip
+    text = script.read_text()
+    assert "export NCCL_DEBUG=INFO" in text
+    assert "export NCCL_SOCKET_IFNAME=eth0" in text
+    assert "export NCCL_IB_DISABLE=1" in text
+    assert "MASTER_ADDR=" in text
+
+
+def test_every_start_resumes(tmp_path):
+    assert (
+        "--resume --machine_rank" in write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
+    )
+
+
+# A real SLURM
+
+
+def running(name: str) -> bool:
+    return subprocess.run(["pgrep", "-x", name], capture_output=True).returncode == 0
+
+
+def start_cluster() -> None:
+    key = Path("/etc/munge/munge.key")
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_bytes(os.urandom(1024))
+        shutil.chown(key, "munge", "munge")
+        key.chmod(0o400)
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    if not running("munged"):
+        subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
+    for folder in ("/var/spool/slurmctld", "/var/spool/slurmd", "/var/log/slurm"):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
+    SLURM_CONF.write_text(
+        f"{MARKER}\nSlurmctldHost={host}\nSlurmUser=root\nAuthType=auth/munge\n"
+        "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSelectType=select/cons_tres\n"
+        "SelectTypeParameters=CR_Core\nStateSaveLocation=/var/spool/slurmctld\nSlurmdSpoolDir=/var/spool/slurmd\n"
+        "ReturnToService=2\nAccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
+        "MpiDefault=none\nSlurmctldLogFile=/var/log/slurm/slurmctld.log\nSlurmdLogFile=/var/log/slurm/slurmd.log\n"
+        f"NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN\n"
+        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+    )
+    for daemon in ("slurmctld", "slurmd"):
+        if not running(daemon):
+            subprocess.run([daemon], check=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    if os.geteuid() != 0 or not all(
+        shutil.which(tool) for tool in ("sbatch", "slurmctld", "slurmd", "munged")
+    ):
+        pytest.skip("SLURM is not installed here (.ci/run installs slurm-wlm and munge as root)")
+    if SLURM_CONF.exists() and MARKER not in SLURM_CONF.read_text():
+        pytest.skip(f"{SLURM_CONF} belongs to another cluster; not touching it")
+    start_cluster()
+    deadline = time.monotonic() + 60
+    while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, "the SLURM node did not become idle"
+        time.sleep(1)
+
+
+def submit(script: Path) -> str:
+    result = subprocess.run(["sbatch", "--parsable", str(script)], env=ENVIRONMENT, cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    return result.stdout.strip().split(";")[0]
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def summary_status(output_dir: Path) -> str | None:
+    try:
+        return json.loads((output_dir / "run_summary.json").read_text())["status"]
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def job_state(job: str) -> str:
+    result = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    return next(
+        (word.split("=")[1] for word in result.stdout.split() if word.startswith("JobState=")), "GONE"
+    )
+
+
+@pytest.mark.integration
+def test_generated_job_trains_on_slurm(slurm_cluster, tmp_path):
+    output_dir = tmp_path / "out"
+    script = write_script(tmp_path, output_dir, *RUN_FLAGS, "--max_steps", "8", processes_per_node="2",
+                          time="00:10:00")  # fmt: skip
+    submit(script)
+    wait_for(lambda: summary_status(output_dir) == "completed", 600, "the job to complete")
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert (summary["world_size"], summary["steps"]) == (2, 8)
+
+
+@pytest.mark.integration
+def test_signalled_job_saves_requeues_and_resumes(slurm_cluster, tmp_path):
+    output_dir = tmp_path / "out"
+    flags = [*RUN_FLAGS, "--max_steps", "80", "--save_steps", "10"]
+    job = submit(write_script(tmp_path, output_dir, *flags, processes_per_node="2", time="00:10:00"))
+    wait_for(
+        lambda: (output_dir / "checkpoint-10" / "finetune_checkpoint.json").exists(), 600, "a checkpoint"
+    )
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)  # what --signal sends
+    wait_for(lambda: summary_status(output_dir) == "interrupted", 300, "the stop with a checkpoint")
+    stopped = json.loads((output_dir / "run_summary.json").read_text())
+    wait_for(lambda: job_state(job) == "PENDING", 120, "the requeue")
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True
+    )  # skip the requeue delay
+    wait_for(lambda: summary_status(output_dir) == "completed", 600, "the resumed job to complete")
+    resumed = json.loads((output_dir / "run_summary.json").read_text())
+    assert resumed["resumed_from_step"] == stopped["steps"]
+    assert resumed["steps"] == 80
