@@ -30,7 +30,7 @@ from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, a
 pytestmark = pytest.mark.integration
 
 PROFILES = ["ddp", "fsdp", "zero2", "zero3"]
-MAX_STEPS = 30
+MAX_STEPS = 20
 SAVE_STEPS = 5
 FLAGS = [
     *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", str(MAX_STEPS),
