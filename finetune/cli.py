@@ -340,6 +340,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     options, rest = parser.parse_known_args(argv)
+    if rest[:1] == ["--"]:  # `finetune slurm ... -- <run flags>`: the separator is not a run flag
+        rest = rest[1:]
     if rest and options.command not in ("run", "compare", "slurm"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     commands = {

@@ -64,6 +64,15 @@ def test_script_sets_the_nccl_options_asked_for(tmp_path):
     assert "MASTER_ADDR=" in text
 
 
+def test_run_flags_may_follow_a_double_dash(tmp_path):
+    script = tmp_path / "job.sbatch"
+    assert cli_main(["slurm", "--profile", "ddp", "--gpus_per_node", "1", "--output", str(script),
+                     "--", "--model", "gpt2-medium", "--output_dir", str(tmp_path / "out")]) == 0  # fmt: skip
+    text = script.read_text()
+    assert " -- " not in text
+    assert f"--model gpt2-medium --output_dir {tmp_path / 'out'} --resume" in text
+
+
 def test_every_start_resumes(tmp_path):
     assert (
         "--resume --machine_rank" in write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
