@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +66,6 @@ class DataSummary:
     eval_samples: int
     train_tokens: int
     notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def split_of(path: Path) -> str | None:

@@ -150,18 +150,11 @@ class Calibration:
             rows = [m for m in measurements if calibration_kind(m.profile, m.workload.dtype) == kind]
             if not rows:
                 raise ValueError(f"no {kind} measurement to calibrate activations with")
-            residuals, units = [], []
-            for m in rows:
-                without_layers = estimate(
-                    m.profile, m.shape, m.workload, m.gpus, cls({kind: 0.0, **layer_bytes})
-                )
-                residuals.append(m.peak_allocated_gib - without_layers.total)
-                units.append(
-                    activation_gib(m.shape, m.workload, 1.0) - activation_gib(m.shape, m.workload, 0.0)
-                )
-            layer_bytes[kind] = sum(r * u for r, u in zip(residuals, units, strict=True)) / sum(
-                u * u for u in units
-            )
+            without_layers = cls({"torch": 0.0, "deepspeed": 0.0})
+            residuals = [m.peak_allocated_gib - estimate_for(m, without_layers).total for m in rows]
+            units = [layer_gib_per_byte(m.shape, m.workload) for m in rows]
+            fit = sum(r * u for r, u in zip(residuals, units, strict=True)) / sum(u * u for u in units)
+            layer_bytes[kind] = fit
         return cls(layer_bytes)
 
     @classmethod
