@@ -125,7 +125,7 @@ def slurm_cluster():
         pytest.skip(f"{SLURM_CONF} belongs to another cluster; not touching it")
     start_cluster()
     deadline = time.monotonic() + 60
-    while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout:
+    while "idle" not in node_state():
         assert time.monotonic() < deadline, "the SLURM node did not become idle"
         time.sleep(1)
 
@@ -148,6 +148,10 @@ def summary_status(output_dir: Path) -> str | None:
         return json.loads((output_dir / "run_summary.json").read_text())["status"]
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def node_state() -> str:
+    return subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout.strip()
 
 
 def job_state(job: str) -> str:
@@ -180,9 +184,11 @@ def test_signalled_job_saves_requeues_and_resumes(slurm_cluster, tmp_path):
     wait_for(lambda: summary_status(output_dir) == "interrupted", 300, "the stop with a checkpoint")
     stopped = json.loads((output_dir / "run_summary.json").read_text())
     wait_for(lambda: job_state(job) == "PENDING", 120, "the requeue")
-    subprocess.run(
-        ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True
-    )  # skip the requeue delay
+    # Skip SLURM's requeue delay, but not the clean-up of the first start: a start in the same second
+    # as the requeue is refused ("job credential revoked").
+    wait_for(lambda: node_state() == "idle", 120, "the node to be released")
+    time.sleep(3)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
     wait_for(lambda: summary_status(output_dir) == "completed", 600, "the resumed job to complete")
     resumed = json.loads((output_dir / "run_summary.json").read_text())
     assert resumed["resumed_from_step"] == stopped["steps"]
