@@ -116,12 +116,14 @@ def checkpoint_to_resume(output_dir: str, resume: bool, resume_from: str | None)
     return checkpoint
 
 
-def allow_checkpoint_classes() -> None:
-    """Let weights-only loading read DeepSpeed checkpoints: they pickle a few plain state classes.
+def load_weights_only() -> None:
+    """No pickle from a checkpoint folder runs code: every torch.load, ours or a library's, becomes
+    weights-only, and DeepSpeed checkpoints can still be read: they pickle a few plain state classes.
 
     Found by loading every file of ZeRO-1/2/3 checkpoints with weights_only=True; each is a data
     holder restored from its __dict__, no code of the checkpoint's choosing.
     """
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
     try:
         from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum

@@ -55,11 +55,10 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
 
 
 def export_command(options: argparse.Namespace) -> int:
-    from finetune.checkpoint import allow_checkpoint_classes
+    from finetune.checkpoint import load_weights_only
     from finetune.export import export_checkpoint
 
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    allow_checkpoint_classes()
+    load_weights_only()
     folder = export_checkpoint(options.checkpoint, options.output_dir, options.dtype)
     print(f"finetune: exported {options.checkpoint} to {folder} ({options.dtype})")
     return 0

@@ -24,8 +24,8 @@ from finetune.arguments import DataArguments, FinetuneTrainingArguments, ModelAr
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import (
     SaveAndStopOnSignal,
-    allow_checkpoint_classes,
     checkpoint_to_resume,
+    load_weights_only,
     read_manifest,
 )
 from finetune.data import build_datasets
@@ -138,10 +138,7 @@ def train_and_measure(
 
 
 def main(argv: list[str] | None = None) -> None:
-    # No pickle from a checkpoint folder runs code: every torch.load, ours or a library's, is
-    # weights-only (finetune/checkpoint.py allows the few plain classes DeepSpeed checkpoints hold).
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    allow_checkpoint_classes()
+    load_weights_only()
     load_onto_indexed_cpu()
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
