@@ -197,6 +197,37 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
 
+class WallClock:
+    """Marks on the host clock: a step's time is what the host saw between two step ends."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+
+    def mark(self) -> float:
+        return self.clock()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+
+class CudaEventClock:
+    """Marks on the GPU's own timeline, read only when the rates are asked for.
+
+    An event recorded at a step end completes when the GPU has finished that step's work, so the
+    time between two such events is the step's time on the GPU, idle gaps included, without a
+    synchronize at every step (which would stop the host from queueing the next step meanwhile).
+    """
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end) / 1000
+
+
 class ThroughputCallback(TrainerCallback):
     """Steady-state samples/s and tokens/s over training steps only.
 
@@ -205,8 +236,8 @@ class ThroughputCallback(TrainerCallback):
     Left out: the first `warmup_steps` steps, any interval that contained an evaluation or a
     checkpoint save, and everything before the first step. Tokens and samples are counted by a
     forward pre-hook on the model in training mode, so they are exactly what entered the model
-    on this rank, padding excluded. On CUDA each step end synchronizes, so a step's time is its
-    GPU time and not the time to queue its kernels.
+    on this rank, padding excluded. Steps are marked with CUDA events on GPUs (see CudaEventClock)
+    and resolved into times and counts at logging steps and at the end.
     """
 
     def __init__(
@@ -214,14 +245,12 @@ class ThroughputCallback(TrainerCallback):
         warmup_steps: int,
         token_flops: int | None = None,
         peak: PeakFlops | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        synchronize: Callable[[], None] | None = None,
+        stopwatch: WallClock | CudaEventClock | None = None,
     ):
         self.warmup_steps = warmup_steps
         self.token_flops = token_flops
         self.peak = peak
-        self.clock = clock
-        self.synchronize = synchronize or (torch.cuda.synchronize if torch.cuda.is_available() else None)
+        self.stopwatch = stopwatch or (CudaEventClock() if torch.cuda.is_available() else WallClock())
         self.steps = 0
         self.step_times: list[float] = []
         self.step_tokens: list[int] = []
@@ -229,9 +258,10 @@ class ThroughputCallback(TrainerCallback):
         self.ranks: list[dict[str, Any]] = []
         self.run_rates: dict[str, float] = {}
         self._logged_upto = 0
+        self._unresolved: list[tuple[Any, Any, torch.Tensor | int, int]] = []
         self._pending_tokens: torch.Tensor | int = 0
         self._pending_samples = 0
-        self._last_mark: float | None = None
+        self._last_mark: Any = None
         self._interrupted = False
         self._hook: torch.utils.hooks.RemovableHandle | None = None
 
@@ -254,7 +284,7 @@ class ThroughputCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self._last_mark is None:
-            self._last_mark = self.clock()
+            self._last_mark = self.stopwatch.mark()
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -269,17 +299,21 @@ class ThroughputCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.synchronize is not None:
-            self.synchronize()
-        now = self.clock()
+        now = self.stopwatch.mark()
         self.steps += 1
         if self.steps > self.warmup_steps and not self._interrupted and self._last_mark is not None:
-            self.step_times.append(now - self._last_mark)
-            self.step_tokens.append(int(self._pending_tokens))
-            self.step_samples.append(self._pending_samples)
+            self._unresolved.append((self._last_mark, now, self._pending_tokens, self._pending_samples))
         self._pending_tokens, self._pending_samples = 0, 0
         self._interrupted = False
         self._last_mark = now
+
+    def _resolve(self) -> None:
+        """Turn the marked steps into times and counts (waits for the GPU to reach the last mark)."""
+        for start, end, tokens, samples in self._unresolved:
+            self.step_times.append(self.stopwatch.seconds(start, end))
+            self.step_tokens.append(int(tokens))
+            self.step_samples.append(samples)
+        self._unresolved.clear()
 
     def rates(self, local: dict[str, Any]) -> dict[str, float]:
         """Rates over one window measured on every rank. Collective.
@@ -315,6 +349,7 @@ class ThroughputCallback(TrainerCallback):
 
     def log_scalars(self) -> dict[str, float]:
         """Rates over the steps measured since the previous log, as `throughput/<rate>`. Collective."""
+        self._resolve()
         start, self._logged_upto = self._logged_upto, len(self.step_times)
         rates = self.rates(self._window(start))
         if len(self.step_times) > start:
@@ -326,12 +361,14 @@ class ThroughputCallback(TrainerCallback):
     ) -> None:
         if self._hook is not None:
             self._hook.remove()
+        self._resolve()
         self.run_rates = self.rates(self._window(0))
         local = {"rank": args.process_index, "host": socket.gethostname(), "steps": self.steps}
         self.ranks = gather_from_ranks(local)
 
     def summary(self) -> dict[str, Any]:
         """Flat run-summary fields (see summary.FIELDS): rates over every measured step of the run."""
+        self._resolve()
         fields: dict[str, Any] = {
             "throughput_warmup_steps": self.warmup_steps,
             "throughput_steps": len(self.step_times),

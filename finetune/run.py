@@ -35,6 +35,7 @@ from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
 from finetune.generate import Sampling, generate
+from finetune.losses import chunked_loss_problem, use_chunked_loss
 from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
 from finetune.profiles import strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
@@ -88,6 +89,12 @@ def train_and_measure(
 
     memory = MemoryCallback(profile_phases=training_args.profile_memory)
     model = build_model(model_args, config, location)
+    if training_args.chunked_loss:
+        problem = chunked_loss_problem(model)
+        if problem is None:
+            use_chunked_loss(model)
+        elif training_args.process_index == 0:
+            logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
     memory.mark_phase("model loaded")
     token_flops = model_flops_per_token(model, config, block_size)
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)

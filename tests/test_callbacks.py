@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from finetune.callbacks import MemoryCallback, ThroughputCallback, across_ranks, tokens_in
+from finetune.callbacks import MemoryCallback, ThroughputCallback, WallClock, across_ranks, tokens_in
 from finetune.flops import PeakFlops
 
 
@@ -50,7 +50,7 @@ def test_real_tokens_exclude_padding():
 
 def test_warm_up_steps_are_left_out(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=2, clock=clock, synchronize=lambda: None)
+    callback = ThroughputCallback(warmup_steps=2, stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [5.0, 3.0, 1.0, 1.0, 2.0], [batch(4, 8)])
     assert callback.step_times == [1.0, 1.0, 2.0]
     summary = callback.summary()
@@ -61,19 +61,20 @@ def test_warm_up_steps_are_left_out(events):
 
 def test_time_before_the_first_step_is_left_out(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
     callback.on_train_begin(*events)
     clock.now += 100.0
     callback.on_step_begin(*events)
     callback.count_batch(batch(1, 8))
     clock.now += 2.0
     callback.on_step_end(*events)
+    callback.on_train_end(*events)
     assert callback.step_times == [2.0]
 
 
 def test_gradient_accumulation_counts_every_micro_batch_of_a_step(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
     micro_batches = [batch(2, 8), batch(2, 8, padding=2), batch(2, 8)]
     run_steps(callback, events, clock, [2.0, 2.0], micro_batches)
     assert callback.step_tokens == [16 + 12 + 16] * 2
@@ -83,7 +84,7 @@ def test_gradient_accumulation_counts_every_micro_batch_of_a_step(events):
 
 def test_steps_interrupted_by_evaluation_or_saving_are_left_out(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
 
     def evaluate():
         clock.now += 50.0
@@ -99,7 +100,7 @@ def test_steps_interrupted_by_evaluation_or_saving_are_left_out(events):
 
 def test_step_time_median_and_90th_percentile(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [1.0, 1.0, 2.0, 1.0], [batch(1, 8)])
     summary = callback.summary()
     assert summary["step_time_median_s"] == 1.0
@@ -110,7 +111,7 @@ def test_step_time_median_and_90th_percentile(events):
 def test_mfu_uses_the_per_device_token_rate(events):
     clock = FakeClock()
     peak = PeakFlops(tflops=1e-6, source="test")  # 1e6 FLOP/s
-    callback = ThroughputCallback(0, token_flops=1000, peak=peak, clock=clock, synchronize=lambda: None)
+    callback = ThroughputCallback(0, token_flops=1000, peak=peak, stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [2.0], [batch(1, 100)])
     summary = callback.summary()
     assert summary["tokens_per_second_per_device"] == 50.0
@@ -119,7 +120,7 @@ def test_mfu_uses_the_per_device_token_rate(events):
 
 def test_each_log_reports_only_the_steps_since_the_previous_log(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, clock=clock, synchronize=lambda: None)
+    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [1.0, 1.0], [batch(1, 8)])
     first = callback.log_scalars()
     clock.now += 4.0
@@ -134,7 +135,7 @@ def test_each_log_reports_only_the_steps_since_the_previous_log(events):
 def test_training_forwards_are_counted_and_evaluation_forwards_are_not(events):
     model = torch.nn.Module()
     model.forward = lambda input_ids, labels: None
-    callback = ThroughputCallback(warmup_steps=0, synchronize=lambda: None)
+    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock())
     callback.on_train_begin(*events, model=model)
     callback.on_step_begin(*events)
     model.train()
@@ -142,6 +143,7 @@ def test_training_forwards_are_counted_and_evaluation_forwards_are_not(events):
     model.eval()
     model(**batch(5, 8))
     callback.on_step_end(*events)
+    callback.on_train_end(*events)
     assert (callback.step_tokens, callback.step_samples) == ([16], [2])
 
 

@@ -1,0 +1,141 @@
+"""The causal-LM loss without the full logits tensor: chunked linear + cross-entropy.
+
+A GPT-2 step's logits are tokens x 50,257 values, upcast to fp32 for the loss: 1.6 GB for a micro
+batch of 8 x 1024 tokens, read and written several times in forward and backward. Computing the
+loss a chunk of tokens at a time, with each chunk's gradients taken in the same pass (the method of
+Liger-Kernel's fused linear cross-entropy), keeps one chunk's logits alive instead of all of them.
+
+Hand-written because the library that does this (Liger-Kernel) needs Triton on a GPU and does not
+patch GPT-2's model class; this one is plain PyTorch, so it runs and is tested on CPU too. The
+result is the model's own loss (transformers' ForCausalLMLoss: labels shifted by one, -100
+ignored, summed and divided by `num_items_in_batch` when the Trainer gives it, else averaged),
+equal up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+from transformers.integrations import is_deepspeed_zero3_enabled
+from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
+
+IGNORE_INDEX = -100
+CHUNK_LOGITS = 2**26  # logits per chunk: 256 MiB in fp32
+VOCAB_ALIGNMENT = 64  # a vocabulary padded to this keeps every matmul on aligned, fast kernels
+CHUNKED_LOSS_MODEL_TYPES = ("gpt2", "llama")
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """Sum over tokens of -log softmax(hidden @ weight.T)[label], gradients computed in forward.
+
+    The weight is padded with zero rows to a multiple of VOCAB_ALIGNMENT (GPT-2's 50,257 is odd,
+    which puts the logits and their gradients on slow unaligned matmul kernels); the padded
+    columns are cut off before the softmax, so they change nothing.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        vocab = weight.shape[0]
+        padded = torch.nn.functional.pad(weight, (0, 0, 0, -vocab % VOCAB_ALIGNMENT))
+        chunk = max(1, CHUNK_LOGITS // padded.shape[0])
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(padded.shape, dtype=torch.float32, device=weight.device)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            piece = hidden[start : start + chunk]
+            targets = labels[start : start + chunk]
+            loss, grad_logits = _chunk_loss_and_grad(piece @ padded.T, targets, vocab)
+            total += loss
+            grad_hidden[start : start + chunk] = grad_logits @ padded
+            grad_weight += (grad_logits.T @ piece).float()
+        ctx.save_for_backward(grad_hidden, grad_weight[:vocab].to(weight.dtype))
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_output, grad_weight * grad_output, None
+
+
+def _chunk_loss_and_grad(
+    padded_logits: torch.Tensor, targets: torch.Tensor, vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed loss of one chunk and d(loss)/d(logits), padded columns zero, in the logits' dtype."""
+    logits = padded_logits[:, :vocab].float()
+    valid = targets != IGNORE_INDEX
+    safe_targets = torch.where(valid, targets, 0)
+    log_normaliser = torch.logsumexp(logits, dim=-1)
+    target_logits = logits.gather(1, safe_targets[:, None]).squeeze(1)
+    loss = ((log_normaliser - target_logits) * valid).sum()
+    grad = torch.exp(logits - log_normaliser[:, None])
+    grad.scatter_add_(1, safe_targets[:, None], -torch.ones_like(grad[:, :1]))
+    grad *= valid[:, None]
+    grad_padded = torch.zeros_like(padded_logits)
+    grad_padded[:, :vocab] = grad
+    return loss, grad_padded
+
+
+def causal_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+) -> torch.Tensor:
+    """ForCausalLMLoss from the last hidden states and the output embedding, without full logits."""
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    with torch.autocast(device_type, enabled=False):
+        total = LinearCrossEntropy.apply(
+            hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype), shifted.reshape(-1)
+        )
+    divisor = num_items_in_batch if num_items_in_batch is not None else (shifted != IGNORE_INDEX).sum()
+    if torch.is_tensor(divisor):
+        divisor = divisor.to(total.device)
+    return total / divisor
+
+
+def chunked_loss_problem(model: PreTrainedModel) -> str | None:
+    """Why the chunked loss cannot replace this model's own, or None when it can.
+
+    ZeRO-3 gathers a sharded weight only inside its own module's forward; the chunked loss reads
+    the output weight outside it.
+    """
+    if is_deepspeed_zero3_enabled():
+        return "ZeRO-3 shards the output layer's weight"
+    if model.config.model_type not in CHUNKED_LOSS_MODEL_TYPES:
+        return f"model type {model.config.model_type} is not one of {', '.join(CHUNKED_LOSS_MODEL_TYPES)}"
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return "its output layer is not a bias-free linear layer"
+    return None
+
+
+def use_chunked_loss(model: PreTrainedModel) -> PreTrainedModel:
+    """Train through causal_lm_loss; evaluation and calls without labels keep the model's forward.
+
+    The model computes its hidden states as usual (so wrappers that hook its modules still see
+    them run); only the output layer and the loss are replaced, and no logits are returned.
+    """
+    own_forward = model.forward
+
+    def forward(
+        self: PreTrainedModel,
+        input_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if labels is None or not self.training:
+            if num_items_in_batch is not None:
+                kwargs["num_items_in_batch"] = num_items_in_batch
+            return own_forward(input_ids=input_ids, labels=labels, **kwargs)
+        hidden = self.base_model(input_ids=input_ids, **kwargs).last_hidden_state
+        loss = causal_lm_loss(hidden, self.get_output_embeddings().weight, labels, num_items_in_batch)
+        return CausalLMOutputWithCrossAttentions(loss=loss)
+
+    model.forward = types.MethodType(forward, model)
+    return model

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Issue 6 speed runs on one GPU. usage: bash tests/gpu/speed.sh MODEL BATCH STEPS VARIANT...
+# VARIANT: plain (tests/gpu/plain_trainer.py), finetune (run.py defaults), or finetune:<extra flags
+# joined with commas>, e.g. finetune:--torch_compile,false,--no_chunked_loss. Each variant's summary
+# and log go to $OUT as <index>.<variant name>.{json,log}.
+MODEL=$1 BATCH=$2 STEPS=$3; shift 3
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >> $OUT/gpu.txt
+python -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" >> $OUT/gpu.txt
+i=0
+for V in "$@"; do
+  i=$((i+1)); NAME=$(echo "$V" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-60)
+  if [ "$V" = plain ]; then
+    timeout 300 python tests/gpu/plain_trainer.py $FINETUNE_DATA_DIR/$MODEL $BATCH $STEPS $OUT/$i.$NAME.json > $OUT/$i.$NAME.log 2>&1
+  else
+    EXTRA=$(echo "${V#finetune}" | sed 's/^://' | tr ',' ' ')
+    timeout 400 accelerate launch --config_file accelerate_configs/single.yaml finetune/run.py --model $MODEL \
+      --from_scratch --max_steps $STEPS --batch_size $BATCH --block_size 1024 --logging_steps 10 \
+      --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/o_$i $EXTRA \
+      > $OUT/$i.$NAME.log 2>&1
+    cp /tmp/o_$i/run_summary.json $OUT/$i.$NAME.json
+  fi
+  echo "== $V rc $?"
+  python - $OUT/$i.$NAME.json <<'PY'
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("  no summary:", e); sys.exit()
+keys = ("tokens_per_second_per_device", "tokens_per_second", "mfu", "step_time_median_s", "step_time_p90_s",
+        "memory_peak_allocated_gib_max", "peak_allocated_gib", "status", "error")
+print("  " + ", ".join(f"{k}={s[k]}" for k in keys if k in s))
+PY
+done
