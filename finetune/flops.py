@@ -114,6 +114,18 @@ def training_dtype(bf16: bool, fp16: bool, tf32_matmul: bool) -> str:
     return "tf32" if tf32_matmul else "fp32"
 
 
+def tf32_matmuls() -> bool:
+    """Whether float32 matmuls run as TF32, read through the API that set it.
+
+    Since PyTorch 2.9 reading the legacy `allow_tf32` flag raises once the new `fp32_precision`
+    API was used (transformers uses it, e.g. when torch.compile is on); the new API reflects both.
+    """
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if precision is None:
+        return torch.backends.cuda.matmul.allow_tf32
+    return precision == "tf32"
+
+
 def mfu(token_flops: int, tokens_per_second_per_device: float, peak: PeakFlops | None) -> float | None:
     """Achieved model FLOP/s per device over its peak, as a fraction; None when the peak is unknown."""
     if peak is None or peak.tflops <= 0:

@@ -27,7 +27,7 @@ from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.data import DataSummary
 from finetune.errors import StoppedForResume
-from finetune.flops import PeakFlops, matmul_parameters, training_dtype
+from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
 from finetune.models import count_parameters
 
 SUMMARY_FILE = "run_summary.json"
@@ -206,7 +206,7 @@ def configuration_fields(model_args: Any, data_args: Any, training_args: Any) ->
         "learning_rate": training_args.learning_rate,
         "seed": training_args.seed,
         "dtype": training_dtype(
-            training_args.bf16, training_args.fp16, torch.backends.cuda.matmul.allow_tf32
+            training_args.bf16, training_args.fp16, tf32_matmuls()
         ),
         "arguments": as_record(model_args, data_args, training_args),
         **hardware(),

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from finetune.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_flops
+from finetune.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_flops, tf32_matmuls
 
 # GPT-2 small as published: 12 layers, width 768, vocabulary 50257, context 1024.
 LAYERS, WIDTH, VOCAB, CONTEXT = 12, 768, 50257, 1024
@@ -84,3 +84,16 @@ def test_mfu_is_achieved_over_peak():
 
 def test_mfu_of_an_unknown_peak_is_unknown():
     assert mfu(855_166_464, 100_000.0, None) is None
+
+
+def test_tf32_state_is_read_after_transformers_sets_it_through_the_new_api():
+    from transformers.utils.import_utils import enable_tf32
+
+    before = torch.backends.fp32_precision
+    try:
+        enable_tf32(True)
+        assert tf32_matmuls()
+        enable_tf32(False)
+        assert not tf32_matmuls()
+    finally:
+        torch.backends.fp32_precision = before
