@@ -3,6 +3,10 @@
 - `log` adds the measuring callbacks' scalars to the training logs, so every `report_to`
   integration and `state.log_history` receive them (a callback's `on_log` cannot: the integrations
   come first in the Trainer's callback list, and log_history is written before any callback runs).
+- `get_train_dataloader` drops the last, smaller batch of each epoch when the model is compiled:
+  a new batch shape makes torch.compile compile the model again (tens of seconds, and dynamic-shape
+  kernels afterwards). With shuffling, a different remainder (under one global batch) is left out
+  each epoch. Evaluation keeps every sample.
 - `_save_checkpoint` writes into a staging folder and publishes the checkpoint with one rename
   once every rank has finished (finetune/checkpoint.py), so a checkpoint is complete or absent.
 """
@@ -20,6 +24,14 @@ from finetune.checkpoint import STAGING_DIR, publish, write_manifest
 
 
 class FinetuneTrainer(Trainer):
+    def get_train_dataloader(self) -> Any:
+        drop_last = self.args.dataloader_drop_last
+        self.args.dataloader_drop_last = drop_last or self.args.torch_compile
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.args.dataloader_drop_last = drop_last
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:
             for callback in self.callback_handler.callbacks:

@@ -1,0 +1,119 @@
+"""The chunked loss is the model's own loss: same value and same gradients, without full logits."""
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+import finetune.losses
+from finetune.losses import causal_lm_loss, chunked_loss_problem, use_chunked_loss
+
+VOCAB = 1000  # not a multiple of the 64 the output weight is padded to
+
+
+def tiny(config_class, **shape):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config_class(vocab_size=VOCAB, **shape))
+    model.loss_type = "ForCausalLM"
+    return model.train()  # dropout is off in the configs: both models must see the same function
+
+
+TINY_MODELS = {
+    "gpt2": lambda: tiny(
+        GPT2Config,
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
+    "llama": lambda: tiny(
+        LlamaConfig,
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of 7 tokens, so every test crosses chunk boundaries."""
+    monkeypatch.setattr(finetune.losses, "CHUNK_LOGITS", 7 * 1024)
+
+
+def batch_with_ignored_labels():
+    torch.manual_seed(1)
+    input_ids = torch.randint(0, VOCAB, (3, 20))
+    labels = input_ids.clone()
+    labels[0, :6] = -100
+    labels[2, 15:] = -100
+    return input_ids, labels
+
+
+def loss_and_gradients(model, input_ids, labels, num_items_in_batch=None):
+    model.zero_grad()
+    loss = model(input_ids=input_ids, labels=labels, num_items_in_batch=num_items_in_batch).loss
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_MODELS))
+@pytest.mark.parametrize("num_items_in_batch", [None, 50])
+def test_loss_and_gradients_equal_the_models_own(family, num_items_in_batch):
+    own = TINY_MODELS[family]()
+    chunked = use_chunked_loss(copy.deepcopy(own))
+    input_ids, labels = batch_with_ignored_labels()
+    expected_loss, expected_grads = loss_and_gradients(own, input_ids, labels, num_items_in_batch)
+    loss, grads = loss_and_gradients(chunked, input_ids, labels, num_items_in_batch)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-6, atol=1e-6)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_training_forward_returns_no_logits():
+    model = use_chunked_loss(TINY_MODELS["gpt2"]())
+    input_ids, labels = batch_with_ignored_labels()
+    assert model(input_ids=input_ids, labels=labels).logits is None
+
+
+def test_evaluation_keeps_the_models_forward_with_logits():
+    model = use_chunked_loss(TINY_MODELS["gpt2"]()).eval()
+    input_ids, labels = batch_with_ignored_labels()
+    assert model(input_ids=input_ids, labels=labels).logits.shape == (3, 20, VOCAB)
+
+
+def test_bf16_autocast_loss_is_close_to_the_fp32_loss():
+    model = TINY_MODELS["gpt2"]()
+    hidden = torch.randn(2, 9, 32)
+    labels = torch.randint(0, VOCAB, (2, 9))
+    weight = model.get_output_embeddings().weight
+    exact = causal_lm_loss(hidden, weight, labels)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low_precision = causal_lm_loss(hidden, weight, labels)
+    assert low_precision.dtype == torch.float32
+    torch.testing.assert_close(low_precision, exact, rtol=1e-2, atol=0)
+
+
+def test_models_outside_the_tested_families_keep_their_own_loss():
+    from transformers import OPTConfig
+
+    model = AutoModelForCausalLM.from_config(
+        OPTConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            num_hidden_layers=1,
+            ffn_dim=32,
+            num_attention_heads=2,
+            word_embed_proj_dim=16,
+        )
+    )
+    assert "model type opt" in chunked_loss_problem(model)
+    assert chunked_loss_problem(TINY_MODELS["gpt2"]()) is None

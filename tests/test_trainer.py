@@ -1,0 +1,42 @@
+"""The project's Trainer: what it changes about the Trainer's data loading."""
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
+
+from finetune.trainer import FinetuneTrainer
+
+
+@pytest.fixture
+def trainer_for(tmp_path):
+    def build(torch_compile: bool) -> FinetuneTrainer:
+        model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
+        blocks = Dataset.from_dict({"input_ids": [[1, 2, 3, 4]] * 10, "labels": [[1, 2, 3, 4]] * 10})
+        args = TrainingArguments(
+            output_dir=str(tmp_path),
+            report_to="none",
+            use_cpu=True,
+            per_device_train_batch_size=4,
+            per_device_eval_batch_size=4,
+        )
+        args.torch_compile = torch_compile  # set after __post_init__: compiling itself is not under test
+        return FinetuneTrainer(model=model, args=args, train_dataset=blocks, eval_dataset=blocks)
+
+    return build
+
+
+def test_a_compiled_model_trains_on_full_batches_only(trainer_for):
+    trainer = trainer_for(torch_compile=True)
+    assert [len(b["input_ids"]) for b in trainer.get_train_dataloader()] == [4, 4]
+
+
+def test_an_eager_model_trains_on_every_sample(trainer_for):
+    assert [len(b["input_ids"]) for b in trainer_for(torch_compile=False).get_train_dataloader()] == [4, 4, 2]
+
+
+def test_evaluation_keeps_every_sample_when_compiled(trainer_for):
+    trainer = trainer_for(torch_compile=True)
+    assert sum(len(b["input_ids"]) for b in trainer.get_eval_dataloader()) == 10
+    assert trainer.args.dataloader_drop_last is False
+    assert torch.is_tensor(next(iter(trainer.get_eval_dataloader()))["input_ids"])
