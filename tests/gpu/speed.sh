@@ -11,15 +11,17 @@ for V in "$@"; do
   i=$((i+1)); NAME=$MODEL.b$BATCH.$(echo "$V" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-50)
   if [ "$V" = plain ]; then
     timeout 300 python tests/gpu/plain_trainer.py $FINETUNE_DATA_DIR/$MODEL $BATCH $STEPS $OUT/$i.$NAME.json > $OUT/$i.$NAME.log 2>&1
+    rc=$?
   else
     EXTRA=$(echo "${V#finetune}" | sed 's/^://' | tr ',' ' ')
     timeout 400 accelerate launch --config_file accelerate_configs/single.yaml finetune/run.py --model $MODEL \
       --from_scratch --max_steps $STEPS --batch_size $BATCH --block_size 1024 --logging_steps 10 \
       --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/o_${MODEL}_$i $EXTRA \
       > $OUT/$i.$NAME.log 2>&1
+    rc=$?
     cp /tmp/o_${MODEL}_$i/run_summary.json $OUT/$i.$NAME.json
   fi
-  echo "== $V rc $?"
+  echo "== $V rc $rc"
   python - $OUT/$i.$NAME.json <<'PY'
 import json, sys
 try:
