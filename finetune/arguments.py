@@ -172,19 +172,12 @@ class FinetuneTrainingArguments(TrainingArguments):
             "finetune/flops.py's table (which it overrides)."
         },
     )
-    torch_compile: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Compile the model with torch.compile (default: on with CUDA, off on CPU, where it "
-            "would only add compile time)."
-        },
-    )
     chunked_loss: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "Compute the training loss a chunk of tokens at a time, never holding the full "
-            "logits (finetune/losses.py). Same loss; applies to GPT-2 and Llama-style models, not under "
-            "ZeRO-3."
+            "logits (finetune/losses.py). Same loss; GPT-2 and Llama-style models, not under ZeRO-3. Off "
+            "by default until it has been seen training on a GPU."
         },
     )
     logging_nan_inf_filter: bool = field(
@@ -215,8 +208,6 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError(
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
             )
-        if self.torch_compile is None:
-            self.torch_compile = torch.cuda.is_available() and not self.use_cpu
         self._apply_precision()
         self._apply_nvme_path()
         adapt_arguments_to_cpu(self)

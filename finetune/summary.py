@@ -205,9 +205,7 @@ def configuration_fields(model_args: Any, data_args: Any, training_args: Any) ->
         * training_args.world_size,
         "learning_rate": training_args.learning_rate,
         "seed": training_args.seed,
-        "dtype": training_dtype(
-            training_args.bf16, training_args.fp16, tf32_matmuls()
-        ),
+        "dtype": training_dtype(training_args.bf16, training_args.fp16, tf32_matmuls()),
         "arguments": as_record(model_args, data_args, training_args),
         **hardware(),
         **versions(),

@@ -4,7 +4,14 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from finetune.flops import flops_per_token, matmul_parameters, mfu, model_flops_per_token, peak_flops, tf32_matmuls
+from finetune.flops import (
+    flops_per_token,
+    matmul_parameters,
+    mfu,
+    model_flops_per_token,
+    peak_flops,
+    tf32_matmuls,
+)
 
 # GPT-2 small as published: 12 layers, width 768, vocabulary 50257, context 1024.
 LAYERS, WIDTH, VOCAB, CONTEXT = 12, 768, 50257, 1024

@@ -17,7 +17,9 @@ BACKENDS = {
 }
 
 
-def time_attention(backend: SDPBackend, heads: int, dropout: float, batch: int = 8, length: int = 1024) -> float:
+def time_attention(
+    backend: SDPBackend, heads: int, dropout: float, batch: int = 8, length: int = 1024
+) -> float:
     q, k, v = (
         torch.randn(batch, heads, length, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for _ in range(3)

@@ -15,8 +15,15 @@ from itertools import chain
 
 import torch
 from datasets import load_dataset
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback,
-                          TrainingArguments, default_data_collator)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    default_data_collator,
+)
 
 model_dir, batch, steps, output = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 data_dir = os.path.join(os.environ["FINETUNE_DATA_DIR"], "wikitext-2-v1")
@@ -49,13 +56,29 @@ class StepTimer(TrainerCallback):
 
 
 timer = StepTimer()
-args = TrainingArguments(output_dir="/tmp/plain_trainer", per_device_train_batch_size=batch, max_steps=steps,
-                         bf16=True, logging_steps=10, save_strategy="no", report_to="none")
-Trainer(model=model, args=args, train_dataset=blocks, data_collator=default_data_collator,
-        callbacks=[timer]).train()
+args = TrainingArguments(
+    output_dir="/tmp/plain_trainer",
+    per_device_train_batch_size=batch,
+    max_steps=steps,
+    bf16=True,
+    logging_steps=10,
+    save_strategy="no",
+    report_to="none",
+)
+Trainer(
+    model=model, args=args, train_dataset=blocks, data_collator=default_data_collator, callbacks=[timer]
+).train()
 step = sorted(timer.times)[len(timer.times) // 2]
-result = {"model": model_dir, "micro_batch": batch, "steps_timed": len(timer.times), "step_time_median_s": step,
-          "tokens_per_second": batch * 1024 / step, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-          "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+result = {
+    "model": model_dir,
+    "micro_batch": batch,
+    "steps_timed": len(timer.times),
+    "step_time_median_s": step,
+    "tokens_per_second": batch * 1024 / step,
+    "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+    "device": torch.cuda.get_device_name(),
+    "torch": torch.__version__,
+}
 print("PLAIN", json.dumps(result))
-json.dump(result, open(output, "w"), indent=1)
+with open(output, "w") as file:
+    json.dump(result, file, indent=1)

@@ -31,5 +31,7 @@ except Exception as e:
 keys = ("tokens_per_second_per_device", "tokens_per_second", "mfu", "step_time_median_s", "step_time_p90_s",
         "memory_peak_allocated_gib_max", "peak_allocated_gib", "status", "error")
 print("  " + ", ".join(f"{k}={s[k]}" for k in keys if k in s))
+curve = [round(point["loss"], 3) for point in s.get("loss_curve", [])]
+print(f"  loss curve {curve} (a curve that does not fall means the run did not train: its speed is no result)")
 PY
 done
