@@ -65,9 +65,10 @@ args = TrainingArguments(
     save_strategy="no",
     report_to="none",
 )
-Trainer(
+trainer = Trainer(
     model=model, args=args, train_dataset=blocks, data_collator=default_data_collator, callbacks=[timer]
-).train()
+)
+trainer.train()
 step = sorted(timer.times)[len(timer.times) // 2]
 result = {
     "model": model_dir,
@@ -78,6 +79,7 @@ result = {
     "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
     "device": torch.cuda.get_device_name(),
     "torch": torch.__version__,
+    "loss_curve": [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e],
 }
 print("PLAIN", json.dumps(result))
 with open(output, "w") as file:
