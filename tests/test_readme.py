@@ -1,0 +1,16 @@
+"""Tables in the README that are generated from data in the repository stay equal to their source."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_speed_table_is_the_one_generated_from_the_stored_results():
+    script = ROOT / "tests" / "gpu" / "speed_table.py"
+    results = ROOT / "tests" / "gpu" / "results" / "h200-2026-11-23"
+    table = subprocess.run(
+        [sys.executable, str(script), str(results)], capture_output=True, text=True, check=True
+    )
+    assert table.stdout.strip() in (ROOT / "README.md").read_text(), "stale: rerun tests/gpu/speed_table.py"
