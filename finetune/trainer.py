@@ -3,6 +3,8 @@
 - `log` adds the measuring callbacks' scalars to the training logs, so every `report_to`
   integration and `state.log_history` receive them (a callback's `on_log` cannot: the integrations
   come first in the Trainer's callback list, and log_history is written before any callback runs).
+- `log` also warns when a logged gradient norm is exactly 0: such a run updates nothing (all labels
+  masked, or a loss or compile path that lost the gradients), however fast it looks.
 - `get_train_dataloader` drops the last, smaller batch of each epoch when the model is compiled:
   a new batch shape makes torch.compile compile the model again (tens of seconds, and dynamic-shape
   kernels afterwards). With shuffling, a different remainder (under one global batch) is left out
@@ -18,9 +20,12 @@ from typing import Any
 
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.utils import logging
 
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
+
+logger = logging.get_logger("finetune")
 
 
 class FinetuneTrainer(Trainer):
@@ -33,6 +38,11 @@ class FinetuneTrainer(Trainer):
             self.args.dataloader_drop_last = drop_last
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if logs.get("grad_norm") == 0 and self.args.process_index == 0:
+            logger.warning(
+                f"finetune: gradient norm 0 at step {self.state.global_step}: the loss is not reaching the "
+                "weights (every label masked, or a loss or compile path that loses the gradients)"
+            )
         if "loss" in logs:
             for callback in self.callback_handler.callbacks:
                 if isinstance(callback, (MemoryCallback, ThroughputCallback)):

@@ -40,3 +40,15 @@ def test_evaluation_keeps_every_sample_when_compiled(trainer_for):
     assert sum(len(b["input_ids"]) for b in trainer.get_eval_dataloader()) == 10
     assert trainer.args.dataloader_drop_last is False
     assert torch.is_tensor(next(iter(trainer.get_eval_dataloader()))["input_ids"])
+
+
+def test_a_zero_gradient_norm_is_warned_about(trainer_for, caplog):
+    trainer = trainer_for(torch_compile=False)
+    trainer.log({"loss": 10.9, "grad_norm": 0.0})
+    assert "gradient norm 0" in caplog.text
+
+
+def test_a_nonzero_gradient_norm_is_not_warned_about(trainer_for, caplog):
+    trainer = trainer_for(torch_compile=False)
+    trainer.log({"loss": 10.9, "grad_norm": 2.5})
+    assert "gradient norm 0" not in caplog.text
