@@ -21,7 +21,7 @@ from typing import Any
 
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import available_profiles, load_profile
-from finetune.summary import SUMMARY_FILE, read_summary
+from finetune.summary import SUMMARY_FILE, peak_memory, read_summary
 
 STOP_GRACE_S = 30
 
@@ -45,14 +45,13 @@ class Row:
 
 
 def row_from_summary(profile: str, summary: dict[str, Any]) -> Row:
-    on_gpu = summary["memory_device"] == "cuda"
-    peak = summary["memory_peak_allocated_gib_max"] if on_gpu else summary["memory_host_peak_rss_gib_max"]
+    memory_kind, peak = peak_memory(summary)
     return Row(
         profile=profile,
         status=summary["status"],
         reason=summary["error"] or "",
         world_size=summary["world_size"],
-        memory_kind="GPU allocated" if on_gpu else "host RSS",
+        memory_kind=memory_kind,
         peak_memory_gib=peak,
         tokens_per_second_per_device=summary["tokens_per_second_per_device"],
         tokens_per_second=summary["tokens_per_second"],

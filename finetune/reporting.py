@@ -17,6 +17,8 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.integrations import TensorBoardCallback
 from transformers.integrations.integration_utils import rewrite_logs
 
+from finetune.summary import peak_memory
+
 HPARAM_FIELDS = (
     "profile",
     "strategy",
@@ -66,13 +68,10 @@ LAYOUT = {
 
 def run_scalars(fields: dict[str, Any]) -> dict[str, float]:
     """The run summary's headline numbers as `run/` scalars (null ones left out)."""
-    on_gpu = fields["memory_device"] == "cuda"
     values = {
         "run/tokens_per_second_per_device": fields["tokens_per_second_per_device"],
         "run/mfu": fields["mfu"],
-        "run/peak_memory_gib": fields[
-            "memory_peak_allocated_gib_max" if on_gpu else "memory_host_peak_rss_gib_max"
-        ],
+        "run/peak_memory_gib": peak_memory(fields)[1],
         "run/eval_perplexity": fields["eval_perplexity"],
     }
     return {name: value for name, value in values.items() if value is not None}

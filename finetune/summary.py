@@ -292,6 +292,13 @@ def read_summary(output_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(output_dir) / SUMMARY_FILE).read_text())
 
 
+def peak_memory(fields: dict[str, Any]) -> tuple[str, float | None]:
+    """The peak a per-device budget is about, and what it measures: GPU allocated, else host RSS."""
+    if fields["memory_device"] == "cuda":
+        return "GPU allocated", fields["memory_peak_allocated_gib_max"]
+    return "host RSS", fields["memory_host_peak_rss_gib_max"]
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
