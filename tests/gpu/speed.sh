@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 6 speed runs on one GPU. usage: bash tests/gpu/speed.sh MODEL BATCH STEPS VARIANT...
 # VARIANT: plain (tests/gpu/plain_trainer.py), finetune (run.py defaults), or finetune:<extra flags
-# joined with commas>, e.g. finetune:--torch_compile,false,--no_chunked_loss. Each variant's summary
+# joined with commas>, e.g. finetune:--torch_compile,true,--chunked_loss. Each variant's summary
 # and log go to $OUT as <index>.<variant name>.{json,log}.
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >> $OUT/gpu.txt
