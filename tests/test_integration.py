@@ -277,8 +277,15 @@ def test_ctrl_c_leaves_a_summary_marked_interrupted(tmp_path):
             if "'loss'" in line:
                 break
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=120)
-    assert process.returncode == 130
+        try:
+            output, _ = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+            pytest.fail(
+                f"still running 120 s after SIGINT (exit {process.returncode}); output ends: {output[-3000:]}"
+            )
+    assert process.returncode == 130, output[-3000:]
     summary = read_summary(output_dir)
     assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by SIGINT")
     assert summary["model"] == "gpt2"
