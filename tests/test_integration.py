@@ -262,6 +262,12 @@ def test_failed_run_leaves_a_summary_that_says_why(tmp_path):
     assert validate_summary(summary) == []
 
 
+def default_ctrl_c() -> None:
+    """Ctrl-C as a terminal delivers it, even when these tests run in a background job, whose
+    commands inherit SIGINT ignored (and Python then installs no KeyboardInterrupt handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_leaves_a_summary_marked_interrupted(tmp_path):
     output_dir = tmp_path / "out"
     command = single_process(output_dir, "--max_steps", "100000", "--logging_steps", "1")
@@ -272,6 +278,7 @@ def test_ctrl_c_leaves_a_summary_marked_interrupted(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=default_ctrl_c,
     ) as process:
         for line in process.stdout:
             if "'loss'" in line:
