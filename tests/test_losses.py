@@ -117,3 +117,16 @@ def test_models_outside_the_tested_families_keep_their_own_loss():
     )
     assert "model type opt" in chunked_loss_problem(model)
     assert chunked_loss_problem(TINY_MODELS["gpt2"]()) is None
+
+
+def test_zero3_keeps_the_models_own_loss():
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    model = TINY_MODELS["gpt2"]()
+    zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    try:
+        assert "ZeRO-3" in chunked_loss_problem(model)
+    finally:
+        unset_hf_deepspeed_config()
+        del zero3
+    assert chunked_loss_problem(model) is None
