@@ -93,3 +93,15 @@ def test_precision_fp32_turns_off_mixed_precision(output_flags):
 def test_block_size_of_one_token_is_rejected(output_flags):
     with pytest.raises(FinetuneError, match="block_size"):
         parse_arguments(["--block_size", "1", *output_flags])
+
+
+def test_nan_losses_show_in_the_logged_loss_by_default(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    assert training_args.logging_nan_inf_filter is False
+
+
+def test_speed_levers_are_opt_in(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    assert (training_args.torch_compile, training_args.chunked_loss) == (False, False)
+    _, _, training_args = parse_arguments([*output_flags, "--chunked_loss"])
+    assert training_args.chunked_loss is True
