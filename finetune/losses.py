@@ -79,13 +79,19 @@ def _chunk_loss_and_grad(
     return loss, grad_padded
 
 
+@torch.compiler.disable
 def causal_lm_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
     num_items_in_batch: torch.Tensor | int | None = None,
 ) -> torch.Tensor:
-    """ForCausalLMLoss from the last hidden states and the output embedding, without full logits."""
+    """ForCausalLMLoss from the last hidden states and the output embedding, without full logits.
+
+    Kept out of torch.compile's graph: compiled by inductor for CUDA (torch 2.11, H200) this
+    function gave every parameter a zero gradient, while the same code compiled for CPU and run
+    eagerly on CUDA trains (tests/gpu/grad_check.py). The model's layers before it stay compiled.
+    """
     device_type = hidden.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]

@@ -1,8 +1,15 @@
 """Flags and YAML recipes parse into ModelArguments, DataArguments and FinetuneTrainingArguments."""
 
 import pytest
+import torch
 
-from finetune.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments, parse_arguments
+from finetune.arguments import (
+    DataArguments,
+    FinetuneTrainingArguments,
+    ModelArguments,
+    compiles_by_default,
+    parse_arguments,
+)
 from finetune.errors import FinetuneError
 
 RECIPE = """\
@@ -100,8 +107,24 @@ def test_nan_losses_show_in_the_logged_loss_by_default(output_flags):
     assert training_args.logging_nan_inf_filter is False
 
 
-def test_speed_levers_are_opt_in(output_flags):
+def test_chunked_loss_is_opt_in(output_flags):
     _, _, training_args = parse_arguments(output_flags)
-    assert (training_args.torch_compile, training_args.chunked_loss) == (False, False)
+    assert training_args.chunked_loss is False
     _, _, training_args = parse_arguments([*output_flags, "--chunked_loss"])
     assert training_args.chunked_loss is True
+
+
+def test_no_compilation_by_default_on_a_machine_without_gpu(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    assert training_args.torch_compile is False
+
+
+def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert compiles_by_default(use_cpu=False) is True
+    assert compiles_by_default(use_cpu=True) is False
+
+
+def test_compilation_can_be_asked_for_on_cpu(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true"])
+    assert training_args.torch_compile is True

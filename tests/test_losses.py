@@ -130,3 +130,18 @@ def test_zero3_keeps_the_models_own_loss():
         unset_hf_deepspeed_config()
         del zero3
     assert chunked_loss_problem(model) is None
+
+
+def test_a_compiled_model_computes_the_chunked_loss_outside_the_graph(monkeypatch):
+    calls_while_compiling = []
+    chunk_loss = finetune.losses._chunk_loss_and_grad
+
+    def recording(*args):
+        calls_while_compiling.append(torch.compiler.is_compiling())
+        return chunk_loss(*args)
+
+    monkeypatch.setattr(finetune.losses, "_chunk_loss_and_grad", recording)
+    model = use_chunked_loss(TINY_MODELS["gpt2"]())
+    input_ids, labels = batch_with_ignored_labels()
+    torch.compile(model, backend="eager")(input_ids=input_ids, labels=labels).loss.backward()
+    assert calls_while_compiling and not any(calls_while_compiling)
