@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import ModelArguments
@@ -77,7 +78,10 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
     """
     common = {"attn_implementation": args.attn_implementation, "trust_remote_code": args.trust_remote_code}
     if args.from_scratch:
-        return name_causal_lm_loss(AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common))
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
+        if is_deepspeed_zero3_enabled():
+            initialize_partitioned_weights(model)
+        return name_causal_lm_loss(model)
     folder = Path(location)
     if folder.is_dir() and not has_weights(folder):
         raise FinetuneError(
@@ -91,6 +95,33 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
             f"cannot load weights of model '{args.model}' from {location}: {_first_line(error)}"
         ) from None
     return name_causal_lm_loss(model)
+
+
+def initialize_partitioned_weights(model: PreTrainedModel) -> None:
+    """Run the model's own weight init again under ZeRO-3, each module with its children's weights gathered.
+
+    transformers 5.17 initializes a ZeRO-3 model module by module with only that module's own
+    parameters gathered, so an `_init_weights` that sets a child's weight writes into an empty
+    shard: GPT-2's residual projections (`c_proj`, std 0.02/sqrt(2 x layers)) kept the 0.02 of the
+    plain init, and ZeRO-3 runs started from another model than every other profile (first
+    gradient norm 10 against 41 for gpt2-medium on an H200). Gathering a module together with its
+    direct children keeps the peak at one block's weights; rank 0 initializes, DeepSpeed
+    broadcasts the result on leaving the gather.
+    """
+    import deepspeed
+
+    def initialize(module: torch.nn.Module, owner: PreTrainedModel) -> None:
+        for child in module.children():
+            initialize(child, child if isinstance(child, PreTrainedModel) else owner)
+        weights = [*module.parameters(recurse=False)]
+        weights += [p for child in module.children() for p in child.parameters(recurse=False)]
+        with deepspeed.zero.GatheredParameters(weights, modifier_rank=0):
+            if deepspeed.comm.get_rank() == 0:
+                owner._init_weights(module)
+
+    with torch.no_grad():
+        initialize(model, model)
+    model.tie_weights()
 
 
 def name_causal_lm_loss(model: PreTrainedModel) -> PreTrainedModel:

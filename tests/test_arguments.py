@@ -125,6 +125,13 @@ def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monke
     assert compiles_by_default(use_cpu=True) is False
 
 
+@pytest.mark.parametrize("launcher_variable", ["ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"])
+def test_sharding_profiles_are_not_compiled_by_default(monkeypatch, launcher_variable):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv(launcher_variable, "true")
+    assert compiles_by_default(use_cpu=False) is False
+
+
 def test_compilation_can_be_asked_for_on_cpu(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true"])
     assert training_args.torch_compile is True

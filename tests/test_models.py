@@ -1,5 +1,11 @@
 """Model loading (real weights or an explicit --from_scratch), block size choice, parameter counting."""
 
+import json
+import math
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -87,3 +93,39 @@ def test_gpt2_declares_the_causal_lm_loss_so_the_trainer_counts_shifted_tokens(d
     location = resolve_model(args.model)
     model = build_model(args, load_config(args, location), location)
     assert model.loss_type == "ForCausalLM"
+
+
+ZERO3_INIT_SCRIPT = """
+import json, os, sys, torch, deepspeed, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+dist.init_process_group("gloo")
+from transformers import GPT2Config
+from transformers.integrations.deepspeed import HfDeepSpeedConfig
+from finetune.arguments import ModelArguments
+from finetune.models import build_model
+zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+model = build_model(ModelArguments(from_scratch=True), GPT2Config(n_layer=8, n_embd=128, n_head=2), "unused")
+spreads = {}
+for name, weight in model.named_parameters():
+    with deepspeed.zero.GatheredParameters([weight]):
+        spreads[name] = weight.std().item()
+print(json.dumps(spreads))
+"""
+
+
+def test_zero3_from_scratch_keeps_gpt2s_scaled_residual_init():
+    """transformers' ZeRO-3 init leaves child weights it sets from a parent (GPT-2's c_proj) unscaled."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    done = subprocess.run(
+        [sys.executable, "-c", ZERO3_INIT_SCRIPT, str(port)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    spreads = json.loads(done.stdout.strip().splitlines()[-1])
+    residual = 0.02 / math.sqrt(2 * 8)
+    projections = {name: std for name, std in spreads.items() if name.endswith("c_proj.weight")}
+    assert len(projections) == 16
+    for name, std in projections.items():
+        assert std == pytest.approx(residual, rel=0.1), name
+    assert spreads["transformer.h.0.attn.c_attn.weight"] == pytest.approx(0.02, rel=0.1)
