@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_speed_table_is_the_one_generated_from_the_stored_results():
     script = ROOT / "tests" / "gpu" / "speed_table.py"
-    results = ROOT / "tests" / "gpu" / "results" / "h200-2026-11-23"
+    results = ROOT / "tests" / "gpu" / "results" / "h200-2026-11-23b"
     table = subprocess.run(
         [sys.executable, str(script), str(results)], capture_output=True, text=True, check=True
     )
