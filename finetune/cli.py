@@ -113,6 +113,7 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     wanted.add_argument("--block_size", type=int)
     wanted.add_argument("--precision", default="bf16")
     wanted.add_argument("--gradient_checkpointing", nargs="?", const="true", default="false")
+    wanted.add_argument("--torch_compile", nargs="?", const="true")
     known, _ = wanted.parse_known_args(run_args)
     memory = visible_gpu_memory_gib()
     if memory is None:
@@ -120,7 +121,8 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     shape, default_block = shape_of(known.model, known.config_overrides)
     dtype = "bf16" if known.precision == "auto" else known.precision
     checkpointing = known.gradient_checkpointing.lower() in ("1", "true", "yes")
-    workload = Workload(known.batch_size, known.block_size or default_block, dtype, checkpointing)
+    compiled = None if known.torch_compile is None else known.torch_compile.lower() in ("1", "true", "yes")
+    workload = Workload(known.batch_size, known.block_size or default_block, dtype, checkpointing, compiled)
     return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
 
 
@@ -129,6 +131,7 @@ def plan_command(options: argparse.Namespace) -> int:
         Calibration,
         Workload,
         format_plan,
+        largest_micro_batch,
         plan,
         recommend,
         shape_of,
@@ -145,6 +148,7 @@ def plan_command(options: argparse.Namespace) -> int:
         options.block_size or default_block,
         options.precision,
         options.gradient_checkpointing,
+        {"true": True, "false": False}.get(options.torch_compile),
     )
     calibration = Calibration.measured()
     profiles = options.profiles.split(",") if options.profiles else None
@@ -154,6 +158,10 @@ def plan_command(options: argparse.Namespace) -> int:
     )
     best = recommend(estimates, memory, options.margin)
     if best is not None:
+        largest = largest_micro_batch(
+            best.profile, shape, workload, options.gpus, memory, calibration, options.margin
+        )
+        print(f"largest micro batch predicted to fit with {best.profile}: {largest}")
         order = ", ".join(e.profile for e in estimates)
         print(f"recommended: {best.profile} (the first that fits, in the order {order})")
         return 0
@@ -249,6 +257,11 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning.add_argument("--block_size", type=int, help="tokens per sample (default: context, at most 1024)")
     planning.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     planning.add_argument("--gradient_checkpointing", action="store_true")
+    planning.add_argument(
+        "--torch_compile",
+        choices=["true", "false"],
+        help="plan compiled or eager runs (default: as run.py does, ddp compiled, FSDP/DeepSpeed eager)",
+    )
     planning.add_argument("--profiles", help="comma-separated profiles (default: all)")
     planning.add_argument("--margin", type=float, default=0.10, help="share of GPU memory kept free")
 

@@ -60,6 +60,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "hidden_size": ("int?", "model width, H"),
     "flops_per_token": ("int?", "model FLOPs per trained token, 6·N + 12·L·H·T with T = block_size"),
     "gradient_checkpointing": ("bool?", "activations recomputed in backward (not in flops_per_token)"),
+    "torch_compile": ("bool?", "model compiled by torch.compile (default with CUDA and no sharding)"),
     "dataset": ("str?", "--dataset as given"),
     "data_source": ("str?", "the folder or Hub id it was read from"),
     "block_size": ("int?", "tokens per sample, T"),
@@ -198,6 +199,7 @@ def configuration_fields(model_args: Any, data_args: Any, training_args: Any) ->
         "dataset": data_args.dataset,
         "packing": data_args.packing,
         "gradient_checkpointing": training_args.gradient_checkpointing,
+        "torch_compile": training_args.torch_compile,
         "micro_batch_size": training_args.per_device_train_batch_size,
         "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
         "global_batch_size": training_args.per_device_train_batch_size
