@@ -34,6 +34,7 @@ class Row:
     status: str
     reason: str = ""
     world_size: int | None = None
+    compiled: bool | None = None
     memory_kind: str = ""
     peak_memory_gib: float | None = None
     tokens_per_second_per_device: float | None = None
@@ -51,6 +52,7 @@ def row_from_summary(profile: str, summary: dict[str, Any]) -> Row:
         status=summary["status"],
         reason=summary["error"] or "",
         world_size=summary["world_size"],
+        compiled=summary["torch_compile"],
         memory_kind=memory_kind,
         peak_memory_gib=peak,
         tokens_per_second_per_device=summary["tokens_per_second_per_device"],
@@ -137,6 +139,7 @@ COLUMNS = {
     "profile": "profile",
     "status": "status",
     "world_size": "devices",
+    "compiled": "compiled",
     "peak_memory_gib": "peak memory / device (GiB)",
     "tokens_per_second_per_device": "tokens/s / device",
     "tokens_per_second": "tokens/s",
@@ -151,6 +154,8 @@ COLUMNS = {
 def cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
     return str(value).replace("|", "/")

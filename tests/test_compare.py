@@ -46,6 +46,7 @@ def test_profiles_that_ran_have_their_measurements(comparison):
         row = rows(comparison)[profile]
         assert row["status"] == "completed"
         assert row["world_size"] == "2"
+        assert row["compiled"] == "False"  # CPU runs are not compiled by default
         assert row["memory_kind"] == "host RSS"
         assert float(row["peak_memory_gib"]) > 0
         assert float(row["tokens_per_second_per_device"]) == pytest.approx(
@@ -84,3 +85,9 @@ def test_a_run_past_its_time_limit_is_stopped_and_reported(tmp_path):
     assert result.returncode == 1  # no profile completed
     row = rows(tmp_path)["ddp"]
     assert (row["status"], row["reason"]) == ("timeout", "stopped after 3 s")
+
+
+def test_the_markdown_table_says_whether_each_profile_was_compiled(comparison):
+    table = (comparison / "comparison.md").read_text()
+    assert "| compiled |" in table
+    assert "| ddp | completed | 2 | no |" in table
