@@ -12,12 +12,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import available_profiles, load_profile
+
+if TYPE_CHECKING:
+    from finetune.planner import Workload
 
 PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 
@@ -126,10 +130,19 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
 
 
+def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
+    from finetune.planner import Workload
+
+    compiled = {"true": True, "false": False}.get(options.torch_compile)
+    checkpointing = options.gradient_checkpointing
+    return Workload(options.batch_size, block_size, options.precision, checkpointing, compiled)
+
+
 def plan_command(options: argparse.Namespace) -> int:
     from finetune.planner import (
+        LADDER_BLOCK_SIZE,
         Calibration,
-        Workload,
+        format_largest,
         format_plan,
         largest_micro_batch,
         plan,
@@ -142,15 +155,23 @@ def plan_command(options: argparse.Namespace) -> int:
     memory = options.gpu_memory or visible_gpu_memory_gib()
     if memory is None:
         raise FinetuneError("no GPU is visible: pass --gpu_memory GIB")
-    shape, default_block = shape_of(options.model, options.config_overrides)
-    workload = Workload(
-        options.batch_size,
-        options.block_size or default_block,
-        options.precision,
-        options.gradient_checkpointing,
-        {"true": True, "false": False}.get(options.torch_compile),
-    )
     calibration = Calibration.measured()
+    if options.largest:
+        workload = workload_of(options, options.block_size or LADDER_BLOCK_SIZE)
+        print(
+            format_largest(
+                workload,
+                options.gpus,
+                memory,
+                calibration,
+                options.margin,
+                options.host_memory,
+                options.gpus_per_node,
+            )
+        )
+        return 0
+    shape, default_block = shape_of(options.model, options.config_overrides)
+    workload = workload_of(options, options.block_size or default_block)
     profiles = options.profiles.split(",") if options.profiles else None
     estimates = plan(shape, workload, options.gpus, calibration, profiles)
     print(
@@ -263,6 +284,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         help="plan compiled or eager runs (default: as run.py does, ddp compiled, FSDP/DeepSpeed eager)",
     )
     planning.add_argument("--profiles", help="comma-separated profiles (default: all)")
+    planning.add_argument(
+        "--largest",
+        action="store_true",
+        help="instead: the largest GPT-style model each profile is predicted to fit (--model is ignored)",
+    )
+    planning.add_argument("--host_memory", type=float, help="GiB of host RAM per node, for --largest")
     planning.add_argument("--margin", type=float, default=0.10, help="share of GPU memory kept free")
 
 

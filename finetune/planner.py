@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -416,13 +417,99 @@ GPT2_SIZES = {
     "gpt2-large": (36, 1280, 20),
     "gpt2-xl": (48, 1600, 25),
 }
+# Larger GPT-style sizes (GPT-3's 1.3B to 13B with head size 128, OPT's 30B and 66B) on GPT-2's
+# architecture, vocabulary and context: the ladder `finetune plan --largest` climbs.
+LARGER_GPT_SIZES = {
+    "gpt-1.3b": (24, 2048, 16),
+    "gpt-2.7b": (32, 2560, 32),
+    "gpt-6.7b": (32, 4096, 32),
+    "gpt-13b": (40, 5120, 40),
+    "gpt-30b": (48, 7168, 56),
+    "gpt-66b": (64, 9216, 72),
+}
+MODEL_LADDER = {**GPT2_SIZES, **LARGER_GPT_SIZES}
+LADDER_BLOCK_SIZE = 1024  # their context
 
 
+@cache
 def gpt2_shape(name: str) -> ModelShape:
+    """A GPT-2-architecture shape of MODEL_LADDER, counted on the meta device."""
     from transformers import GPT2Config
 
-    layers, width, heads = GPT2_SIZES[name]
+    layers, width, heads = MODEL_LADDER[name]
     return ModelShape.from_config(name, GPT2Config(n_layer=layers, n_embd=width, n_head=heads))
+
+
+def run_flags(name: str) -> str:
+    """How `finetune/run.py` trains a ladder shape from scratch."""
+    if name in GPT2_SIZES:
+        return f"--model {name} --from_scratch"
+    layers, width, heads = MODEL_LADDER[name]
+    return f"--model gpt2 --config_overrides n_layer={layers},n_embd={width},n_head={heads} --from_scratch"
+
+
+def largest_model(
+    profile: str,
+    workload: Workload,
+    gpus: int,
+    gpu_memory_gib: float,
+    calibration: Calibration,
+    margin: float = DEFAULT_MARGIN,
+    host_memory_gib: float | None = None,
+    gpus_per_node: int | None = None,
+) -> tuple[str, Estimate] | None:
+    """The largest MODEL_LADDER shape this profile is predicted to fit in GPU memory (and in each
+    node's host RAM, when given: the offload profiles keep their states there); None if not gpt2."""
+    found = None
+    for name in MODEL_LADDER:
+        e = estimate(profile, gpt2_shape(name), workload, gpus, calibration)
+        host = e.host_per_gpu * min(gpus_per_node or gpus, gpus)
+        if not e.fits(gpu_memory_gib, margin) or (
+            host_memory_gib is not None and host > host_memory_gib * (1 - margin)
+        ):
+            break
+        found = (name, e)
+    return found
+
+
+def format_largest(
+    workload: Workload,
+    gpus: int,
+    gpu_memory_gib: float,
+    calibration: Calibration,
+    margin: float = DEFAULT_MARGIN,
+    host_memory_gib: float | None = None,
+    gpus_per_node: int | None = None,
+) -> str:
+    host_note = f"host RAM {host_memory_gib:g} GiB per node" if host_memory_gib else "host RAM not limited"
+    lines = [
+        f"finetune plan --largest: {gpus} GPU(s) of {gpu_memory_gib:g} GiB, micro batch "
+        f"{workload.micro_batch} x {workload.block_size} tokens, {workload.dtype}, "
+        f"{describe_compilation(workload)}, {host_note}",
+        "",
+        "| profile | largest model | parameters | total / GPU | host RAM / node | NVMe | run.py flags |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for profile in PROFILES:
+        found = largest_model(
+            profile, workload, gpus, gpu_memory_gib, calibration, margin, host_memory_gib, gpus_per_node
+        )
+        if found is None:
+            lines.append(f"| {profile} | none | | | | | |")
+            continue
+        name, e = found
+        host = f"{e.host_per_gpu * min(gpus_per_node or gpus, gpus):.1f}" if e.host_per_gpu else ""
+        nvme = f"{e.nvme:.1f}" if e.nvme else ""
+        lines.append(
+            f"| {profile} | {name} | {gpt2_shape(name).parameters:,} | {e.total:.1f} | {host} | {nvme} "
+            f"| `{run_flags(name)}` |"
+        )
+    lines.append("")
+    lines.append(
+        f"GiB; the ladder: {', '.join(MODEL_LADDER)} (block {workload.block_size}). A prediction, "
+        "to be confirmed by a run."
+    )
+    return "\n".join(lines)
 
 
 def plan_frame(shapes: list[ModelShape], gpu_counts: list[int], workload: Workload) -> Any:

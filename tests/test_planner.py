@@ -6,6 +6,8 @@ from transformers import AutoConfig
 from finetune.cli import main as cli_main
 from finetune.planner import (
     GIB,
+    MODEL_LADDER,
+    PROFILES,
     Calibration,
     ModelShape,
     Workload,
@@ -14,7 +16,9 @@ from finetune.planner import (
     estimate,
     estimate_for,
     forward_activation_gib,
+    gpt2_shape,
     largest_micro_batch,
+    largest_model,
     plan,
     read_measurements,
     recommend,
@@ -176,3 +180,39 @@ def test_plan_command_names_the_largest_micro_batch_of_the_recommendation(capsys
     assert cli_main(["plan", "--model", "gpt2-medium", "--gpus", "1", "--gpu_memory", "80"]) == 0
     out = capsys.readouterr().out
     assert "largest micro batch predicted to fit with ddp: " in out
+
+
+def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
+    name, found = largest_model("zero3", Workload(8, 1024), 4, 80, calibration)
+    ladder = list(MODEL_LADDER)
+    bigger = estimate("zero3", gpt2_shape(ladder[ladder.index(name) + 1]), Workload(8, 1024), 4, calibration)
+    assert found.fits(80)
+    assert not bigger.fits(80)
+
+
+def test_sharding_fits_a_larger_model_than_ddp(calibration):
+    ladder = list(MODEL_LADDER)
+    ddp, _ = largest_model("ddp", Workload(1, 1024, gradient_checkpointing=True), 4, 80, calibration)
+    zero3, _ = largest_model("zero3", Workload(1, 1024, gradient_checkpointing=True), 4, 80, calibration)
+    assert ladder.index(zero3) > ladder.index(ddp)
+
+
+def test_host_memory_limits_the_offload_profiles(calibration):
+    workload = Workload(1, 1024, gradient_checkpointing=True)
+    unlimited, _ = largest_model("zero3_offload", workload, 4, 80, calibration)
+    name, found = largest_model("zero3_offload", workload, 4, 80, calibration, host_memory_gib=64)
+    assert list(MODEL_LADDER).index(name) < list(MODEL_LADDER).index(unlimited)
+    assert 4 * found.host_per_gpu <= 64 * 0.9
+
+
+def test_ladder_shapes_are_counted_like_their_names_say():
+    assert gpt2_shape("gpt-6.7b").parameters == pytest.approx(6.7e9, rel=0.02)
+    assert gpt2_shape("gpt-13b").parameters == pytest.approx(13e9, rel=0.02)
+
+
+def test_plan_largest_prints_a_row_per_profile_with_the_flags_to_run_it(capsys):
+    assert cli_main(["plan", "--largest", "--gpus", "4", "--gpu_memory", "80", "--batch_size", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| zero3 | gpt-" in out
+    assert "--model gpt2 --config_overrides n_layer=" in out
+    assert out.count("\n| ") == 1 + len(PROFILES)
