@@ -22,12 +22,22 @@ def save_consolidated_model(
     one full state dict; every rank must call it, only the main process writes.
     """
     accelerator = trainer.accelerator
-    state_dict = accelerator.get_state_dict(trainer.model_wrapped)
+    state_dict = without_compile_prefix(accelerator.get_state_dict(trainer.model_wrapped))
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
+
+
+COMPILE_PREFIX = "_orig_mod."
+
+
+def without_compile_prefix(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Key names as the model has them: a compiled model's state dict (which accelerate returns
+    for the compiled DDP and FSDP2 wrappers) prefixes every key with torch.compile's `_orig_mod.`,
+    and `from_pretrained` would find none of the weights under those names."""
+    return {name.replace(COMPILE_PREFIX, ""): tensor for name, tensor in state_dict.items()}
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -155,6 +155,7 @@ def test_compiled_ddp_trains_like_eager_ddp(finished_run, tmp_path):
         [p["loss"] for p in eager["loss_curve"]], rel=1e-3
     )
     assert compiled["eval_loss"] == pytest.approx(eager["eval_loss"], rel=1e-3)
+    assert reloaded_eval_loss(tmp_path) == pytest.approx(compiled["eval_loss"], rel=1e-4)
 
 
 def test_offline_wikitext_substitution_is_recorded(finished_run):
@@ -166,6 +167,10 @@ def test_offline_wikitext_substitution_is_recorded(finished_run):
 def test_saved_model_reloads_with_the_same_logits(finished_run):
     """A plain from_pretrained of the saved folder reproduces the distributed run's eval loss."""
     _, output_dir = finished_run
+    assert reloaded_eval_loss(output_dir) == pytest.approx(read_summary(output_dir)["eval_loss"], rel=1e-4)
+
+
+def reloaded_eval_loss(output_dir: Path) -> float:
     model = AutoModelForCausalLM.from_pretrained(output_dir, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(ModelArguments(model=str(output_dir)), resolve_model(str(output_dir)))
     data_args = DataArguments(
@@ -174,8 +179,7 @@ def test_saved_model_reloads_with_the_same_logits(finished_run):
     eval_dataset = build_datasets(data_args, tokenizer, BLOCK_SIZE, seed=42).evaluation
     input_ids = torch.tensor(eval_dataset["input_ids"])
     with torch.no_grad():
-        loss = model(input_ids=input_ids, labels=input_ids).loss.item()
-    assert loss == pytest.approx(read_summary(output_dir)["eval_loss"], rel=1e-4)
+        return model(input_ids=input_ids, labels=input_ids).loss.item()
 
 
 def test_finetune_eval_of_the_saved_model_agrees_with_the_training_evaluation(finished_run):
