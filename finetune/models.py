@@ -101,7 +101,8 @@ def initialize_partitioned_weights(model: PreTrainedModel) -> None:
     """Run the model's own weight init again under ZeRO-3, each module with its children's weights gathered.
 
     transformers 5.17 initializes a ZeRO-3 model module by module with only that module's own
-    parameters gathered, so an `_init_weights` that sets a child's weight writes into an empty
+    parameters gathered (`initialize_weights_zero3`, from huggingface/transformers#44236), so an
+    `_init_weights` that sets a child's weight writes into an empty
     shard: GPT-2's residual projections (`c_proj`, std 0.02/sqrt(2 x layers)) kept the 0.02 of the
     plain init, and ZeRO-3 runs started from another model than every other profile (first
     gradient norm 10 against 41 for gpt2-medium on an H200). Gathering a module together with its
