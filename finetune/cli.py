@@ -142,6 +142,7 @@ def plan_command(options: argparse.Namespace) -> int:
     from finetune.planner import (
         LADDER_BLOCK_SIZE,
         Calibration,
+        Hardware,
         format_largest,
         format_plan,
         largest_micro_batch,
@@ -158,17 +159,8 @@ def plan_command(options: argparse.Namespace) -> int:
     calibration = Calibration.measured()
     if options.largest:
         workload = workload_of(options, options.block_size or LADDER_BLOCK_SIZE)
-        print(
-            format_largest(
-                workload,
-                options.gpus,
-                memory,
-                calibration,
-                options.margin,
-                options.host_memory,
-                options.gpus_per_node,
-            )
-        )
+        hardware = Hardware(options.gpus, memory, options.host_memory, options.gpus_per_node, options.margin)
+        print(format_largest(workload, hardware, calibration))
         return 0
     shape, default_block = shape_of(options.model, options.config_overrides)
     workload = workload_of(options, options.block_size or default_block)
@@ -179,9 +171,8 @@ def plan_command(options: argparse.Namespace) -> int:
     )
     best = recommend(estimates, memory, options.margin)
     if best is not None:
-        largest = largest_micro_batch(
-            best.profile, shape, workload, options.gpus, memory, calibration, options.margin
-        )
+        hardware = Hardware(options.gpus, memory, margin=options.margin)
+        largest = largest_micro_batch(best.profile, shape, workload, hardware, calibration)
         print(f"largest micro batch predicted to fit with {best.profile}: {largest}")
         order = ", ".join(e.profile for e in estimates)
         print(f"recommended: {best.profile} (the first that fits, in the order {order})")

@@ -44,6 +44,7 @@ LOGIT_GRADIENT_BYTES = 4
 CHECKPOINTED_LAYER_BYTES = 4
 DEFAULT_MARGIN = 0.10
 CALIBRATION_KINDS = ("torch", "torch-compiled", "deepspeed")
+MAX_MICRO_BATCH = 4096
 
 # profile: (framework, sharded states, offloaded states). Ordered fastest first, as the
 # recommendation prefers them: DDP/ZeRO-1, then ZeRO-2 (and FSDP without resharding), then full
@@ -277,22 +278,35 @@ def recommend(
     return fitting[0] if fitting else None
 
 
+@dataclass(frozen=True)
+class Hardware:
+    """What a model must fit in: every GPU's memory and, when known, each node's host RAM."""
+
+    gpus: int
+    gpu_memory_gib: float
+    host_memory_gib: float | None = None
+    gpus_per_node: int | None = None
+    margin: float = DEFAULT_MARGIN
+
+    def host_per_node(self, e: Estimate) -> float:
+        return e.host_per_gpu * min(self.gpus_per_node or self.gpus, self.gpus)
+
+    def holds(self, e: Estimate) -> bool:
+        host_fits = self.host_memory_gib is None or self.host_per_node(e) <= self.host_memory_gib * (
+            1 - self.margin
+        )
+        return e.fits(self.gpu_memory_gib, self.margin) and host_fits
+
+
 def largest_micro_batch(
-    profile: str,
-    shape: ModelShape,
-    workload: Workload,
-    gpus: int,
-    gpu_memory_gib: float,
-    calibration: Calibration,
-    margin: float = DEFAULT_MARGIN,
-    limit: int = 4096,
+    profile: str, shape: ModelShape, workload: Workload, hardware: Hardware, calibration: Calibration
 ) -> int:
     """The largest micro batch this profile is predicted to fit (0 if none): larger micro batches
     ran faster on an H200 (gpt2-medium compiled: 135k tokens/s at 32 against 117k at 8)."""
     batch = 0
-    while batch < limit:
+    while batch < MAX_MICRO_BATCH:
         bigger = replace(workload, micro_batch=batch + 1)
-        if not estimate(profile, shape, bigger, gpus, calibration).fits(gpu_memory_gib, margin):
+        if not hardware.holds(estimate(profile, shape, bigger, hardware.gpus, calibration)):
             break
         batch += 1
     return batch
@@ -449,41 +463,24 @@ def run_flags(name: str) -> str:
 
 
 def largest_model(
-    profile: str,
-    workload: Workload,
-    gpus: int,
-    gpu_memory_gib: float,
-    calibration: Calibration,
-    margin: float = DEFAULT_MARGIN,
-    host_memory_gib: float | None = None,
-    gpus_per_node: int | None = None,
+    profile: str, workload: Workload, hardware: Hardware, calibration: Calibration
 ) -> tuple[str, Estimate] | None:
-    """The largest MODEL_LADDER shape this profile is predicted to fit in GPU memory (and in each
-    node's host RAM, when given: the offload profiles keep their states there); None if not gpt2."""
+    """The largest MODEL_LADDER shape this profile is predicted to fit (the offload profiles also
+    in host RAM); None when not even the smallest does."""
     found = None
     for name in MODEL_LADDER:
-        e = estimate(profile, gpt2_shape(name), workload, gpus, calibration)
-        host = e.host_per_gpu * min(gpus_per_node or gpus, gpus)
-        if not e.fits(gpu_memory_gib, margin) or (
-            host_memory_gib is not None and host > host_memory_gib * (1 - margin)
-        ):
+        e = estimate(profile, gpt2_shape(name), workload, hardware.gpus, calibration)
+        if not hardware.holds(e):
             break
         found = (name, e)
     return found
 
 
-def format_largest(
-    workload: Workload,
-    gpus: int,
-    gpu_memory_gib: float,
-    calibration: Calibration,
-    margin: float = DEFAULT_MARGIN,
-    host_memory_gib: float | None = None,
-    gpus_per_node: int | None = None,
-) -> str:
-    host_note = f"host RAM {host_memory_gib:g} GiB per node" if host_memory_gib else "host RAM not limited"
+def format_largest(workload: Workload, hardware: Hardware, calibration: Calibration) -> str:
+    host = hardware.host_memory_gib
+    host_note = f"host RAM {host:g} GiB per node" if host else "host RAM not limited"
     lines = [
-        f"finetune plan --largest: {gpus} GPU(s) of {gpu_memory_gib:g} GiB, micro batch "
+        f"finetune plan --largest: {hardware.gpus} GPU(s) of {hardware.gpu_memory_gib:g} GiB, micro batch "
         f"{workload.micro_batch} x {workload.block_size} tokens, {workload.dtype}, "
         f"{describe_compilation(workload)}, {host_note}",
         "",
@@ -491,17 +488,15 @@ def format_largest(
         "|---|---|---|---|---|---|---|",
     ]
     for profile in PROFILES:
-        found = largest_model(
-            profile, workload, gpus, gpu_memory_gib, calibration, margin, host_memory_gib, gpus_per_node
-        )
+        found = largest_model(profile, workload, hardware, calibration)
         if found is None:
             lines.append(f"| {profile} | none | | | | | |")
             continue
         name, e = found
-        host = f"{e.host_per_gpu * min(gpus_per_node or gpus, gpus):.1f}" if e.host_per_gpu else ""
+        host_gib = f"{hardware.host_per_node(e):.1f}" if e.host_per_gpu else ""
         nvme = f"{e.nvme:.1f}" if e.nvme else ""
         lines.append(
-            f"| {profile} | {name} | {gpt2_shape(name).parameters:,} | {e.total:.1f} | {host} | {nvme} "
+            f"| {profile} | {name} | {gpt2_shape(name).parameters:,} | {e.total:.1f} | {host_gib} | {nvme} "
             f"| `{run_flags(name)}` |"
         )
     lines.append("")

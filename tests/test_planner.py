@@ -9,6 +9,7 @@ from finetune.planner import (
     MODEL_LADDER,
     PROFILES,
     Calibration,
+    Hardware,
     ModelShape,
     Workload,
     calibration_kind,
@@ -168,7 +169,7 @@ def test_ddp_is_planned_compiled_and_the_sharding_profiles_eager_as_run_py_runs_
 
 def test_largest_micro_batch_is_the_last_that_fits(gpt2_xl, calibration):
     workload = Workload(8, 1024)
-    largest = largest_micro_batch("zero3", gpt2_xl, workload, 4, 80, calibration)
+    largest = largest_micro_batch("zero3", gpt2_xl, workload, Hardware(4, 80), calibration)
     fits = [
         estimate("zero3", gpt2_xl, Workload(b, 1024), 4, calibration).fits(80) for b in (largest, largest + 1)
     ]
@@ -183,7 +184,7 @@ def test_plan_command_names_the_largest_micro_batch_of_the_recommendation(capsys
 
 
 def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
-    name, found = largest_model("zero3", Workload(8, 1024), 4, 80, calibration)
+    name, found = largest_model("zero3", Workload(8, 1024), Hardware(4, 80), calibration)
     ladder = list(MODEL_LADDER)
     bigger = estimate("zero3", gpt2_shape(ladder[ladder.index(name) + 1]), Workload(8, 1024), 4, calibration)
     assert found.fits(80)
@@ -192,15 +193,16 @@ def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
 
 def test_sharding_fits_a_larger_model_than_ddp(calibration):
     ladder = list(MODEL_LADDER)
-    ddp, _ = largest_model("ddp", Workload(1, 1024, gradient_checkpointing=True), 4, 80, calibration)
-    zero3, _ = largest_model("zero3", Workload(1, 1024, gradient_checkpointing=True), 4, 80, calibration)
+    workload = Workload(1, 1024, gradient_checkpointing=True)
+    ddp, _ = largest_model("ddp", workload, Hardware(4, 80), calibration)
+    zero3, _ = largest_model("zero3", workload, Hardware(4, 80), calibration)
     assert ladder.index(zero3) > ladder.index(ddp)
 
 
 def test_host_memory_limits_the_offload_profiles(calibration):
     workload = Workload(1, 1024, gradient_checkpointing=True)
-    unlimited, _ = largest_model("zero3_offload", workload, 4, 80, calibration)
-    name, found = largest_model("zero3_offload", workload, 4, 80, calibration, host_memory_gib=64)
+    unlimited, _ = largest_model("zero3_offload", workload, Hardware(4, 80), calibration)
+    name, found = largest_model("zero3_offload", workload, Hardware(4, 80, host_memory_gib=64), calibration)
     assert list(MODEL_LADDER).index(name) < list(MODEL_LADDER).index(unlimited)
     assert 4 * found.host_per_gpu <= 64 * 0.9
 
