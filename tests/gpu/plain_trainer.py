@@ -5,6 +5,9 @@ init, dropout 0.1), data (WikiText-2 from $FINETUNE_DATA_DIR, packed into 1024-t
 micro batch as the project's runs. The one addition is a callback that times steps after warm-up
 the way finetune's does (synchronized step ends), so the two rates count the same thing.
 usage: python tests/gpu/plain_trainer.py MODEL_FOLDER BATCH STEPS OUTPUT_JSON
+   or: accelerate launch --config_file accelerate_configs/ddp.yaml --num_processes N \
+           tests/gpu/plain_trainer.py MODEL_FOLDER BATCH STEPS OUTPUT_JSON
+(the rates are per GPU, rank 0's steps; peak memory is rank 0's)
 """
 
 import json
@@ -72,6 +75,7 @@ trainer.train()
 step = sorted(timer.times)[len(timer.times) // 2]
 result = {
     "model": model_dir,
+    "processes": args.world_size,
     "micro_batch": batch,
     "steps_timed": len(timer.times),
     "step_time_median_s": step,
@@ -81,6 +85,7 @@ result = {
     "torch": torch.__version__,
     "loss_curve": [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e],
 }
-print("PLAIN", json.dumps(result))
-with open(output, "w") as file:
-    json.dump(result, file, indent=1)
+if trainer.is_world_process_zero():  # under `accelerate launch --num_processes N`: rank 0's view, per GPU
+    print("PLAIN", json.dumps(result))
+    with open(output, "w") as file:
+        json.dump(result, file, indent=1)
