@@ -22,10 +22,12 @@ def save_consolidated_model(
     one full state dict; every rank must call it, only the main process writes.
     """
     accelerator = trainer.accelerator
-    state_dict = without_compile_prefix(accelerator.get_state_dict(trainer.model_wrapped))
+    state_dict = accelerator.get_state_dict(trainer.model_wrapped)  # ZeRO-3: None except on rank 0
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
-        model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        model.save_pretrained(
+            output_dir, state_dict=without_compile_prefix(state_dict), safe_serialization=True
+        )
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
 
