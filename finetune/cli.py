@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from transformers.hf_argparser import string_to_bool
 
 from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
@@ -116,17 +117,22 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     wanted.add_argument("--batch_size", "--per_device_train_batch_size", type=int, default=8)
     wanted.add_argument("--block_size", type=int)
     wanted.add_argument("--precision", default="bf16")
-    wanted.add_argument("--gradient_checkpointing", nargs="?", const="true", default="false")
-    wanted.add_argument("--torch_compile", nargs="?", const="true")
+    # read as run.py's HfArgumentParser reads these boolean flags
+    wanted.add_argument("--gradient_checkpointing", type=string_to_bool, nargs="?", const=True, default=False)
+    wanted.add_argument("--torch_compile", type=string_to_bool, nargs="?", const=True)
     known, _ = wanted.parse_known_args(run_args)
     memory = visible_gpu_memory_gib()
     if memory is None:
         raise FinetuneError("--profile auto plans GPU memory, and no GPU is visible: name a profile")
     shape, default_block = shape_of(known.model, known.config_overrides)
     dtype = "bf16" if known.precision == "auto" else known.precision
-    checkpointing = known.gradient_checkpointing.lower() in ("1", "true", "yes")
-    compiled = None if known.torch_compile is None else known.torch_compile.lower() in ("1", "true", "yes")
-    workload = Workload(known.batch_size, known.block_size or default_block, dtype, checkpointing, compiled)
+    workload = Workload(
+        known.batch_size,
+        known.block_size or default_block,
+        dtype,
+        known.gradient_checkpointing,
+        known.torch_compile,
+    )
     return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
 
 
@@ -162,16 +168,14 @@ def plan_command(options: argparse.Namespace) -> int:
         hardware = Hardware(options.gpus, memory, options.host_memory, options.gpus_per_node, options.margin)
         print(format_largest(workload, hardware, calibration))
         return 0
+    hardware = Hardware(options.gpus, memory, gpus_per_node=options.gpus_per_node, margin=options.margin)
     shape, default_block = shape_of(options.model, options.config_overrides)
     workload = workload_of(options, options.block_size or default_block)
     profiles = options.profiles.split(",") if options.profiles else None
     estimates = plan(shape, workload, options.gpus, calibration, profiles)
-    print(
-        format_plan(shape, workload, estimates, memory, options.gpus_per_node or options.gpus, options.margin)
-    )
+    print(format_plan(shape, workload, estimates, hardware))
     best = recommend(estimates, memory, options.margin)
     if best is not None:
-        hardware = Hardware(options.gpus, memory, margin=options.margin)
         largest = largest_micro_batch(best.profile, shape, workload, hardware, calibration)
         print(f"largest micro batch predicted to fit with {best.profile}: {largest}")
         order = ", ".join(e.profile for e in estimates)

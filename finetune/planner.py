@@ -347,18 +347,11 @@ def what_would_fit(
     return suggestions
 
 
-def format_plan(
-    shape: ModelShape,
-    workload: Workload,
-    estimates: list[Estimate],
-    gpu_memory_gib: float,
-    gpus_per_node: int,
-    margin: float = DEFAULT_MARGIN,
-) -> str:
+def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate], hardware: Hardware) -> str:
     lines = [
-        f"finetune plan: {shape.name} ({shape.parameters:,} parameters), {estimates[0].gpus} GPU(s) of "
-        f"{gpu_memory_gib:g} GiB, micro batch {workload.micro_batch} x {workload.block_size} tokens, "
-        f"{workload.dtype}{', gradient checkpointing' if workload.gradient_checkpointing else ''}, "
+        f"finetune plan: {shape.name} ({shape.parameters:,} parameters), {hardware.gpus} GPU(s) of "
+        f"{hardware.gpu_memory_gib:g} GiB, micro batch {workload.micro_batch} x {workload.block_size} "
+        f"tokens, {workload.dtype}{', gradient checkpointing' if workload.gradient_checkpointing else ''}, "
         f"{describe_compilation(workload)}",
         "",
         "| profile | parameters | gradients | optimizer | activations | total / GPU | fits "
@@ -367,8 +360,8 @@ def format_plan(
     ]
     for e in estimates:
         cells = [e.parameters, e.gradients, e.optimizer, e.activations, e.total]
-        fits = "yes" if e.fits(gpu_memory_gib, margin) else "no"
-        host = f"{e.host_per_gpu * min(gpus_per_node, e.gpus):.1f}" if e.host_per_gpu else ""
+        fits = "yes" if e.fits(hardware.gpu_memory_gib, hardware.margin) else "no"
+        host = f"{hardware.host_per_node(e):.1f}" if e.host_per_gpu else ""
         nvme = f"{e.nvme:.1f}" if e.nvme else ""
         lines.append(
             f"| {e.profile} | "
@@ -376,7 +369,7 @@ def format_plan(
             + f" | {fits} | {host} | {nvme} |"
         )
     lines.append("")
-    lines.append(f"GiB; fits means total <= {100 * (1 - margin):.0f}% of the GPU's memory.")
+    lines.append(f"GiB; fits means total <= {100 * (1 - hardware.margin):.0f}% of the GPU's memory.")
     return "\n".join(lines)
 
 

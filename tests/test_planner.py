@@ -3,6 +3,7 @@
 import pytest
 from transformers import AutoConfig
 
+from finetune.cli import auto_profile
 from finetune.cli import main as cli_main
 from finetune.planner import (
     GIB,
@@ -218,3 +219,24 @@ def test_plan_largest_prints_a_row_per_profile_with_the_flags_to_run_it(capsys):
     assert "| zero3 | gpt-" in out
     assert "--model gpt2 --config_overrides n_layer=" in out
     assert out.count("\n| ") == 1 + len(PROFILES)
+
+
+@pytest.mark.parametrize(
+    ("flags", "checkpointing", "compiled"),
+    [
+        ([], False, None),
+        (["--gradient_checkpointing"], True, None),
+        (["--torch_compile"], False, True),
+        (["--torch_compile", "false", "--gradient_checkpointing", "true"], True, False),
+    ],
+)
+def test_profile_auto_plans_the_runs_boolean_flags_as_run_py_reads_them(
+    monkeypatch, flags, checkpointing, compiled
+):
+    import finetune.planner
+
+    planned = []
+    monkeypatch.setattr(finetune.planner, "visible_gpu_memory_gib", lambda: 80.0)
+    monkeypatch.setattr(finetune.planner, "choose_profile", lambda *a: planned.append(a[1]) or ("ddp", ""))
+    auto_profile(["--model", "gpt2", *flags], 4)
+    assert (planned[0].gradient_checkpointing, planned[0].compiled) == (checkpointing, compiled)
