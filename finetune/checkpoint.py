@@ -147,6 +147,10 @@ class SaveAndStopOnSignal(TrainerCallback):
 
     The signal may reach only some ranks, so at every step end the ranks agree (one all-reduce of
     a flag) before any of them acts. A second signal stops at once (KeyboardInterrupt).
+
+    Once the checkpoint is saved the ranks exit 75, and the first to go makes the launcher send
+    SIGTERM to the others; a rank still on its way out would die of it (-15, or an abort in
+    teardown) instead of exiting 75. So after a stop the stop signals are ignored, not restored.
     """
 
     def __init__(self) -> None:
@@ -178,4 +182,4 @@ class SaveAndStopOnSignal(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         for number, handler in self._previous.items():
-            signal.signal(number, handler)
+            signal.signal(number, signal.SIG_IGN if self.received else handler)

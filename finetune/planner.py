@@ -267,6 +267,12 @@ def plan(
     profiles: list[str] | None = None,
 ) -> list[Estimate]:
     names = profiles or list(PROFILES)
+    unknown = [name for name in names if name not in PROFILES]
+    if unknown:
+        raise FinetuneError(
+            f"cannot plan profile {', '.join(unknown)}: the planner knows {', '.join(PROFILES)} "
+            "(a single GPU without sharding plans as ddp with --gpus 1)"
+        )
     return [estimate(name, shape, workload, gpus, calibration) for name in names]
 
 

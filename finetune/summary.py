@@ -373,7 +373,8 @@ class RunRecord:
             self.update({"status": "completed"})
             self.write()
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            if signal.getsignal(signal.SIGTERM) is _raise_interrupt:  # else a stop for resume ignores it
+                signal.signal(signal.SIGTERM, previous)
 
 
 def format_report(fields: dict[str, Any]) -> str:

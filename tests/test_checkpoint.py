@@ -10,6 +10,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from finetune.checkpoint import (
     MANIFEST,
+    STOP_SIGNALS,
     SaveAndStopOnSignal,
     checkpoint_problem,
     checkpoint_to_resume,
@@ -118,7 +119,10 @@ def test_publishing_replaces_an_older_copy_in_one_rename(tmp_path):
 @pytest.fixture
 def events(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
-    return args, TrainerState(), TrainerControl()
+    before = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    yield args, TrainerState(), TrainerControl()
+    for number, handler in before.items():
+        signal.signal(number, handler)
 
 
 def test_signal_saves_and_stops_at_the_next_step_end(events):
@@ -154,3 +158,12 @@ def test_handlers_are_restored_when_training_ends(events):
     callback.on_train_begin(*events)
     callback.on_train_end(*events)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_after_a_stop_the_launchers_sigterm_cannot_kill_a_rank_on_its_way_out(events):
+    callback = SaveAndStopOnSignal()
+    callback.on_train_begin(*events)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    callback.on_step_end(*events)
+    callback.on_train_end(*events)
+    assert [signal.getsignal(number) for number in STOP_SIGNALS] == [signal.SIG_IGN] * len(STOP_SIGNALS)

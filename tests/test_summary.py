@@ -2,6 +2,7 @@
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,25 @@ def test_interrupted_run_is_written_as_interrupted(tmp_path):
         raise KeyboardInterrupt("SIGTERM")
     written = read_summary(tmp_path / "out")
     assert (written["status"], written["error"]) == ("interrupted", "interrupted by SIGTERM")
+
+
+def test_sigterm_handling_is_restored_after_the_run(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    run = record(tmp_path)
+    with run.until_exit():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sigterm_handler_set_during_the_run_outlives_it(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    run = record(tmp_path)
+    try:
+        with run.until_exit():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_only_the_main_process_writes(tmp_path):
