@@ -9,7 +9,15 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   moments). FSDP2 full shard divides all three by Nd; FSDP2 without resharding after forward holds
   the gathered parameters from forward to backward, so its parameters count whole.
 - The offload profiles move the optimizer states (ZeRO-Offload), and the parameters (stage 3), to
-  host memory or, for ZeRO-Infinity, to the NVMe folder.
+  host memory or, for ZeRO-Infinity, to the NVMe folder. The CPU (or NVMe) Adam step also needs
+  the gradients in fp32 beside its states: 4Ψ more where the optimizer goes (16Ψ in all for
+  ZeRO-2-Offload, 18Ψ for ZeRO-3 with parameters offloaded, as DeepSpeed's own
+  `estimate_zero*_model_states_mem_needs` count). Host RAM gets DeepSpeed's buffer factor of 1.5
+  on top: a 6.7B-parameter zero3_offload run, 18Ψ = 111.5 GiB, was killed for memory on an H200
+  host of 125 GiB.
+- Host RAM is also taken while the model is built: every process builds the whole fp32 model
+  (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
+  layer as it is created. Host RAM per GPU is the larger of the two.
 
 Activations per GPU are `L·b·T·H·c_layer + b·T·V·(c_logits + 4)` bytes for L layers of width H,
 micro batch b, block T and vocabulary V (SDPA attention keeps no T-by-T scores). c_logits = 10:
@@ -19,8 +27,8 @@ fitted to measured training peaks (finetune/calibration.json, least squares), se
 autocast, torch autocast under torch.compile (inductor fuses elementwise chains and keeps far
 fewer intermediates: gpt2-medium's peak fell from 25.5 to 15.7 GiB) and DeepSpeed, whose saved
 activations differ in dtype; framework buffers and allocator slack are in it too. A workload
-compiles as run.py does by default: the unsharded torch profile (ddp, and one GPU) compiled,
-FSDP and DeepSpeed eager; `--torch_compile` overrides it. With gradient checkpointing each layer keeps
+compiles as run.py does by default: ddp (and one GPU), zero1 and zero2 compiled, FSDP, ZeRO-3
+and offload eager; `--torch_compile` overrides it. With gradient checkpointing each layer keeps
 only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at a time.
 """
 
@@ -68,6 +76,9 @@ PROFILES: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {
         frozenset({"optimizer", "parameters"}),
     ),
 }
+OFFLOADED_GRADIENT_BYTES = 4
+HOST_BUFFER_FACTOR = 1.5
+BUILD_BYTES = 4
 STATE_BYTES = {
     "deepspeed": {"parameters": 2, "gradients": 2, "optimizer": 12},
     "torch": {"parameters": 4, "gradients": 4, "optimizer": 8},
@@ -198,11 +209,14 @@ def framework_of(profile: str, dtype: str) -> str:
 
 
 def compiled_for(profile: str, workload: Workload) -> bool:
-    """Whether run.py compiles this profile: as told, else only the unsharded torch profile."""
+    """Whether run.py compiles this profile: as told, else as `arguments.compiles_by_default`
+    decides on a GPU (DDP and ZeRO-1/2 without offload)."""
     if workload.compiled is not None:
         return workload.compiled
-    framework, sharded, _ = PROFILES[profile]
-    return framework == "torch" and not sharded
+    framework, sharded, offloaded = PROFILES[profile]
+    if framework == "deepspeed":
+        return "parameters" not in sharded and not offloaded
+    return not sharded
 
 
 def calibration_kind(profile: str, workload: Workload) -> str:
@@ -238,14 +252,18 @@ def estimate(
     framework = framework_of(profile, workload.dtype)
     _, sharded, offloaded = PROFILES[profile]
     states = {}
-    host = nvme = 0.0
+    moved = 0.0
     for kind, per_parameter in STATE_BYTES[framework].items():
         gib = shape.parameters * per_parameter / GIB / (gpus if kind in sharded else 1)
         if kind in offloaded:
-            nvme += gib * gpus if profile == "zero3_nvme" else 0.0
-            host += 0.0 if profile == "zero3_nvme" else gib
+            moved += gib
             gib = 0.0
         states[kind] = gib
+    if "optimizer" in offloaded:
+        moved += shape.parameters * OFFLOADED_GRADIENT_BYTES / GIB / gpus
+    on_nvme = profile == "zero3_nvme"
+    built_whole = 0.0 if "parameters" in sharded and framework == "deepspeed" else BUILD_BYTES
+    host = max(shape.parameters * built_whole / GIB, 0.0 if on_nvme else moved * HOST_BUFFER_FACTOR)
     kind = calibration_kind(profile, workload)
     return Estimate(
         profile=profile,
@@ -255,7 +273,7 @@ def estimate(
         optimizer=states["optimizer"],
         activations=activation_gib(shape, workload, calibration.layer_bytes.get(kind, 0.0)),
         host_per_gpu=host,
-        nvme=nvme,
+        nvme=moved * gpus if on_nvme else 0.0,
     )
 
 
@@ -381,7 +399,7 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
 
 def describe_compilation(workload: Workload) -> str:
     if workload.compiled is None:
-        return "torch.compile as run.py does by default (ddp compiled, FSDP and DeepSpeed eager)"
+        return "torch.compile as run.py does by default (ddp, zero1, zero2 compiled; the rest eager)"
     return "torch.compile on" if workload.compiled else "torch.compile off"
 
 

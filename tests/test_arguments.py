@@ -1,5 +1,7 @@
 """Flags and YAML recipes parse into ModelArguments, DataArguments and FinetuneTrainingArguments."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +13,8 @@ from finetune.arguments import (
     parse_arguments,
 )
 from finetune.errors import FinetuneError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 RECIPE = """\
 model: gpt2-medium
@@ -125,11 +129,28 @@ def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monke
     assert compiles_by_default(use_cpu=True) is False
 
 
-@pytest.mark.parametrize("launcher_variable", ["ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"])
-def test_sharding_profiles_are_not_compiled_by_default(monkeypatch, launcher_variable):
+def test_fsdp_is_not_compiled_by_default(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setenv(launcher_variable, "true")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     assert compiles_by_default(use_cpu=False) is False
+
+
+@pytest.mark.parametrize(
+    ("deepspeed_config", "compiled"),
+    [("zero1", True), ("zero2", True), ("zero3", False), ("zero2_offload", False), ("zero3_offload", False)],
+)
+def test_zero1_and_zero2_without_offload_are_compiled_by_default(monkeypatch, deepspeed_config, compiled):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    config_file = PROJECT_ROOT / "ds_configs" / f"{deepspeed_config}.json"
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(config_file))
+    assert compiles_by_default(use_cpu=False) is compiled
+
+
+def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
+    _, _, default = parse_arguments(output_flags)
+    _, _, chosen = parse_arguments([*output_flags, "--ddp_bucket_cap_mb", "50"])
+    assert (default.ddp_bucket_cap_mb, chosen.ddp_bucket_cap_mb) == (200, 50)
 
 
 def test_compilation_can_be_asked_for_on_cpu(output_flags):

@@ -7,7 +7,7 @@ NPROC=$1 PROFILE=$2 NAME=$3 STEPS=${4:-4}
 FLAGS=$(python -c "from finetune.planner import run_flags; print(run_flags('$NAME'))")
 BASE=$OUT/largest.$NPROC.$PROFILE.$NAME
 NVME=$([ "$PROFILE" = zero3_nvme ] && echo "--nvme_path /tmp/nvme_$NAME")
-python -m finetune plan $FLAGS --gpus $NPROC --batch_size 1 --gradient_checkpointing --profiles $PROFILE \
+python -m finetune plan ${FLAGS/--from_scratch/} --gpus $NPROC --batch_size 1 --gradient_checkpointing --profiles $PROFILE \
   > $BASE.plan.txt 2>&1; free -g >> $BASE.plan.txt
 timeout ${LARGEST_TIMEOUT:-500} accelerate launch --config_file accelerate_configs/$PROFILE.yaml --num_processes $NPROC \
   finetune/run.py $FLAGS $NVME --batch_size 1 --gradient_checkpointing true --block_size 1024 --max_steps $STEPS \
