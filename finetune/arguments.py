@@ -269,14 +269,17 @@ def compiles_by_default(use_cpu: bool) -> bool:
     slower (39,524 against 41,901), and on one process ZeRO-3 44% slower (its hooks around every
     layer break the graph). Offload was not timed compiled. On CPU compiling only adds compile time.
     """
-    if not torch.cuda.is_available() or use_cpu or launched_with("FSDP"):
+    if not torch.cuda.is_available() or use_cpu:
         return False
     _, deepspeed_config = active_deepspeed_config()
-    if deepspeed_config is None:
-        return True
-    zero = deepspeed_config.get("zero_optimization", {})
-    offloaded = any(zero.get(key, {}).get("device", "none") != "none" for key in OFFLOAD_KEYS)
-    return zero.get("stage", 0) <= 2 and not offloaded
+    zero = (deepspeed_config or {}).get("zero_optimization", {})
+    offloads = any(zero.get(key, {}).get("device", "none") != "none" for key in OFFLOAD_KEYS)
+    return compiled_by_default(launched_with("FSDP"), zero.get("stage", 0) >= 3, offloads)
+
+
+def compiled_by_default(fsdp: bool, shards_parameters: bool, offloads: bool) -> bool:
+    """The rule behind `compiles_by_default`, which the planner applies to its profiles too."""
+    return not (fsdp or shards_parameters or offloads)
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, FinetuneTrainingArguments)

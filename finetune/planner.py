@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from finetune.arguments import compiled_by_default
 from finetune.errors import FinetuneError
 
 GIB = 2**30
@@ -214,9 +215,8 @@ def compiled_for(profile: str, workload: Workload) -> bool:
     if workload.compiled is not None:
         return workload.compiled
     framework, sharded, offloaded = PROFILES[profile]
-    if framework == "deepspeed":
-        return "parameters" not in sharded and not offloaded
-    return not sharded
+    fsdp = framework == "torch" and bool(sharded)
+    return compiled_by_default(fsdp, "parameters" in sharded, bool(offloaded))
 
 
 def calibration_kind(profile: str, workload: Workload) -> str:
