@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,9 +176,10 @@ class FinetuneTrainingArguments(TrainingArguments):
     torch_compile: bool | None = field(
         default=None,
         metadata={
-            "help": "Compile the model with torch.compile (default: on with CUDA for one GPU, DDP and "
-            "ZeRO-1/2 without offload, where it was measured faster; off under FSDP, ZeRO-3 and offload, "
-            "where it was measured slower or not at all, and on CPU)."
+            "help": "Compile the model with torch.compile (default: on with CUDA for one GPU, DDP, FSDP2 "
+            "(block by block, as the FSDP profiles ask accelerate to) and ZeRO-1/2 without offload, where it "
+            "was measured faster; off under ZeRO-3 and offload, where it was measured slower or not at "
+            "all, and on CPU)."
         },
     )
     chunked_loss: bool = field(
@@ -262,24 +264,28 @@ OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 
 
 def compiles_by_default(use_cpu: bool) -> bool:
-    """Compile where it was measured to pay off: one GPU, DDP, ZeRO-1/2 without offload.
+    """Compile where it was measured to pay off: one GPU, DDP, FSDP2, ZeRO-1/2 without offload.
 
     On one H200 (gpt2-medium, micro batch 8) compiling about doubled tokens/s without sharding; on
-    two H200s it made ZeRO-2 1.45x faster (50,846 against 34,983 tokens/s per GPU), FSDP2 6%
-    slower (39,524 against 41,901), and on one process ZeRO-3 44% slower (its hooks around every
-    layer break the graph). Offload was not timed compiled. On CPU compiling only adds compile time.
+    two H200s it made ZeRO-2 1.45x faster (50,846 against 34,983 tokens/s per GPU). FSDP2 compiled
+    as one graph was 6% slower than eager on two H200s, but compiled block by block (accelerate's
+    regional compilation, which the FSDP profiles switch on) 1.08x to 1.29x faster on one
+    (tests/gpu/results/h200-2026-11-24c). ZeRO-3 was slower compiled either way (its hooks around
+    every layer break the graph); offload was not timed compiled. On CPU compiling only adds
+    compile time.
     """
     if not torch.cuda.is_available() or use_cpu:
         return False
     _, deepspeed_config = active_deepspeed_config()
     zero = (deepspeed_config or {}).get("zero_optimization", {})
     offloads = any(zero.get(key, {}).get("device", "none") != "none" for key in OFFLOAD_KEYS)
-    return compiled_by_default(launched_with("FSDP"), zero.get("stage", 0) >= 3, offloads)
+    fsdp_offloads = launched_with("FSDP") and os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
+    return compiled_by_default(zero.get("stage", 0) >= 3, offloads or fsdp_offloads)
 
 
-def compiled_by_default(fsdp: bool, shards_parameters: bool, offloads: bool) -> bool:
+def compiled_by_default(zero3: bool, offloads: bool) -> bool:
     """The rule behind `compiles_by_default`, which the planner applies to its profiles too."""
-    return not (fsdp or shards_parameters or offloads)
+    return not (zero3 or offloads)
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, FinetuneTrainingArguments)

@@ -276,7 +276,7 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning.add_argument(
         "--torch_compile",
         choices=["true", "false"],
-        help="plan compiled or eager runs (default: as run.py does: ddp, zero1, zero2 compiled)",
+        help="plan compiled or eager runs (default: as run.py does: ddp, zero1, zero2, FSDP compiled)",
     )
     planning.add_argument("--profiles", help="comma-separated profiles (default: all)")
     planning.add_argument(

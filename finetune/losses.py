@@ -105,6 +105,37 @@ def causal_lm_loss(
     return total / divisor
 
 
+class VocabularyAlignedLinear(torch.nn.Linear):
+    """A bias-free output layer whose matmul runs at a width padded to VOCAB_ALIGNMENT.
+
+    The weight gets zero rows for the matmul only and the padded logits are cut off again, so the
+    parameter, the saved model and the returned logits are the layer's own; the logits are a view
+    whose rows keep the aligned stride, and their gradient comes back at the padded width.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        padding = -self.out_features % VOCAB_ALIGNMENT
+        weight = torch.nn.functional.pad(self.weight, (0, 0, 0, padding))
+        return torch.nn.functional.linear(hidden, weight)[..., : self.out_features]
+
+
+def align_output_matmul(model: PreTrainedModel) -> bool:
+    """Run the output layer's matmuls at an aligned vocabulary; whether the layer was changed.
+
+    At GPT-2's 50,257 every row of the logits and of their gradient starts unaligned and cuBLAS
+    falls back to align-1 kernels: about 15 ms of a gpt2-medium step (micro batch 8) on an H200
+    under FSDP2 and ZeRO-3, eager or compiled block by block (tests/gpu/results/h200-2026-11-24e).
+    A whole-model torch.compile pads on its own. Only bias-free linear output layers whose width is
+    not a multiple of VOCAB_ALIGNMENT are changed, by class, so hooks, tied weights and copies keep
+    working.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or head.bias is not None or head.out_features % VOCAB_ALIGNMENT == 0:
+        return False
+    head.__class__ = VocabularyAlignedLinear
+    return True
+
+
 def chunked_loss_problem(model: PreTrainedModel) -> str | None:
     """Why the chunked loss cannot replace this model's own, or None when it can.
 

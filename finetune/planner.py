@@ -27,9 +27,10 @@ fitted to measured training peaks (finetune/calibration.json, least squares), se
 autocast, torch autocast under torch.compile (inductor fuses elementwise chains and keeps far
 fewer intermediates: gpt2-medium's peak fell from 25.5 to 15.7 GiB) and DeepSpeed, whose saved
 activations differ in dtype; framework buffers and allocator slack are in it too. A workload
-compiles as run.py does by default: ddp (and one GPU), zero1 and zero2 compiled, FSDP, ZeRO-3
-and offload eager; `--torch_compile` overrides it. With gradient checkpointing each layer keeps
-only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at a time.
+compiles as run.py does by default: ddp (and one GPU), zero1, zero2 and both FSDP profiles
+compiled, ZeRO-3 and offload eager; `--torch_compile` overrides it. With gradient checkpointing
+each layer keeps only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at
+a time.
 """
 
 from __future__ import annotations
@@ -211,12 +212,12 @@ def framework_of(profile: str, dtype: str) -> str:
 
 def compiled_for(profile: str, workload: Workload) -> bool:
     """Whether run.py compiles this profile: as told, else as `arguments.compiles_by_default`
-    decides on a GPU (DDP and ZeRO-1/2 without offload)."""
+    decides on a GPU (DDP, FSDP2 and ZeRO-1/2 without offload)."""
     if workload.compiled is not None:
         return workload.compiled
     framework, sharded, offloaded = PROFILES[profile]
-    fsdp = framework == "torch" and bool(sharded)
-    return compiled_by_default(fsdp, "parameters" in sharded, bool(offloaded))
+    zero3 = framework == "deepspeed" and "parameters" in sharded
+    return compiled_by_default(zero3, bool(offloaded))
 
 
 def calibration_kind(profile: str, workload: Workload) -> str:
@@ -399,7 +400,10 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
 
 def describe_compilation(workload: Workload) -> str:
     if workload.compiled is None:
-        return "torch.compile as run.py does by default (ddp, zero1, zero2 compiled; the rest eager)"
+        return (
+            "torch.compile as run.py does by default "
+            "(ddp, zero1, zero2, fsdp_grad_op, fsdp compiled; the rest eager)"
+        )
     return "torch.compile on" if workload.compiled else "torch.compile off"
 
 

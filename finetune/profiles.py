@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 from accelerate import Accelerator
+from accelerate.utils import DynamoBackend
 
 from finetune.errors import FinetuneError
 
@@ -237,4 +238,6 @@ def strategy_of(accelerator: Accelerator) -> dict[str, Any]:
         )
     else:
         fields["strategy"] = "ddp" if accelerator.num_processes > 1 else "single"
+    dynamo = accelerator.state.dynamo_plugin
+    fields["torch_compile_regional"] = dynamo.backend != DynamoBackend.NO and dynamo.use_regional_compilation
     return fields

@@ -35,7 +35,7 @@ from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
 from finetune.generate import Sampling, generate
-from finetune.losses import chunked_loss_problem, use_chunked_loss
+from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
 from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
 from finetune.profiles import strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
@@ -95,6 +95,7 @@ def train_and_measure(
             use_chunked_loss(model)
         elif training_args.process_index == 0:
             logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
+    align_output_matmul(model)
     memory.mark_phase("model loaded")
     token_flops = model_flops_per_token(model, config, block_size)
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)

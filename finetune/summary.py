@@ -60,7 +60,12 @@ FIELDS: dict[str, tuple[str, str]] = {
     "hidden_size": ("int?", "model width, H"),
     "flops_per_token": ("int?", "model FLOPs per trained token, 6·N + 12·L·H·T with T = block_size"),
     "gradient_checkpointing": ("bool?", "activations recomputed in backward (not in flops_per_token)"),
-    "torch_compile": ("bool?", "model compiled by torch.compile (default with CUDA and no sharding)"),
+    "torch_compile": ("bool?", "model compiled by torch.compile (default with CUDA but ZeRO-3 and offload)"),
+    "torch_compile_regional": (
+        "bool?",
+        "compiled block by block (accelerate's regional compilation, as the FSDP profiles ask), "
+        "not as one graph",
+    ),
     "dataset": ("str?", "--dataset as given"),
     "data_source": ("str?", "the folder or Hub id it was read from"),
     "block_size": ("int?", "tokens per sample, T"),

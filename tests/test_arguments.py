@@ -129,9 +129,16 @@ def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monke
     assert compiles_by_default(use_cpu=True) is False
 
 
-def test_fsdp_is_not_compiled_by_default(monkeypatch):
+def test_fsdp_is_compiled_by_default(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert compiles_by_default(use_cpu=False) is True
+
+
+def test_fsdp_with_parameter_offload_is_not_compiled_by_default(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
     assert compiles_by_default(use_cpu=False) is False
 
 

@@ -144,13 +144,15 @@ def test_chunked_loss_trains_like_the_models_own_loss(finished_run, tmp_path):
     assert chunked["eval_loss"] == pytest.approx(own["eval_loss"], rel=1e-3)
 
 
-@pytest.mark.parametrize("finished_run", ["ddp"], indirect=True)
-def test_compiled_ddp_trains_like_eager_ddp(finished_run, tmp_path):
-    """DDP is compiled by default on GPUs (torch.compile split at DDP's gradient buckets)."""
+@pytest.mark.parametrize("finished_run", ["ddp", "fsdp"], indirect=True)
+def test_compiled_run_trains_like_the_eager_run(finished_run, tmp_path):
+    """Compiled by default on GPUs: DDP as one graph (split at its gradient buckets), FSDP2 block by
+    block as its profile asks (FSDP's hooks run between the compiled blocks)."""
     profile, output_dir = finished_run
     launch(accelerate_launch(profile), tmp_path, [*RUN_FLAGS, "--torch_compile", "true"])
     eager, compiled = read_summary(output_dir), read_summary(tmp_path)
     assert compiled["torch_compile"] and not eager["torch_compile"]
+    assert compiled["torch_compile_regional"] is (profile == "fsdp")
     assert [p["loss"] for p in compiled["loss_curve"]] == pytest.approx(
         [p["loss"] for p in eager["loss_curve"]], rel=1e-3
     )

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 import finetune.losses
-from finetune.losses import causal_lm_loss, chunked_loss_problem, use_chunked_loss
+from finetune.losses import align_output_matmul, causal_lm_loss, chunked_loss_problem, use_chunked_loss
 
 VOCAB = 1000  # not a multiple of the 64 the output weight is padded to
 
@@ -145,3 +145,31 @@ def test_a_compiled_model_computes_the_chunked_loss_outside_the_graph(monkeypatc
     input_ids, labels = batch_with_ignored_labels()
     torch.compile(model, backend="eager")(input_ids=input_ids, labels=labels).loss.backward()
     assert calls_while_compiling and not any(calls_while_compiling)
+
+
+def test_aligned_output_matmul_gives_the_models_own_logits_and_gradients():
+    own, aligned = TINY_MODELS["gpt2"](), TINY_MODELS["gpt2"]()
+    assert align_output_matmul(aligned)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    own_out, aligned_out = own(input_ids=ids, labels=ids), aligned(input_ids=ids, labels=ids)
+    assert aligned_out.logits.shape == own_out.logits.shape == (2, 16, VOCAB)
+    torch.testing.assert_close(aligned_out.logits, own_out.logits)
+    own_out.loss.backward()
+    aligned_out.loss.backward()
+    for (name, p), q in zip(own.named_parameters(), aligned.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+def test_aligned_output_layer_keeps_its_tied_weight_and_state_dict():
+    own, aligned = TINY_MODELS["gpt2"](), TINY_MODELS["gpt2"]()
+    align_output_matmul(aligned)
+    assert aligned.lm_head.weight is aligned.transformer.wte.weight
+    assert aligned.state_dict().keys() == own.state_dict().keys()
+    assert copy.deepcopy(aligned).lm_head(torch.randn(3, 32)).shape == (3, VOCAB)
+
+
+def test_an_aligned_vocabulary_is_left_alone():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=1024, n_layer=1, n_embd=32, n_head=2))
+    assert not align_output_matmul(model)
+    assert type(model.lm_head) is torch.nn.Linear
