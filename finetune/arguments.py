@@ -190,6 +190,14 @@ class FinetuneTrainingArguments(TrainingArguments):
             "under ZeRO-3. Runs outside the compiled graph."
         },
     )
+    align_output_matmul: bool = field(
+        default=True,
+        metadata={
+            "help": "Run the output layer's matmuls at a vocabulary padded to a multiple of 64 (same "
+            "logits and gradients; GPT-2's 50,257 falls on slow unaligned kernels). "
+            "--no_align_output_matmul keeps the layer as it is."
+        },
+    )
     logging_nan_inf_filter: bool = field(
         default=False,
         metadata={

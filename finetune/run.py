@@ -95,7 +95,8 @@ def train_and_measure(
             use_chunked_loss(model)
         elif training_args.process_index == 0:
             logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
-    align_output_matmul(model)
+    if training_args.align_output_matmul:
+        align_output_matmul(model)
     memory.mark_phase("model loaded")
     token_flops = model_flops_per_token(model, config, block_size)
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)

@@ -163,3 +163,9 @@ def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
 def test_compilation_can_be_asked_for_on_cpu(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true"])
     assert training_args.torch_compile is True
+
+
+def test_the_output_matmul_is_aligned_unless_told_not_to(output_flags):
+    _, _, default = parse_arguments(output_flags)
+    _, _, kept = parse_arguments([*output_flags, "--no_align_output_matmul"])
+    assert (default.align_output_matmul, kept.align_output_matmul) == (True, False)
