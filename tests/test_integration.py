@@ -153,10 +153,12 @@ def test_compiled_run_trains_like_the_eager_run(finished_run, tmp_path):
     eager, compiled = read_summary(output_dir), read_summary(tmp_path)
     assert compiled["torch_compile"] and not eager["torch_compile"]
     assert compiled["torch_compile_regional"] is (profile == "fsdp")
+    # Inductor draws its own dropout masks, so the curves agree closely, not exactly (seen: 1.2e-3
+    # apart by step 16 under FSDP2); a compile that lost gradients or FSDP's gathers stays near 10.8.
     assert [p["loss"] for p in compiled["loss_curve"]] == pytest.approx(
-        [p["loss"] for p in eager["loss_curve"]], rel=1e-3
+        [p["loss"] for p in eager["loss_curve"]], rel=3e-3
     )
-    assert compiled["eval_loss"] == pytest.approx(eager["eval_loss"], rel=1e-3)
+    assert compiled["eval_loss"] == pytest.approx(eager["eval_loss"], rel=3e-3)
     assert reloaded_eval_loss(tmp_path) == pytest.approx(compiled["eval_loss"], rel=1e-4)
 
 
