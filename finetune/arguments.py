@@ -277,10 +277,10 @@ def compiles_by_default(use_cpu: bool) -> bool:
     On one H200 (gpt2-medium, micro batch 8) compiling about doubled tokens/s without sharding; on
     two H200s it made ZeRO-2 1.45x faster (50,846 against 34,983 tokens/s per GPU). FSDP2 compiled
     as one graph was 6% slower than eager on two H200s, but compiled block by block (accelerate's
-    regional compilation, which the FSDP profiles switch on) 1.08x to 1.29x faster on one
-    (tests/gpu/results/h200-2026-11-24c). ZeRO-3 was slower compiled either way (its hooks around
-    every layer break the graph); offload was not timed compiled. On CPU compiling only adds
-    compile time.
+    regional compilation, which the FSDP profiles switch on) 1.02x to 1.46x faster in four
+    same-machine pairs on one (tests/gpu/results/h200-2026-11-24c, -24d). ZeRO-3 was slower
+    compiled either way (its hooks around every layer break the graph); offload was not timed
+    compiled. On CPU compiling only adds compile time.
     """
     if not torch.cuda.is_available() or use_cpu:
         return False
