@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from finetune.devices import adapt_arguments_to_cpu, launched_with
 from finetune.errors import FinetuneError
+from finetune.profiles import _check_deepspeed as check_deepspeed_config
 from finetune.profiles import active_deepspeed_config, fill_nvme_path, needs_nvme_path
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -155,6 +157,21 @@ class FinetuneTrainingArguments(TrainingArguments):
             "help": "Continue from the newest complete checkpoint in --output_dir (start fresh if none)."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Delete an earlier run's results (summary, checkpoints, model, logs) in --output_dir "
+            "before training, instead of refusing to start there."
+        },
+    )
+    allow_world_size_change: bool = field(
+        default=False,
+        metadata={
+            "help": "With --resume: continue a checkpoint on a different number of processes (and so a "
+            "different --gradient_accumulation_steps). Without it a resume must match the checkpoint's "
+            "profile, processes, batch geometry and run-defining flags."
+        },
+    )
     generation_prompt: list[str] | None = field(
         default=None,
         metadata={
@@ -226,6 +243,7 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError(
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
             )
+        self._check_values()
         if self.torch_compile is None:
             self.torch_compile = compiles_by_default(self.use_cpu)
         if self.ddp_bucket_cap_mb is None:
@@ -234,6 +252,28 @@ class FinetuneTrainingArguments(TrainingArguments):
         self._apply_nvme_path()
         adapt_arguments_to_cpu(self)
         super().__post_init__()
+
+    def _check_values(self) -> None:
+        """Values TrainingArguments takes without a word and the run then misuses or fails on later."""
+        if self.max_steps < -1:
+            raise FinetuneError(
+                f"--max_steps must be a number of steps, or -1 for --epochs; got {self.max_steps}"
+            )
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise FinetuneError(
+                "--save_total_limit must be at least 1 (leave it out to keep every checkpoint), "
+                f"got {self.save_total_limit}"
+            )
+        if not math.isfinite(self.learning_rate) or self.learning_rate <= 0:
+            raise FinetuneError(f"--learning_rate must be a positive number, got {self.learning_rate}")
+        for flag, value in (("--output_dir", self.output_dir), ("--nvme_path", self.nvme_path)):
+            if value and Path(value).exists() and not Path(value).is_dir():
+                raise FinetuneError(f"{flag} {value} is a file: give a folder")
+        if self.run_name:
+            check_run_name(self.run_name, "--run_name")
+        config_path, deepspeed_config = active_deepspeed_config()
+        if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
+            check_deepspeed_config(config_path, deepspeed_config)
 
     def _apply_precision(self) -> None:
         if self.precision == "auto":
@@ -262,6 +302,22 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         Path(self.nvme_path).mkdir(parents=True, exist_ok=True)
         self.deepspeed = fill_nvme_path(config, self.nvme_path)
+
+
+MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
+
+
+def check_run_name(name: str, source: str) -> None:
+    """A run name becomes a folder under output_dir/runs: one path component that the file system takes."""
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise FinetuneError(
+            f"{source} {name!r}: a run name is one folder name, without / or \\ and not . or .."
+        )
+    size = len(name.encode())
+    if size > MAX_NAME_BYTES:
+        raise FinetuneError(
+            f"{source}: a run name is a folder name of at most {MAX_NAME_BYTES} bytes, got {size}"
+        )
 
 
 # DDP's gradient buckets (torch's default 25 MB): on 2 H200s, gpt2-medium compiled DDP made

@@ -2,7 +2,7 @@
 checkpoint when the scheduler asks (SIGTERM, or SIGUSR1 as SLURM sends before a time limit).
 
 The Trainer writes a checkpoint into `output_dir/.staging/checkpoint-N`; once every rank has
-finished, the main process writes a manifest (every file and its size) and renames the folder to
+finished, the main process writes a manifest (every file, its size and sha256) and renames the folder to
 `output_dir/checkpoint-N` (one rename: the checkpoint appears whole or not at all). Resume checks
 the manifest against the files, so a checkpoint truncated or damaged afterwards is skipped with a
 warning in favour of the one before.
@@ -10,6 +10,7 @@ warning in favour of the one before.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.utils import logging
 
+from finetune import safe_unpickling
 from finetune.errors import FinetuneError
 
 logger = logging.get_logger("finetune")
@@ -33,13 +35,26 @@ CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
-def write_manifest(checkpoint: Path, step: int, run_name: str) -> None:
-    files = {
-        str(path.relative_to(checkpoint)): path.stat().st_size
+def sha256_of(path: Path) -> str:
+    with path.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def file_records(checkpoint: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file, so resume and export notice bytes damaged with the size kept."""
+    return {
+        str(path.relative_to(checkpoint)): {"size": path.stat().st_size, "sha256": sha256_of(path)}
         for path in sorted(checkpoint.rglob("*"))
         if path.is_file() and path.name != MANIFEST
     }
+
+
+def write_manifest(checkpoint: Path, step: int, run_name: str, run: dict[str, Any] | None = None) -> None:
+    """`run` is the identity of the run that wrote the checkpoint (finetune/resume.py), checked on resume."""
+    files = file_records(checkpoint)
     manifest = {"step": step, "run_name": run_name, "files": files}
+    if run is not None:
+        manifest["run"] = run
     (checkpoint / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
@@ -64,7 +79,9 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
         return f"no readable {MANIFEST} ({error.strerror}): it was not completely written"
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{MANIFEST} is damaged"
-    for name, size in manifest["files"].items():
+    files = manifest["files"]
+    for name, record in files.items():
+        size = record if isinstance(record, int) else record["size"]
         path = checkpoint / name
         try:
             with path.open("rb"):
@@ -73,6 +90,15 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
             return f"{name}: {error.strerror}"
         if actual != size:
             return f"{name} has {actual} bytes, {size} were written"
+    if any(isinstance(record, int) for record in files.values()):
+        logger.warning(
+            f"finetune: {checkpoint}: its {MANIFEST} holds file sizes only (written before content "
+            "hashes were recorded): sizes checked, damaged bytes of the right size would go unnoticed"
+        )
+        return None
+    for name, record in files.items():
+        if sha256_of(checkpoint / name) != record["sha256"]:
+            return f"{name} does not hold the bytes that were written (its sha256 differs)"
     return None
 
 
@@ -105,6 +131,7 @@ def checkpoint_to_resume(output_dir: str, resume: bool, resume_from: str | None)
         problem = checkpoint_problem(path) if path.is_dir() else "no such folder"
         if problem:
             raise FinetuneError(f"--resume_from_checkpoint {resume_from}: {problem}")
+        safe_unpickling.check_metadata_files(path)
         return path
     if not resume:
         return None
@@ -113,6 +140,8 @@ def checkpoint_to_resume(output_dir: str, resume: bool, resume_from: str | None)
         logger.warning(
             f"finetune: --resume: no complete checkpoint in {output_dir} yet, starting from scratch"
         )
+    else:
+        safe_unpickling.check_metadata_files(checkpoint)
     return checkpoint
 
 
@@ -121,9 +150,12 @@ def load_weights_only() -> None:
     weights-only, and DeepSpeed checkpoints can still be read: they pickle a few plain state classes.
 
     Found by loading every file of ZeRO-1/2/3 checkpoints with weights_only=True; each is a data
-    holder restored from its __dict__, no code of the checkpoint's choosing.
+    holder restored from its __dict__, no code of the checkpoint's choosing. FSDP's distributed
+    checkpoint metadata, which torch reads with plain pickle, is restricted too (finetune.safe_unpickling).
     """
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # torch refuses every load when both are set
+    safe_unpickling.install()
     try:
         from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum

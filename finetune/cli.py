@@ -20,6 +20,7 @@ from transformers.hf_argparser import string_to_bool
 from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import available_profiles, load_profile
+from finetune.resolve import pin_data_dir
 
 if TYPE_CHECKING:
     from finetune.planner import Workload
@@ -56,13 +57,35 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
         command = launch_command(profile, config_file, placement_of(options), run_args)
         print("finetune: " + " ".join(command), file=sys.stderr)
         environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
-        return subprocess.call(command, env=environment)
+        with subprocess.Popen(command, env=environment) as launcher:
+            try:
+                return launcher.wait()
+            except KeyboardInterrupt:  # Ctrl-C reached the launcher too: let it stop its ranks
+                return launcher.wait()
+
+
+def check_export_folder(checkpoint: Path, folder: Path, overwrite: bool) -> None:
+    """An export never replaces a run's results, and replaces other files only when asked to."""
+    run_dir = checkpoint.resolve().parent
+    target = folder.resolve()
+    if target == run_dir:
+        raise FinetuneError(
+            f"{folder} is the output_dir of the run that saved {checkpoint}: exporting there would replace "
+            "its final model; choose another folder"
+        )
+    if target == checkpoint.resolve() or checkpoint.resolve() in target.parents:
+        raise FinetuneError(f"{folder} is inside the checkpoint {checkpoint}: choose another folder")
+    if folder.exists() and not folder.is_dir():
+        raise FinetuneError(f"{folder} is a file, not a folder: choose a folder to export into")
+    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+        raise FinetuneError(f"{folder} is not empty: pass --overwrite to replace what is in it")
 
 
 def export_command(options: argparse.Namespace) -> int:
     from finetune.checkpoint import load_weights_only
     from finetune.export import export_checkpoint
 
+    check_export_folder(Path(options.checkpoint), Path(options.output_dir), options.overwrite)
     load_weights_only()
     folder = export_checkpoint(options.checkpoint, options.output_dir, options.dtype)
     print(f"finetune: exported {options.checkpoint} to {folder} ({options.dtype})")
@@ -223,6 +246,8 @@ def slurm_command(options: argparse.Namespace, run_args: list[str]) -> int:
         job_name=options.job_name,
         partition=options.partition,
         cpus_per_task=options.cpus_per_task,
+        mem=options.mem,
+        mem_per_gpu=options.mem_per_gpu,
         signal_seconds=options.signal_seconds,
         nccl_debug=options.nccl_debug,
         nccl_socket_ifname=options.nccl_socket_ifname,
@@ -231,8 +256,10 @@ def slurm_command(options: argparse.Namespace, run_args: list[str]) -> int:
     )
     if job.processes_per_node < 1:
         raise FinetuneError("give --gpus_per_node N (or --processes_per_node N for CPU ranks)")
-    Path(known.output_dir).mkdir(parents=True, exist_ok=True)
-    Path(options.output).write_text(job.script())
+    try:  # the script is all this writes: the job creates its output_dir
+        Path(options.output).write_text(job.script())
+    except OSError as error:
+        raise FinetuneError(f"cannot write the script to {options.output}: {error.strerror}") from None
     print(f"finetune: wrote {options.output}; submit it with: sbatch {options.output}")
     return 0
 
@@ -250,7 +277,14 @@ def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
     slurm.add_argument("--time", default="04:00:00", help="time limit, as sbatch --time")
     slurm.add_argument("--partition")
     slurm.add_argument("--job_name", default="finetune")
-    slurm.add_argument("--cpus_per_task", type=int, help="CPUs for each node's task")
+    slurm.add_argument(
+        "--cpus_per_task", type=int, help="CPUs for each node's task (default: 4 per rank on the node)"
+    )
+    memory = slurm.add_mutually_exclusive_group()
+    memory.add_argument(
+        "--mem", help="host memory per node, as sbatch --mem (default: 16G per rank on the node)"
+    )
+    memory.add_argument("--mem_per_gpu", help="host memory per GPU instead, as sbatch --mem-per-gpu")
     slurm.add_argument(
         "--signal_seconds", type=int, default=120, help="checkpoint this long before the limit"
     )
@@ -297,7 +331,9 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
     comparing.add_argument("--model", required=True, help="as finetune/run.py --model")
     comparing.add_argument("--profiles", help="comma-separated (default: every multi-process profile)")
     comparing.add_argument("--num_processes", "--gpus", type=int, help="processes per run (default: GPUs)")
-    comparing.add_argument("--output_dir", default="outputs/compare", help="one folder per profile in it")
+    comparing.add_argument(
+        "--output_dir", default="outputs/compare", help="a new folder per run in it; earlier ones are kept"
+    )
     comparing.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
 
 
@@ -308,6 +344,9 @@ def add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("checkpoint", help="a checkpoint-N folder (DDP, FSDP or DeepSpeed ZeRO)")
     export.add_argument("output_dir", help="folder for config.json, tokenizer and model.safetensors")
     export.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="weights dtype")
+    export.add_argument(
+        "--overwrite", action="store_true", help="export into a folder that already holds files"
+    )
 
 
 def add_eval_parser(commands: argparse._SubParsersAction) -> None:
@@ -378,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         rest = rest[1:]
     if rest and options.command not in ("run", "compare", "slurm"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    pin_data_dir()  # before any child environment is built from os.environ
     commands = {
         "profiles": profiles_command,
         "plan": plan_command,

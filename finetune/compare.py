@@ -1,24 +1,31 @@
 """`finetune compare`: run several profiles on the same model and machine, one table of what each costs.
 
-Each profile is a real `accelerate launch` of finetune/run.py into `<output_dir>/<profile>/`, in its
-own process group, with a time limit. Its row comes from the run summary it leaves; a run that
-fails, runs out of memory or times out is a row that says so, and the comparison goes on. Ctrl-C
-stops the current run and keeps the rows already measured. The table is written after every
-profile, so what is on disk is always the comparison so far.
+Each profile is a real `accelerate launch` of finetune/run.py into a folder of its own,
+`<output_dir>/<profile>-<YYYYmmdd-HHMMSS>/`, in its own process group, with a time limit. Its row
+comes from the run summary it leaves; a run that fails, runs out of memory or times out is a row that
+says so, and the comparison goes on. Ctrl-C stops the current run and keeps the rows already
+measured. The table is written after every profile, so what is on disk is always the comparison so
+far. A comparison into a folder that holds an earlier one adds to it: earlier runs' folders are never
+written to, and the table holds the earlier rows and the new ones, each with the time it ran.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
+import types
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import available_profiles, load_profile
 from finetune.summary import SUMMARY_FILE, peak_memory, read_summary
@@ -43,6 +50,8 @@ class Row:
     mfu_percent: float | None = None
     step_time_median_s: float | None = None
     eval_perplexity: float | None = None
+    started_at: str = ""
+    run_dir: str = ""
 
 
 def row_from_summary(profile: str, summary: dict[str, Any]) -> Row:
@@ -90,14 +99,25 @@ def stop_group(process: subprocess.Popen, first: signal.Signals) -> None:
         pass
 
 
+def new_run_dir(output_dir: Path, profile: str, started: time.struct_time) -> Path:
+    """A folder no earlier run used: `<profile>-<time>`, with a counter if that is taken already."""
+    name = f"{profile}-{time.strftime('%Y%m%d-%H%M%S', started)}"
+    for attempt in range(1, 1000):
+        run_dir = output_dir / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            run_dir.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return run_dir
+    raise FinetuneError(f"{output_dir}: no free folder for {name}")
+
+
 def run_profile(
     profile_name: str, placement: Placement, run_args: list[str], run_dir: Path, timeout_s: float
 ) -> Row:
     profile = load_profile(profile_name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
     log = run_dir / "launch.log"
-    flags = ["--save_strategy", "no", *run_args, "--output_dir", str(run_dir), "--run_name", profile.name]
+    flags = ["--save_strategy", "no", *run_args, "--output_dir", str(run_dir), "--run_name", run_dir.name]
     with tempfile.TemporaryDirectory(prefix="finetune-compare-") as folder, log.open("w") as stream:
         command = launch_command(profile, resolved_profile_file(profile, Path(folder)), placement, flags)
         environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
@@ -147,6 +167,7 @@ COLUMNS = {
     "mfu_percent": "MFU %",
     "step_time_median_s": "step (s, median)",
     "eval_perplexity": "eval perplexity",
+    "started_at": "ran at",
     "reason": "reason",
 }
 
@@ -166,6 +187,49 @@ def write_csv(rows: list[Row], path: Path) -> None:
         writer = csv.DictWriter(stream, fieldnames=[f.name for f in fields(Row)])
         writer.writeheader()
         writer.writerows(asdict(row) for row in rows)
+
+
+def parse_cell(text: str, kind: Any) -> Any:
+    """A CSV cell back as the Row field's type (the CSV is what keeps earlier comparisons' rows)."""
+    options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+    if text == "":
+        return None if type(None) in options else ""
+    base = next(option for option in options if option is not type(None))
+    if base is bool:
+        return text == "True"
+    return base(text)
+
+
+def read_rows(output_dir: Path) -> list[Row]:
+    """The rows of the comparison already in output_dir (none if there is none).
+
+    A row from before runs had folders of their own has its run in `<output_dir>/<profile>/`.
+    """
+    path = output_dir / "comparison.csv"
+    if not path.exists():
+        return []
+    kinds = typing.get_type_hints(Row)
+    try:
+        with path.open(newline="") as stream:
+            rows = [
+                Row(**{name: parse_cell(text, kinds[name]) for name, text in record.items() if name in kinds})
+                for record in csv.DictReader(stream)
+            ]
+    except (OSError, ValueError, TypeError) as error:
+        raise FinetuneError(
+            f"{path}: cannot read the earlier comparison ({error}); compare into another folder"
+        ) from None
+    for row in rows:
+        if not row.run_dir and (output_dir / row.profile / SUMMARY_FILE).exists():
+            row.run_dir = row.profile
+    return rows
+
+
+def merge_rows(earlier: list[Row], new: list[Row]) -> list[Row]:
+    """Earlier rows then new ones; a row of the same profile and run time is the same run, once."""
+    merged = {(row.profile, row.started_at): row for row in earlier}
+    merged.update({(row.profile, row.started_at): row for row in new})
+    return list(merged.values())
 
 
 def write_markdown(rows: list[Row], path: Path, header: list[str]) -> None:
@@ -218,8 +282,8 @@ def write_results(rows: list[Row], output_dir: Path, header: list[str]) -> None:
 def environment(output_dir: Path, rows: list[Row]) -> str:
     """Device and versions, from the first profile that completed."""
     for row in rows:
-        if row.status == "completed":
-            summary = read_summary(output_dir / row.profile)
+        if row.status == "completed" and (output_dir / row.run_dir / SUMMARY_FILE).exists():
+            summary = read_summary(output_dir / row.run_dir)
             versions = ", ".join(
                 f"{package} {summary[f'{package}_version']}"
                 for package in ("torch", "transformers", "accelerate", "deepspeed")
@@ -236,40 +300,58 @@ def compare(
     timeout_s: float,
     command_line: str,
 ) -> list[Row]:
-    """Run the profiles in turn; the files in output_dir are rewritten after every profile."""
+    """Run the profiles in turn; the files in output_dir are rewritten after every profile, with the
+    rows of an earlier comparison there kept. Returns this comparison's rows."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise FinetuneError(f"--output_dir {output_dir} is a file, not a folder")
+    earlier = read_rows(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
 
     def save() -> None:
-        header = ["# finetune compare", "", f"    {command_line}", "", environment(output_dir, rows)]
-        write_results(rows, output_dir, header)
+        header = [
+            "# finetune compare",
+            "",
+            f"    {command_line}",
+            "",
+            environment(output_dir, rows + earlier),
+        ]
+        if earlier:
+            header += [
+                "",
+                f"{len(earlier)} earlier row(s) of this folder kept; `ran at` tells the runs apart.",
+            ]
+        write_results(merge_rows(earlier, rows), output_dir, header)
 
     for name in profiles:
         print(f"finetune compare: {name}", file=sys.stderr, flush=True)
+        started = time.localtime()
+        run_dir = new_run_dir(output_dir, load_profile(name).name, started)
+        ran = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S", started), "run_dir": run_dir.name}
         try:
-            rows.append(run_profile(name, placement, run_args, output_dir / name, timeout_s))
+            row = run_profile(name, placement, run_args, run_dir, timeout_s)
         except KeyboardInterrupt:
-            rows.append(Row(name, "interrupted", "stopped by Ctrl-C"))
+            rows.append(Row(name, "interrupted", "stopped by Ctrl-C", **ran))
             save()
             raise
+        rows.append(dataclasses.replace(row, **ran))
         save()
     return rows
 
 
 def summaries_frame(output_dir: str | Path) -> Any:
-    """Every run summary under a comparison folder as a pandas DataFrame, one row per profile.
+    """Every run summary under a comparison folder as a pandas DataFrame, one row per run.
 
-    The flat fields become columns; the per-rank, loss-curve and argument records stay out.
+    The flat fields become columns, with `run_dir` the run's folder (a profile compared twice has two
+    rows); the per-rank, loss-curve and argument records stay out.
     """
     import pandas as pd
 
     records = []
     for path in sorted(Path(output_dir).glob(f"*/{SUMMARY_FILE}")):
         summary = read_summary(path.parent)
+        flat = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
         records.append(
-            {
-                "profile": path.parent.name,
-                **{k: v for k, v in summary.items() if not isinstance(v, (list, dict))},
-            }
+            {**flat, "profile": summary.get("profile") or path.parent.name, "run_dir": path.parent.name}
         )
     return pd.DataFrame.from_records(records)

@@ -8,6 +8,8 @@ packing per map batch (as run_clm.py does) drops a remainder at every batch boun
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 from collections.abc import Callable
@@ -17,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 from datasets import Dataset, DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments
@@ -106,7 +110,70 @@ def load_local(path: Path) -> DatasetDict:
     files = data_files(path)
     builder = builder_for(files)
     options = {"keep_linebreaks": True} if builder == "text" else {}
-    return load_dataset(builder, data_files=files, **options)
+    try:
+        return load_dataset(builder, data_files=files, **options)
+    except DatasetGenerationError as error:
+        cause = error.__cause__ or error
+        for file in (Path(f) for paths in files.values() for f in paths):
+            problem = unreadable_part(file, builder)
+            if problem:
+                raise FinetuneError(problem) from None
+        raise FinetuneError(f"{path}: cannot read as {builder} data ({first_line(cause)})") from None
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def unreadable_part(file: Path, builder: str) -> str | None:
+    """Which line of a data file stops its builder, for the error message: datasets, pyarrow and pandas
+    fail without naming the file (and pyarrow counts rows, not lines), so the file is read again here,
+    as the builder reads it, only after a failure."""
+    data = file.read_bytes()
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"{file} line {line_at(data, nul)}: a binary file, not text (a NUL byte)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return (
+            f"{file} line {line_at(data, error.start)}: not UTF-8 text ({error.reason} at byte {error.start})"
+        )
+    if builder == "json":
+        return unreadable_json(file, text)
+    if builder == "csv":
+        try:
+            pd.read_csv(io.StringIO(text))
+        except ValueError as error:  # pandas.errors.ParserError is one
+            line = re.search(r"\bline (\d+)", str(error))
+            where = f" line {line.group(1)}" if line else ""
+            return f"{file}{where}: not valid CSV ({first_line(error)})"
+    return None
+
+
+def line_at(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def unreadable_json(file: Path, text: str) -> str | None:
+    """JSON lines, or one JSON document (as the json builder accepts both)."""
+    if text.lstrip().startswith("["):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as error:
+            return f"{file} line {error.lineno}: not valid JSON ({error.msg})"
+        return None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            return f"{file} line {number}: not valid JSON ({error.msg})"
+        if not isinstance(row, dict):
+            return f"{file} line {number}: a JSON line must be an object of columns, got {type(row).__name__}"
+    return None
 
 
 def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
@@ -231,12 +298,21 @@ class PreparedData:
 def split_tokens(
     args: DataArguments, tokenizer: PreTrainedTokenizerBase, split: str, seed: int
 ) -> np.ndarray:
-    """One split's concatenated tokens, with the same split choices as training (for `finetune eval`)."""
+    """One split's concatenated tokens (for `finetune eval`): the split of that name, as found.
+
+    Training may stand one split in for another (`arrange_splits`: a copy without train trains on
+    validation and validates on test), but an evaluation names the text it scores, so here `test` is
+    the test file and `validation` the validation file. The one substitution kept is training's own
+    held-out share: a dataset with only train text is evaluated on `validation` as training carved it.
+    """
     raw, _ = load_raw(args)
-    splits, _ = arrange_splits(raw, args.validation_split_percentage, seed)
-    if split not in splits:
-        raise FinetuneError(f"dataset '{args.dataset}' has no {split} split (it has: {', '.join(splits)})")
-    tokenized = tokenize(DatasetDict({split: splits[split]}), tokenizer, args.text_column, None)
+    if split in raw:
+        chosen = raw[split]
+    elif split == "validation" and set(raw) == {"train"}:
+        chosen = arrange_splits(raw, args.validation_split_percentage, seed)[0]["validation"]
+    else:
+        raise FinetuneError(f"dataset '{args.dataset}' has no {split} split (it has: {', '.join(raw)})")
+    tokenized = tokenize(DatasetDict({split: chosen}), tokenizer, args.text_column, None)
     return token_stream(tokenized[split])
 
 

@@ -25,11 +25,21 @@ def launched_with(kind: str) -> bool:
     return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() in ("1", "true")
 
 
+def cpu_fsdp() -> bool:
+    """FSDP on CPU ranks, a single one included: `accelerate launch` starts FSDP through torchrun
+    whatever the count, and a 1-process FSDP run must write and read sharded (DCP) checkpoints as
+    on one GPU, so that `--allow_world_size_change` can move them to more processes and back."""
+    return not torch.cuda.is_available() and launched_with("FSDP") and "WORLD_SIZE" in os.environ
+
+
 def adapt_arguments_to_cpu(args: TrainingArguments) -> None:
     """Before the process group exists: choose gloo the way each profile needs it."""
+    if cpu_fsdp():
+        args.ddp_backend = "gloo"
+        return
     if not cpu_multi_process():
         return
-    if launched_with("DEEPSPEED") or launched_with("FSDP"):
+    if launched_with("DEEPSPEED"):
         args.ddp_backend = "gloo"
     else:
         args.use_cpu = True
@@ -37,7 +47,7 @@ def adapt_arguments_to_cpu(args: TrainingArguments) -> None:
 
 def promote_cpu_fsdp() -> None:
     """After the process group exists, before the Accelerator: let accelerate enable FSDP on CPU ranks."""
-    if cpu_multi_process() and launched_with("FSDP"):
+    if cpu_fsdp():
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
 
 

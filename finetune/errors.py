@@ -1,14 +1,26 @@
-"""The one exception type for mistakes in what the user asked for."""
+"""The one exception type for mistakes in what the user asked for, and how it reaches the user.
+
+A user error is reported once per run, not once per rank. Under `finetune run` (finetune/launch.py)
+the ranks write the message to the file `$FINETUNE_ERROR_FILE` names and the launcher prints it; under a
+bare `accelerate launch` rank 0 prints it and the other ranks stay silent.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 USAGE_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command stopped by Ctrl-C
 RESUMABLE_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run again with --resume
+ERROR_FILE_VARIABLE = "FINETUNE_ERROR_FILE"
+# How long a rank other than 0 waits before printing its error itself. Bad input fails every rank
+# alike; the launcher stops the others as soon as rank 0 exits, so they never print. Only an error
+# rank 0 does not share (it is busy elsewhere) outlives the wait and is printed by the rank that saw it.
+OTHER_RANK_GRACE_S = 15.0
 
 
 class FinetuneError(Exception):
@@ -19,6 +31,23 @@ class StoppedForResume(Exception):
     """Training stopped on a signal after saving a checkpoint: the job should be requeued."""
 
 
+def report_user_error(message: str) -> None:
+    """Print `finetune: error: ...` once for the whole job (see the module docstring)."""
+    error_file = os.environ.get(ERROR_FILE_VARIABLE)
+    if error_file:
+        try:
+            with open(error_file, "x", encoding="utf-8") as stream:
+                stream.write(message + "\n")
+            return
+        except FileExistsError:  # another rank has already reported it
+            return
+        except OSError:
+            pass  # no launcher to read it: print it as a bare launch does
+    if int(os.environ.get("RANK", "0")) != 0:
+        time.sleep(OTHER_RANK_GRACE_S)
+    print(f"finetune: error: {message}", file=sys.stderr)
+
+
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
     """One line and an exit code instead of a traceback: bad input 2, stopped with a checkpoint 75,
@@ -26,7 +55,7 @@ def exit_on_user_error() -> Iterator[None]:
     try:
         yield
     except FinetuneError as error:
-        print(f"finetune: error: {error}", file=sys.stderr)
+        report_user_error(str(error))
         raise SystemExit(USAGE_EXIT_CODE) from None
     except StoppedForResume as stop:
         print(f"finetune: {stop}", file=sys.stderr)

@@ -22,6 +22,7 @@ from accelerate.utils import gather_object
 from transformers import EvalPrediction
 
 from finetune.arguments import DataArguments, ModelArguments
+from finetune.checkpoint import load_weights_only
 from finetune.data import IGNORE_INDEX, split_tokens
 from finetune.errors import FinetuneError
 from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
@@ -128,13 +129,21 @@ def evaluate_saved_model(
     batch_size: int,
     max_tokens: int | None,
 ) -> dict[str, Any]:
-    """Perplexity of a saved model folder on one split. Split over processes under accelerate launch."""
+    """Perplexity of a saved model folder on one split. Split over processes under accelerate launch.
+
+    The folder's pickles are read weights-only and its custom code never runs (no --trust_remote_code here).
+    """
+    load_weights_only()
+    if batch_size < 1:
+        raise FinetuneError(f"--batch_size must be at least 1, got {batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise FinetuneError(f"--max_tokens must be at least 1, got {max_tokens}")
     state = PartialState()
     location = resolve_model(model_path)
     model_args = ModelArguments(model=model_path)
     config = load_config(model_args, location)
     block_size = choose_block_size(block_size, config)
-    stride = stride or block_size
+    stride = block_size if stride is None else stride
     if not 0 < stride <= block_size:
         raise FinetuneError(f"--stride must be between 1 and the block size ({block_size}), got {stride}")
     tokenizer = load_tokenizer(model_args, location)

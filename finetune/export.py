@@ -10,7 +10,10 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from finetune import safe_unpickling
+from finetune.checkpoint import checkpoint_problem, load_weights_only
 from finetune.errors import FinetuneError
+from finetune.models import first_line
 
 
 def save_consolidated_model(
@@ -87,13 +90,28 @@ def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def export_checkpoint(checkpoint: str | Path, output_dir: str | Path, dtype: str = "fp32") -> Path:
-    """A checkpoint of any profile as a plain Hugging Face model folder (config, tokenizer, safetensors)."""
+    """A checkpoint of any profile as a plain Hugging Face model folder (config, tokenizer, safetensors).
+
+    Only a checkpoint whose files match its manifest is read, and never with code it brings along:
+    no custom config, model or tokenizer code, pickles restricted (finetune.checkpoint.load_weights_only).
+    """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     if not (checkpoint / "config.json").is_file():
         raise FinetuneError(f"{checkpoint} is not a checkpoint folder (no config.json)")
-    config = AutoConfig.from_pretrained(checkpoint)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    problem = checkpoint_problem(checkpoint)
+    if problem:
+        raise FinetuneError(f"{checkpoint}: {problem}")
+    safe_unpickling.check_metadata_files(checkpoint)
+    load_weights_only()
+    try:
+        config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=False)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise FinetuneError(
+            f"{checkpoint}: cannot load its config or tokenizer: {first_line(error)}"
+        ) from None
     state_dict = full_state_dict(checkpoint)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
     model.tie_weights()
@@ -104,5 +122,5 @@ def export_checkpoint(checkpoint: str | Path, output_dir: str | Path, dtype: str
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
     model.to(DTYPES[dtype]).save_pretrained(output_dir, safe_serialization=True)
-    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
     return output_dir

@@ -9,6 +9,7 @@ import torch
 from transformers import GenerationConfig, set_seed
 
 from finetune.arguments import ModelArguments
+from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError
 from finetune.models import build_model, load_config, load_tokenizer, resolve_model
 
@@ -21,6 +22,18 @@ class Sampling:
     top_p: float = 1.0
     greedy: bool = False
     seed: int = 42
+
+    def __post_init__(self) -> None:
+        """transformers takes some of these silently (max_new_tokens -5 generates nothing) and fails
+        on others only after the model is loaded."""
+        if self.max_new_tokens < 1:
+            raise FinetuneError(f"--max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not self.temperature > 0:
+            raise FinetuneError(f"--temperature must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise FinetuneError(f"--top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise FinetuneError(f"--top_k must be 0 (no limit) or more, got {self.top_k}")
 
     def generation_config(self, pad_token_id: int) -> GenerationConfig:
         if self.greedy:
@@ -52,7 +65,12 @@ def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
 
 @torch.no_grad()
 def generate(model_path: str, prompts: list[str], sampling: Sampling) -> list[str]:
-    """One completion per prompt (the generated text only), reproducible for a given seed."""
+    """One completion per prompt (the generated text only), reproducible for a given seed.
+
+    The model folder's pickles are read weights-only and its custom code never runs (no
+    --trust_remote_code here): a downloaded or shared folder is data, not a program.
+    """
+    load_weights_only()
     location = resolve_model(model_path)
     model_args = ModelArguments(model=model_path)
     config = load_config(model_args, location)

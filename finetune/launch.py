@@ -1,18 +1,29 @@
 """The `accelerate launch` command line for running finetune/run.py under a profile.
 
-Shared by `finetune run` (one profile) and `finetune compare` (one after another).
+Shared by `finetune run` (one profile) and `finetune compare` (one after another). The command is
+`python -m finetune.launch`: accelerate launch in that process, with a user error reported as one line
+and exit 2 instead of the launcher's traceback and exit 1 (see `run_launcher`).
 """
 
 from __future__ import annotations
 
+import logging
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
 
-from finetune.errors import FinetuneError
+from finetune.errors import (
+    ERROR_FILE_VARIABLE,
+    INTERRUPTED_EXIT_CODE,
+    RESUMABLE_EXIT_CODE,
+    FinetuneError,
+    exit_on_user_error,
+)
 from finetune.profiles import Profile
 
 RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
@@ -59,9 +70,56 @@ def default_num_processes() -> int:
 def launch_command(
     profile: Profile, config_file: Path, placement: Placement, run_args: list[str]
 ) -> list[str]:
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
+    command = [sys.executable, "-m", "finetune.launch", "--config_file", str(config_file)]
     if profile.multi_process:
         if placement.num_processes is None:
             placement.num_processes = default_num_processes()
         command += placement.flags()
     return [*command, str(RUN_SCRIPT), *run_args]
+
+
+def run_launcher(argv: list[str]) -> int:
+    """`accelerate launch ARGV` in this process, returning the exit code the job should end with.
+
+    accelerate launch ends any failed rank with its own traceback (torch elastic's ChildFailedError,
+    or CalledProcessError for one process) and exit 1. Here the ranks write a user error to the file
+    `$FINETUNE_ERROR_FILE` names (finetune/errors.py) and it is raised again as one FinetuneError; any
+    other failure ends with the failed rank's exit code and one line saying which rank it was.
+    """
+    from accelerate.commands.launch import launch_command as accelerate_launch
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import patch_environment
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = launch_command_parser().parse_args(argv)
+    # torch elastic logs every failed rank and the stopping of the others; the line below replaces that
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory(prefix="finetune-launch-") as folder:
+        error_file = Path(folder) / "error"
+        try:
+            with patch_environment(**{ERROR_FILE_VARIABLE: str(error_file)}):
+                accelerate_launch(args)
+            return 0
+        except ChildFailedError as failure:
+            rank, first = failure.get_first_failure()
+            code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
+            who = f"rank {rank}"
+        except subprocess.CalledProcessError as failure:
+            code, who = failure.returncode, "the training process"
+        except SignalException as stop:
+            code, who = 128 + stop.sigval, f"the launcher, on {stop.sigval.name},"
+        if error_file.exists():
+            raise FinetuneError(error_file.read_text(encoding="utf-8").strip())
+    if code not in (RESUMABLE_EXIT_CODE, INTERRUPTED_EXIT_CODE):  # those ranks have said why
+        print(f"finetune: {who} stopped with exit code {code} (its output is above)", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    with exit_on_user_error():
+        return run_launcher(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,14 +44,14 @@ def load_config(args: ModelArguments, location: str) -> PretrainedConfig:
         config = AutoConfig.from_pretrained(location, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as error:
         raise FinetuneError(
-            f"cannot load the config of model '{args.model}' from {location}: {_first_line(error)}"
+            f"cannot load the config of model '{args.model}' from {location}: {first_line(error)}"
         ) from None
     if args.config_overrides:
         try:
             config.update_from_string(args.config_overrides)
         except ValueError as error:
             raise FinetuneError(
-                f"--config_overrides '{args.config_overrides}': {_first_line(error)}"
+                f"--config_overrides '{args.config_overrides}': {first_line(error)}"
             ) from None
     return config
 
@@ -61,7 +61,7 @@ def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBa
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     except (OSError, ValueError) as error:
-        raise FinetuneError(f"cannot load a tokenizer from {source}: {_first_line(error)}") from None
+        raise FinetuneError(f"cannot load a tokenizer from {source}: {first_line(error)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -92,7 +92,7 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
         model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch.float32, **common)
     except OSError as error:
         raise FinetuneError(
-            f"cannot load weights of model '{args.model}' from {location}: {_first_line(error)}"
+            f"cannot load weights of model '{args.model}' from {location}: {first_line(error)}"
         ) from None
     return name_causal_lm_loss(model)
 
@@ -165,5 +165,5 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in unique)
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

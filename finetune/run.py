@@ -20,7 +20,13 @@ from transformers import default_data_collator, set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
-from finetune.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments, parse_arguments
+from finetune.arguments import (
+    DataArguments,
+    FinetuneTrainingArguments,
+    ModelArguments,
+    check_run_name,
+    parse_arguments,
+)
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import (
     SaveAndStopOnSignal,
@@ -37,8 +43,11 @@ from finetune.flops import model_flops_per_token, peak_flops
 from finetune.generate import Sampling, generate
 from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
 from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
+from finetune.outputs import claim_output_dir
 from finetune.profiles import strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
+from finetune.reshard import continue_on_this_world_size
+from finetune.resume import check_resume, defining_flags, refuse_another_run, run_identity
 from finetune.summary import (
     RunRecord,
     configuration_fields,
@@ -115,8 +124,13 @@ def train_and_measure(
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, stop],
+        run_flags=defining_flags(model_args, data_args, training_args),
     )
-    record.update({**strategy_of(trainer.accelerator), **resume_fields(resume_from)})
+    strategy = strategy_of(trainer.accelerator)
+    if resume_from is not None:  # checked before from the launcher's environment; the Accelerator decides
+        identity = run_identity(trainer.run_flags, strategy, training_args)
+        refuse_another_run(resume_from, identity, training_args.allow_world_size_change, False)
+    record.update({**strategy, **resume_fields(resume_from)})
     if "tensorboard" in training_args.report_to:
         trainer.remove_callback(TensorBoardCallback)
         log_dir = logging_dir(training_args.output_dir, training_args.run_name)
@@ -152,14 +166,24 @@ def main(argv: list[str] | None = None) -> None:
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
         model_args, data_args, training_args = parse_arguments(argv)
+        claim_output_dir(training_args)
         resume_from = checkpoint_to_resume(
             training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
         )
+        flags = defining_flags(model_args, data_args, training_args)
+        finished = check_resume(resume_from, flags, training_args)
+        if finished:
+            if training_args.process_index == 0:
+                print(f"finetune: {finished}: nothing to do")
+            return
+        if resume_from and not training_args.run_name:  # a checkpoint's manifest is input too
+            check_run_name(read_manifest(resume_from)["run_name"], f"run_name in {resume_from}'s manifest")
         training_args.run_name = (
             training_args.run_name
             or (resume_from and read_manifest(resume_from)["run_name"])
             or default_run_name(model_args.model, training_args)
         )
+        resume_from = continue_on_this_world_size(resume_from, training_args)
         is_main = training_args.process_index == 0
         record = RunRecord(training_args.output_dir, training_args.run_name, is_main)
         with record.until_exit():

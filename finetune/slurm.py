@@ -2,21 +2,52 @@
 
 One task per node runs `finetune run` with that node's machine rank; machine 0's host and a port
 derived from the job id are the rendezvous. SLURM signals the batch script (USR1, `--signal`
-seconds before the limit); the script passes the signal to the training ranks, which save a
-checkpoint and exit 75 (finetune/checkpoint.py), and the script requeues the job. Every start of
-the job runs with `--resume`, so the first start trains from scratch and each requeue continues.
+seconds before the limit); the script passes the signal to this job's training ranks on its node
+(a signal that reaches one rank stops them all: finetune/checkpoint.py), they save a checkpoint and
+exit 75, and the script requeues the job. Every start of the job runs with `--resume`, so the first
+start trains from scratch and each requeue continues.
+
+Writing the script touches nothing else: the job creates its output_dir, and it runs the `finetune`
+of the environment it is submitted from, not a path of the machine that wrote it.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from finetune.profiles import PROJECT_ROOT
+from finetune.resolve import DATA_DIR_ENV, data_dir
 
-WORKER_PATTERN = r"python[^ ]* (-u )?[^ ]*finetune/run\.py"  # the ranks, not the launchers
+WORKER_PATTERN = r"^[^ ]*python[^ ]* (-u )?[^ ]*finetune/run\.py"  # the ranks, not the launchers
+CPUS_PER_RANK = 4
+MEMORY_PER_RANK_GB = 16
+CARRIED_ENVIRONMENT = ("HF_HUB_OFFLINE", "HF_HOME")
+NODE_TASK = (
+    'srun --ntasks-per-node=1 bash -c \'exec "$@" --machine_rank "$SLURM_NODEID"\' finetune "${run[@]}" &'
+)
+
+
+def finetune_command() -> tuple[list[str], str]:
+    """How the job starts finetune, and a comment saying which environment that is.
+
+    An installed entry point is called by name, so the job uses the environment active when it is
+    submitted (sbatch passes it on); without one, `python -m finetune` needs finetune installed in
+    the job's python, and the script says so rather than pointing at this machine's checkout.
+    """
+    entry_point = Path(sys.executable).parent / "finetune"
+    if entry_point.is_file() and shutil.which("finetune") == str(entry_point):
+        return ["finetune"], (
+            f"# Runs the `finetune` on the job's PATH (this script was written by {entry_point}):\n"
+            "# submit from a shell where that environment is active; sbatch passes it on."
+        )
+    return ["python", "-m", "finetune"], (
+        f"# finetune was not an installed command where this was written (python: {sys.executable}):\n"
+        "# the job runs `python -m finetune`, so the job's python must have finetune installed (pip install)."
+    )
 
 
 @dataclass
@@ -30,6 +61,8 @@ class SlurmJob:
     job_name: str = "finetune"
     partition: str | None = None
     cpus_per_task: int | None = None
+    mem: str | None = None
+    mem_per_gpu: str | None = None
     signal_seconds: int = 120
     nccl_debug: str | None = None
     nccl_socket_ifname: str | None = None
@@ -37,29 +70,40 @@ class SlurmJob:
     run_args: list[str] = field(default_factory=list)
 
     def directives(self) -> list[str]:
+        cpus = self.cpus_per_task or CPUS_PER_RANK * self.processes_per_node
         lines = [
             f"--job-name={self.job_name}",
             f"--nodes={self.nodes}",
             "--ntasks-per-node=1",
+            f"--cpus-per-task={cpus}",
             f"--time={self.time}",
             "--requeue",
             f"--signal=B:USR1@{self.signal_seconds}",
-            f"--output={Path(self.output_dir).resolve()}/slurm-%j.out",
+            "--output=%x-%j.out",  # in the submit directory, which exists: the job creates output_dir
             "--open-mode=append",
         ]
+        if self.mem_per_gpu:
+            lines.append(f"--mem-per-gpu={self.mem_per_gpu}")
+        else:
+            lines.append(f"--mem={self.mem or f'{MEMORY_PER_RANK_GB * self.processes_per_node}G'}")
         if self.gpus_per_node:
             lines.append(f"--gpus-per-node={self.gpus_per_node}")
-        if self.cpus_per_task:
-            lines.append(f"--cpus-per-task={self.cpus_per_task}")
         if self.partition:
             lines.append(f"--partition={self.partition}")
         return [f"#SBATCH {line}" for line in lines]
 
     def environment(self) -> list[str]:
+        """What the job needs from the writer's environment, in case the site does not pass it on."""
         lines = [
             'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
             "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
         ]
+        root = data_dir()
+        if root is not None:
+            lines.append(f"export {DATA_DIR_ENV}={shlex.quote(str(root))}")
+        for name in CARRIED_ENVIRONMENT:
+            if os.environ.get(name):
+                lines.append(f"export {name}={shlex.quote(os.environ[name])}")
         if self.nccl_debug:
             lines.append(f"export NCCL_DEBUG={shlex.quote(self.nccl_debug)}")
         if self.nccl_socket_ifname:
@@ -68,36 +112,45 @@ class SlurmJob:
             lines.append("export NCCL_IB_DISABLE=1")
         return lines
 
-    def launch(self) -> str:
-        """One `finetune run` per node; $SLURM_NODEID (escaped) is expanded on each node, not here."""
-        output_dir = str(Path(self.output_dir).resolve())
-        run = [
-            sys.executable, "-m", "finetune", "run", "--profile", self.profile,
-            "--num_processes", str(self.nodes * self.processes_per_node), "--num_machines", str(self.nodes),
-            "--main_process_ip", "$MASTER_ADDR", "--main_process_port", "$MASTER_PORT",
-            *self.run_args, "--output_dir", output_dir, "--resume",
-        ]  # fmt: skip
-        quoted = " ".join(arg if arg.startswith("$") else shlex.quote(arg) for arg in run)
-        return f'srun --ntasks-per-node=1 bash -c "{quoted} --machine_rank \\$SLURM_NODEID" &'
+    def run_array(self, finetune: list[str]) -> str:
+        """The run's command line as a bash array: the rendezvous variables expanded, every argument
+        of the run single-quoted so that nothing in it is."""
+        head = [*finetune, "run", "--profile", self.profile, "--num_processes",
+                str(self.nodes * self.processes_per_node), "--num_machines", str(self.nodes)]  # fmt: skip
+        rest = [*self.run_args, "--output_dir", os.path.abspath(self.output_dir), "--resume"]
+        rendezvous = '--main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT"'
+        return f"run=({shlex.join(head)} {rendezvous} {shlex.join(rest)})"
 
     def script(self) -> str:
-        summary = shlex.quote(str(Path(self.output_dir).resolve() / "run_summary.json"))
+        finetune, which = finetune_command()
+        summary = shlex.quote(os.path.join(os.path.abspath(self.output_dir), "run_summary.json"))
         return "\n".join(
             [
                 "#!/bin/bash",
                 *self.directives(),
                 "# Written by `finetune slurm`; submit with sbatch.",
+                which,
                 "set -u",
-                f"cd {shlex.quote(str(PROJECT_ROOT))}",
+                f"command -v {finetune[0]} > /dev/null || {{ echo 'finetune: error: no {finetune[0]} on the "
+                "PATH of the job (see the comment above)' >&2; exit 2; }",
                 *self.environment(),
                 "",
-                "# Before the time limit SLURM sends USR1 here: pass it to the ranks; they save, exit 75.",
+                "# Before the time limit SLURM sends USR1 here: pass it to this job's ranks on this node",
+                "# (scontrol listpids: this job's processes only); they save a checkpoint and exit 75.",
                 "stop_with_a_checkpoint() {",
-                f"    srun --overlap --ntasks-per-node=1 pkill -USR1 -f {shlex.quote(WORKER_PATTERN)}",
+                "    local pid",
+                "    for pid in $(scontrol listpids \"$SLURM_JOB_ID\" | awk 'NR > 1 {print $1}'); do",
+                f'        if ps -o args= -p "$pid" | grep -Eq {shlex.quote(WORKER_PATTERN)}; then',
+                '            kill -USR1 "$pid"',
+                "        fi",
+                "    done",
                 "}",
                 "trap stop_with_a_checkpoint USR1",
                 "",
-                self.launch(),
+                self.run_array(finetune),
+                "# Each node's task adds its own $SLURM_NODEID: the run's arguments are passed to bash as",
+                "# arguments, never inside the command string, so nothing in them is expanded.",
+                NODE_TASK,
                 "wait $! || wait $!  # a trapped signal interrupts the first wait",
                 "",
                 "# Stopped with a checkpoint: requeue; the next start resumes from it.",

@@ -310,6 +310,15 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C that a library's clean-up replaced with its own error (datasets' multi-process map
+    raises TimeoutError while its workers die of the same SIGINT)."""
+    seen = error.__context__
+    while seen is not None and not isinstance(seen, KeyboardInterrupt):
+        seen = seen.__context__
+    return seen
+
+
 class RunRecord:
     """The summary of a run in progress: filled in as the run goes, written when it ends.
 
@@ -370,6 +379,12 @@ class RunRecord:
             self.write()
             raise
         except BaseException as error:
+            interrupt = _interrupt_behind(error)
+            if interrupt is not None:
+                reason = str(interrupt) or "SIGINT"
+                self.update({"status": "interrupted", "error": f"interrupted by {reason}"})
+                self.write()
+                raise KeyboardInterrupt(*interrupt.args) from error
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             self.update({"status": "failed", "error": f"{type(error).__name__}: {first_line}".rstrip(": ")})
             self.write()

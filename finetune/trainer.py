@@ -10,7 +10,14 @@
   kernels afterwards). With shuffling, a different remainder (under one global batch) is left out
   each epoch. Evaluation keeps every sample.
 - `_save_checkpoint` writes into a staging folder and publishes the checkpoint with one rename
-  once every rank has finished (finetune/checkpoint.py), so a checkpoint is complete or absent.
+  once every rank has finished (finetune/checkpoint.py), so a checkpoint is complete or absent. Its
+  manifest records the run's identity (finetune/resume.py), which a resume must match.
+- `train_loss` covers every step of a resumed run. The Trainer sums the logged losses in
+  `_total_loss_scalar`, which starts at 0 in every `train()` and is not in its checkpoints, then
+  divides by all steps, those before the resume included (a resumed run reported 7.37 where the
+  uninterrupted one, with identical weights, reported 10.60). Each checkpoint's trainer_state.json
+  now holds the sum so far (`LossSumSoFar`, a stateful callback, the Trainer's own mechanism for
+  state it does not know), and a resumed run starts its sum from there.
 """
 
 from __future__ import annotations
@@ -18,17 +25,67 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
+from finetune.profiles import strategy_of
+from finetune.resume import run_identity
 
 logger = logging.get_logger("finetune")
 
 
+class LossSumSoFar(TrainerCallback, ExportableState):
+    """The sum of the logged training losses up to a checkpoint, saved in its trainer_state.json.
+
+    None when unknown: the run was resumed from a checkpoint that did not record it.
+    """
+
+    def __init__(self, loss_sum: float | None = 0.0) -> None:
+        self.loss_sum = loss_sum
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {"loss_sum": self.loss_sum}, "attributes": {}}
+
+
 class FinetuneTrainer(Trainer):
+    def __init__(self, *args: Any, run_flags: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest."""
+        super().__init__(*args, **kwargs)
+        self.run_flags = run_flags or {}
+        self.add_callback(LossSumSoFar())
+        self._loss_sum_before: float | None = 0.0
+        self._loss_sum_to_restore = False
+
+    def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        """Once the state is restored, take the loss sum its checkpoint recorded."""
+        trained = super()._init_training_state(*args, **kwargs)
+        name = LossSumSoFar.__name__
+        recorded = self.state.stateful_callbacks.setdefault(name, LossSumSoFar(loss_sum=None).state())
+        self._loss_sum_before = recorded["args"]["loss_sum"] if self.state.global_step else 0.0
+        self._loss_sum_to_restore = True
+        return trained
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        """The loop has just set the sum to 0: the first epoch starts it from the checkpoint's, so the
+        losses are added in the uninterrupted run's order and its train_loss is matched to the bit."""
+        if self._loss_sum_to_restore:
+            self._total_loss_scalar = self._loss_sum_before or 0.0
+            self._loss_sum_to_restore = False
+        return super()._run_epoch(*args, **kwargs)
+
+    def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
+        """Resumed from a checkpoint without a loss sum, there is no train_loss: the Trainer's would
+        divide the losses since the resume by every step."""
+        output = super()._finalize_training(*args, **kwargs)
+        if self._loss_sum_before is None:
+            output.metrics.pop("train_loss", None)
+        return output
+
     def get_train_dataloader(self) -> Any:
         drop_last = self.args.dataloader_drop_last
         self.args.dataloader_drop_last = drop_last or self.args.torch_compile
@@ -49,7 +106,18 @@ class FinetuneTrainer(Trainer):
                     logs.update(callback.log_scalars())
         super().log(logs, start_time)
 
+    def _loss_sum_so_far(self) -> float:
+        """The logged sum plus the losses since the last log, averaged over ranks as a log would.
+
+        Collective: every rank saves.
+        """
+        unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()
+        return self._total_loss_scalar + unlogged
+
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, LossSumSoFar):
+                callback.loss_sum = None if self._loss_sum_before is None else self._loss_sum_so_far()
         output_dir = self.args.output_dir
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         staged = Path(output_dir) / STAGING_DIR / name
@@ -64,7 +132,8 @@ class FinetuneTrainer(Trainer):
                 self.processing_class.save_pretrained(staged)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            write_manifest(staged, self.state.global_step, self.args.run_name)
+            identity = run_identity(self.run_flags, strategy_of(self.accelerator), self.args)
+            write_manifest(staged, self.state.global_step, self.args.run_name, identity)
             publish(staged, Path(output_dir) / name)
             if not any(staged.parent.iterdir()):
                 staged.parent.rmdir()

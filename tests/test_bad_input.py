@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from finetune import cli, run
+from finetune.summary import RunRecord, read_summary
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, accelerate_launch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 NVME_CONFIG = str(PROJECT_ROOT / "ds_configs" / "zero3_nvme.json")
@@ -118,3 +121,172 @@ def test_script_exits_2_without_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("finetune: error: model 'no-such-model' not found")
+
+
+# Values TrainingArguments accepts and the run misuses: refused while the arguments are parsed
+
+
+def test_negative_max_steps_other_than_minus_one_is_rejected(output_flags, capsys):
+    assert_one_error([*TINY_FROM_SCRATCH, "--max_steps", "-3", *output_flags], capsys, "--max_steps")
+
+
+@pytest.mark.parametrize("limit", ["0", "-1"])
+def test_save_total_limit_below_one_is_rejected(limit, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--save_total_limit", limit, *output_flags]
+    assert_one_error(argv, capsys, "--save_total_limit must be at least 1")
+
+
+@pytest.mark.parametrize("rate", ["nan", "inf", "0", "-0.001"])
+def test_learning_rate_that_is_not_a_positive_number_is_rejected(rate, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--learning_rate", rate, *output_flags]
+    assert_one_error(argv, capsys, "--learning_rate must be a positive number")
+
+
+def test_output_dir_that_is_a_file_is_rejected(make_text_file, capsys):
+    path = make_text_file("taken", "a file")
+    argv = [*TINY_FROM_SCRATCH, "--output_dir", str(path), "--report_to", "none"]
+    assert_one_error(argv, capsys, f"--output_dir {path} is a file")
+
+
+def test_nvme_path_that_is_a_file_is_rejected(output_flags, make_text_file, monkeypatch, capsys):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", NVME_CONFIG)
+    path = make_text_file("nvme", "a file")
+    argv = [*TINY_FROM_SCRATCH, "--nvme_path", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"--nvme_path {path} is a file")
+
+
+@pytest.mark.parametrize("name", ["../escaped", "runs/inner", "..", "back\\slash"])
+def test_run_name_that_is_not_one_folder_name_is_rejected(name, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--run_name", name, *output_flags]
+    assert_one_error(argv, capsys, "a run name is one folder name")
+
+
+def test_run_name_longer_than_255_bytes_is_rejected(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--run_name", "r" * 300, *output_flags]
+    assert_one_error(argv, capsys, "at most 255 bytes, got 300")
+
+
+def test_run_name_from_a_checkpoint_manifest_is_checked(tmp_path, capsys):
+    checkpoint = tmp_path / "out" / "checkpoint-1"
+    checkpoint.mkdir(parents=True)
+    manifest = {"step": 1, "run_name": "../../escaped", "files": {}}
+    (checkpoint / "finetune_checkpoint.json").write_text(json.dumps(manifest))
+    argv = [*TINY_FROM_SCRATCH, "--output_dir", str(tmp_path / "out"), "--report_to", "none", "--resume"]
+    assert_one_error(argv, capsys, "run_name in")
+
+
+def test_deepspeed_stage_4_under_a_bare_launch_is_rejected(output_flags, tmp_path, monkeypatch, capsys):
+    config = json.loads((PROJECT_ROOT / "ds_configs" / "zero2.json").read_text())
+    config["zero_optimization"]["stage"] = 4
+    (tmp_path / "zero4.json").write_text(json.dumps(config))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(tmp_path / "zero4.json"))
+    assert_one_error(
+        [*TINY_FROM_SCRATCH, *output_flags], capsys, "zero_optimization.stage: must be 0, 1, 2 or 3"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--max_new_tokens", "-5"),
+        ("--max_new_tokens", "0"),
+        ("--temperature", "0"),
+        ("--temperature", "-1"),
+        ("--top_p", "0"),
+        ("--top_p", "1.5"),
+        ("--top_k", "-1"),
+    ],
+)
+def test_generate_rejects_sampling_settings_out_of_range(flag, value, capsys):
+    argv = ["generate", "no-model-is-loaded", "--prompt", "Hello", flag, value]
+    assert_one_error(argv, capsys, f"{flag} must be", entry=cli.main)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--stride", "0"),
+        ("--stride", "-1"),
+        ("--stride", "129"),
+        ("--batch_size", "0"),
+        ("--max_tokens", "0"),
+    ],
+)
+def test_eval_rejects_window_settings_out_of_range(flag, value, tiny_gpt2_dir, capsys):
+    argv = ["eval", str(tiny_gpt2_dir), "--block_size", "128", flag, value]
+    assert_one_error(argv, capsys, f"{flag} must be", entry=cli.main)
+
+
+# Data files that cannot be decoded: the file and the line, before the model is built
+
+
+def test_binary_data_file_names_the_file(output_flags, tmp_path, capsys):
+    path = tmp_path / "weights.txt"
+    path.write_bytes(b"some text\n" + bytes(range(256)) * 4)
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path} line 2: a binary file")
+
+
+def test_non_utf8_text_file_names_the_line(output_flags, tmp_path, capsys):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("first line\nsecond line\ncaf\u00e9 au lait\n".encode("latin-1"))
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path} line 3: not UTF-8 text")
+
+
+def test_bad_jsonl_line_is_named(output_flags, make_text_file, capsys):
+    path = make_text_file("data.jsonl", '{"text": "a"}\n{"text": "b"}\n{"text": "c",}\n{"text": "d"}\n')
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path} line 3: not valid JSON (")
+
+
+def test_csv_that_does_not_parse_names_the_line(output_flags, make_text_file, capsys):
+    path = make_text_file("data.csv", 'text,label\n"a",1\n"b",2,3\n"c",4\n')
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path} line 3: not valid CSV")
+
+
+def test_ctrl_c_that_a_library_replaces_with_its_own_error_is_recorded_as_interrupted(tmp_path):
+    """datasets' multi-process map (tokenization) answers Ctrl-C with a TimeoutError from its clean-up."""
+    record = RunRecord(str(tmp_path), "run", is_main_process=True)
+    with pytest.raises(KeyboardInterrupt), record.until_exit():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise TimeoutError()  # noqa: B904 - as datasets raises it: the Ctrl-C only as its context
+    summary = read_summary(tmp_path)
+    assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by SIGINT")
+
+
+# Through the launchers: each user error once, from rank 0 or from `finetune run`
+
+
+def launched(command: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    flags = ["--model", "no-such-model", "--output_dir", str(tmp_path / "out"), "--report_to", "none"]
+    return subprocess.run(
+        [*command, *flags],
+        cwd=PROJECT_ROOT,
+        env=ENVIRONMENT,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )
+
+
+def test_finetune_run_reports_a_rank_error_once_with_exit_2(tmp_path):
+    command = [sys.executable, "-m", "finetune", "run", "--profile", "ddp", "--num_processes", "2"]
+    result = launched(command, tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    assert lines == [lines[0]] and "model 'no-such-model' not found" in lines[0], result.stderr[-3000:]
+
+
+def test_bare_accelerate_launch_prints_a_rank_error_once(tmp_path):
+    """The launcher's own ending (exit 1, ChildFailedError's traceback) is accelerate's and stays."""
+    result = launched(accelerate_launch("ddp"), tmp_path)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    assert len(lines) == 1 and "model 'no-such-model' not found" in lines[0], result.stderr[-3000:]

@@ -1,5 +1,6 @@
 """Checkpoints are complete or skipped; resume picks the newest good one; signals stop with a save."""
 
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from finetune.checkpoint import (
     write_manifest,
 )
 from finetune.errors import FinetuneError
+from finetune.export import export_checkpoint
 
 
 def make_checkpoint(root, step, files=None):
@@ -36,13 +38,61 @@ def test_a_written_checkpoint_is_good(tmp_path):
     assert checkpoint_problem(make_checkpoint(tmp_path, 2)) is None
 
 
-def test_manifest_records_step_run_name_and_sizes(tmp_path):
+def test_manifest_records_step_run_name_and_each_files_size_and_sha256(tmp_path):
     manifest = json.loads((make_checkpoint(tmp_path, 2) / MANIFEST).read_text())
-    assert manifest == {
-        "step": 2,
-        "run_name": "run-a",
-        "files": {"model.safetensors": 70, "trainer_state.json": 2},
+    assert (manifest["step"], manifest["run_name"]) == (2, "run-a")
+    assert manifest["files"] == {
+        "model.safetensors": {"size": 70, "sha256": hashlib.sha256(b"weights" * 10).hexdigest()},
+        "trainer_state.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()},
     }
+
+
+def test_bytes_damaged_with_the_size_kept_are_a_problem(tmp_path):
+    folder = make_checkpoint(tmp_path, 2)
+    (folder / "model.safetensors").write_bytes(b"weighTs" + b"weights" * 9)
+    assert checkpoint_problem(folder) == (
+        "model.safetensors does not hold the bytes that were written (its sha256 differs)"
+    )
+
+
+def make_sizes_only_checkpoint(root, step):
+    """A checkpoint whose manifest was written before content hashes were recorded."""
+    folder = make_checkpoint(root, step)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"] = {name: record["size"] for name, record in manifest["files"].items()}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_sizes_only_manifest_is_checked_by_size_with_a_warning_that_bytes_are_not(tmp_path, caplog):
+    folder = make_sizes_only_checkpoint(tmp_path, 2)
+    (folder / "model.safetensors").write_bytes(b"weighTs" + b"weights" * 9)
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert checkpoint_problem(folder) is None
+    assert "holds file sizes only" in caplog.text
+
+
+def test_a_sizes_only_manifest_still_catches_a_truncated_file(tmp_path):
+    folder = make_sizes_only_checkpoint(tmp_path, 2)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    assert checkpoint_problem(folder) == "model.safetensors has 7 bytes, 70 were written"
+
+
+def test_resume_skips_a_checkpoint_with_damaged_bytes_for_the_older_good_one(tmp_path, caplog):
+    good = make_checkpoint(tmp_path, 2)
+    damaged = make_checkpoint(tmp_path, 4)
+    (damaged / "trainer_state.json").write_bytes(b"[]")
+    with caplog.at_level(logging.WARNING, logger="finetune"):
+        assert checkpoint_to_resume(str(tmp_path), resume=True, resume_from=None) == good
+    assert f"skipping {damaged}: trainer_state.json does not hold the bytes" in caplog.text
+
+
+def test_export_of_a_checkpoint_with_damaged_bytes_is_refused_naming_the_file(tmp_path):
+    folder = make_checkpoint(tmp_path, 2, {"config.json": b"{}", "model.safetensors": b"weights"})
+    (folder / "model.safetensors").write_bytes(b"weighTs")
+    with pytest.raises(FinetuneError, match=r"checkpoint-2: model\.safetensors does not hold the bytes"):
+        export_checkpoint(folder, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
 
 
 def test_truncated_file_is_a_problem(tmp_path):

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import csv
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from finetune.compare import read_rows, summaries_frame
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
 
@@ -19,6 +23,7 @@ RUN_FLAGS = [
 ]  # fmt: skip
 PROFILES = ["ddp", "fsdp", "zero2", "zero3_nvme"]  # zero3_nvme fails: no --nvme_path
 COMPARE = [sys.executable, "-m", "finetune", "compare", "--model", "gpt2", "--num_processes", "2"]
+KEPT_COMPARISON = PROJECT_ROOT / "notebooks" / "data" / "compare-cpu"  # written before runs had own folders
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +75,54 @@ def test_markdown_table_and_picture_are_written(comparison):
 
 
 def test_tensorboard_logs_of_every_run_are_under_one_root(comparison):
-    runs = sorted(
-        path.parent.parent.parent.name for path in comparison.glob("*/runs/*/events.out.tfevents.*")
+    runs = {path.parent.parent.parent.name for path in comparison.glob("*/runs/*/events.out.tfevents.*")}
+    assert runs == {rows(comparison)[profile]["run_dir"] for profile in ("ddp", "fsdp", "zero2")}
+
+
+def test_each_run_has_a_folder_of_its_own_named_by_profile_and_time(comparison):
+    for profile, row in rows(comparison).items():
+        assert row["run_dir"].startswith(f"{profile}-{row['started_at'][:4]}")
+        assert (comparison / row["run_dir"] / "launch.log").exists()
+
+
+def run_compare(output_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [*COMPARE, "--output_dir", str(output_dir), *flags, *RUN_FLAGS]
+    return subprocess.run(
+        command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
     )
-    assert sorted(set(runs)) == ["ddp", "fsdp", "zero2"]
+
+
+def test_a_second_comparison_into_the_folder_keeps_the_earlier_rows_and_runs(tmp_path):
+    run_compare(tmp_path, "--profiles", "zero3_nvme")  # fails fast: no --nvme_path
+    (first,) = rows_in_order(tmp_path)
+    first_log = (tmp_path / first["run_dir"] / "launch.log").read_bytes()
+    run_compare(tmp_path, "--profiles", "zero3_nvme")
+    earlier, later = rows_in_order(tmp_path)
+    assert earlier == first
+    assert later["run_dir"] != first["run_dir"] and later["started_at"] > first["started_at"]
+    assert (tmp_path / first["run_dir"] / "launch.log").read_bytes() == first_log
+    assert (tmp_path / "comparison.md").read_text().count("| zero3_nvme | failed |") == 2
+
+
+def rows_in_order(output_dir):
+    with (output_dir / "comparison.csv").open() as stream:
+        return list(csv.DictReader(stream))
+
+
+def test_rows_of_a_comparison_from_before_runs_had_own_folders_are_read_back(tmp_path):
+    shutil.copytree(KEPT_COMPARISON, tmp_path, dirs_exist_ok=True)
+    earlier = read_rows(tmp_path)
+    assert [row.profile for row in earlier] == ["ddp", "fsdp", "zero2", "zero3"]
+    assert earlier[0].run_dir == "ddp" and earlier[0].world_size == 2 and earlier[0].compiled is None
+    assert earlier[0].peak_memory_gib == pytest.approx(0.7675819396972656)
+
+
+def test_summaries_frame_has_one_row_per_run_with_its_folder(tmp_path):
+    shutil.copytree(KEPT_COMPARISON, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(tmp_path / "ddp", tmp_path / "ddp-20260101-120000")
+    frame = summaries_frame(tmp_path)
+    assert list(frame.profile) == ["ddp", "ddp", "fsdp", "zero2", "zero3"]
+    assert list(frame.run_dir) == ["ddp", "ddp-20260101-120000", "fsdp", "zero2", "zero3"]
 
 
 def test_a_run_past_its_time_limit_is_stopped_and_reported(tmp_path):

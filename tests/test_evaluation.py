@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, EvalPrediction
 
 from finetune.arguments import DataArguments
+from finetune.data import arrange_splits, load_raw, split_tokens
 from finetune.errors import FinetuneError
 from finetune.evaluation import (
     Window,
@@ -101,3 +102,51 @@ def test_stride_longer_than_the_block_is_an_error(tiny_gpt2_dir, make_text_file)
     path = make_text_file("corpus.txt", "Some text.\n" * 30)
     with pytest.raises(FinetuneError, match="--stride must be between 1 and the block size"):
         evaluate_saved_model(str(tiny_gpt2_dir), DataArguments(dataset=str(path)), "train", 16, 32, 4, None)
+
+
+# Split names in `finetune eval` mean the file of that name (training may stand one in for another)
+
+
+@pytest.fixture
+def validation_and_test_only(make_text_file):
+    """A dataset laid out like the offline WikiText-2 copy: validation and test files, no train file."""
+    make_text_file("corpus/wiki.valid.tokens", "Words of the validation file.\n" * 20)
+    return make_text_file("corpus/wiki.test.tokens", "Text from the test file.\n" * 20).parent
+
+
+@pytest.mark.parametrize(("split", "text"), [("test", "Text from the test file.\n"),
+                                             ("validation", "Words of the validation file.\n")])  # fmt: skip
+def test_eval_split_is_the_file_of_that_name(validation_and_test_only, gpt2_tokenizer, split, text):
+    tokens = split_tokens(
+        DataArguments(dataset=str(validation_and_test_only)), gpt2_tokenizer, split, seed=42
+    )
+    assert gpt2_tokenizer.decode(tokens) == text * 20
+
+
+def test_eval_of_a_missing_split_names_the_splits_there_are(validation_and_test_only, gpt2_tokenizer):
+    args = DataArguments(dataset=str(validation_and_test_only))
+    with pytest.raises(FinetuneError, match=r"has no train split \(it has: test, validation\)"):
+        split_tokens(args, gpt2_tokenizer, "train", seed=42)
+
+
+def test_eval_on_validation_of_a_train_only_dataset_uses_the_share_training_held_out(
+    make_text_file, gpt2_tokenizer
+):
+    path = make_text_file("corpus.txt", "".join(f"Line number {i}.\n" for i in range(100)))
+    args = DataArguments(dataset=str(path))
+    tokens = split_tokens(args, gpt2_tokenizer, "validation", seed=42)
+    held_out = arrange_splits(load_raw(args)[0], args.validation_split_percentage, 42)[0]["validation"]
+    assert gpt2_tokenizer.decode(tokens) == "".join(held_out["text"])
+
+
+def test_readme_eval_of_the_offline_wikitext_test_split_runs(tiny_gpt2_dir):
+    args = DataArguments(dataset="wikitext-2-raw-v1")
+    result = evaluate_saved_model(str(tiny_gpt2_dir), args, "test", 16, None, 4, 64)
+    assert (result["split"], result["tokens"]) == ("test", 64 - 4)
+
+
+def test_offline_wikitext_test_split_is_its_test_file(data_dir, gpt2_tokenizer):
+    lines = (data_dir / "wikitext-2-v1" / "wiki.test.tokens").read_text().splitlines(keepends=True)
+    expected = sum(len(ids) for ids in gpt2_tokenizer(lines, add_special_tokens=False)["input_ids"])
+    tokens = split_tokens(DataArguments(dataset="wikitext-2-raw-v1"), gpt2_tokenizer, "test", seed=42)
+    assert len(tokens) == expected

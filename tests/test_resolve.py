@@ -1,10 +1,21 @@
 """Offline-first name resolution: local path, then $FINETUNE_DATA_DIR, then (unless offline) the Hub."""
 
-import pytest
+import os
+import subprocess
+import sys
+import time
 
+import pytest
+from huggingface_hub import constants as hub_constants
+
+from finetune.cli import main as cli_main
 from finetune.errors import FinetuneError
 from finetune.models import resolve_model
-from finetune.resolve import describe_tried, resolve
+from finetune.resolve import HUB_PROBE_TIMEOUT_S, describe_tried, hub_unreachable, resolve
+
+from launching import ENVIRONMENT
+
+UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused
 
 
 def test_existing_local_path_wins_over_the_data_dir(tmp_path, monkeypatch, data_dir):
@@ -50,3 +61,59 @@ def test_resolve_model_of_an_unknown_name_says_what_it_looked_for(data_dir):
     with pytest.raises(FinetuneError, match="no-such-model-xyz") as error:
         resolve_model("no-such-model-xyz")
     assert str(data_dir / "no-such-model-xyz") in str(error.value)
+
+
+def test_relative_data_dir_is_made_absolute_for_launched_processes(monkeypatch, tmp_path, data_dir):
+    monkeypatch.setenv("FINETUNE_DATA_DIR", os.path.relpath(data_dir, tmp_path))
+    assert cli_main(["profiles"]) == 0
+    assert os.environ["FINETUNE_DATA_DIR"] == str(data_dir)
+
+
+def test_name_not_found_says_the_data_dir_does_not_exist(monkeypatch, tmp_path):
+    monkeypatch.setenv("FINETUNE_DATA_DIR", "no-such-folder")
+    with pytest.raises(
+        FinetuneError, match=rf"FINETUNE_DATA_DIR={tmp_path}/no-such-folder \(does not exist\)"
+    ):
+        resolve_model("gpt2")
+
+
+def test_name_not_found_lists_what_the_data_dir_holds(data_dir):
+    with pytest.raises(FinetuneError, match=rf"FINETUNE_DATA_DIR={data_dir} \(holds: .*gpt2-medium, .*gsm8k"):
+        resolve_model("gtp2-medium")
+
+
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """Hub mode on (no HF_HUB_OFFLINE), pointed at a port where nothing listens."""
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_constants, "ENDPOINT", UNREACHABLE_HUB)
+    hub_unreachable.cache_clear()
+    yield
+    hub_unreachable.cache_clear()
+
+
+def test_unreachable_hub_is_reported_without_retrying(unreachable_hub):
+    started = time.monotonic()
+    found = resolve("no-such-model-xyz")
+    assert time.monotonic() - started < HUB_PROBE_TIMEOUT_S + 2
+    assert (found.local_path, found.hub_id) == (None, None)
+    assert f"the Hub at {UNREACHABLE_HUB} (unreachable: " in describe_tried(found)
+
+
+def test_unknown_dataset_with_the_hub_unreachable_fails_in_seconds_through_the_cli(tmp_path, data_dir):
+    environment = {key: value for key, value in ENVIRONMENT.items() if key != "HF_HUB_OFFLINE"}
+    environment |= {"HF_ENDPOINT": UNREACHABLE_HUB, "FINETUNE_DATA_DIR": str(data_dir)}
+    command = [sys.executable, "-m", "finetune", "eval", str(data_dir / "gpt2"), "--dataset", "wikitxt"]
+    started = time.monotonic()
+    result = subprocess.run(
+        command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.stderr[-2000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("finetune: error: dataset 'wikitxt' not found; ")
+    assert f"FINETUNE_DATA_DIR={data_dir} (holds: " in error
+    assert "unreachable" in error
+    # imports take a few seconds on a loaded machine; huggingface_hub's own retries alone take ~25 s
+    assert elapsed < 25, f"took {elapsed:.0f} s"

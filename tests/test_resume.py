@@ -99,6 +99,7 @@ def test_killed_rank_then_resume_ends_with_the_uninterrupted_weights(straight_ru
     assert summary["steps"] == MAX_STEPS
     assert_same_weights(output_dir, straight)
     assert summary["eval_loss"] == read_summary(straight)["eval_loss"]
+    assert summary["train_loss"] == read_summary(straight)["train_loss"]
 
 
 def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_weights(straight_run, tmp_path):
@@ -116,8 +117,10 @@ def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_we
     assert stopped["error"].startswith("stopped by SIGTERM")
     assert stopped["checkpoint"] == str(output_dir / f"checkpoint-{stopped['steps']}")
     run(profile, output_dir, "--resume")
-    assert read_summary(output_dir)["resumed_from_step"] == stopped["steps"]
+    resumed = read_summary(output_dir)
+    assert resumed["resumed_from_step"] == stopped["steps"]
     assert_same_weights(output_dir, straight)
+    assert resumed["train_loss"] == read_summary(straight)["train_loss"]
 
 
 def test_export_of_the_final_checkpoint_gives_the_trained_models_logits(straight_run, tmp_path):

@@ -23,6 +23,8 @@ from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL
 
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 MARKER = "ClusterName=finetune-ci"
+HOSTILE_PROMPT = "Say $(touch {marker}) and `touch {marker}` for $5 'quoted' \"too\""
+JOB_SIZE = {"processes_per_node": "2", "cpus_per_task": "2", "mem": "1G", "time": "00:10:00"}
 RUN_FLAGS = [
     *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--batch_size", "4",
     "--max_eval_samples", "8", "--disable_tqdm", "true", "--report_to", "none",
@@ -50,7 +52,7 @@ def test_script_asks_for_the_nodes_gpus_time_and_requeue(tmp_path):
         assert f"#SBATCH {directive}\n" in text
     assert "#SBATCH --signal=B:USR1@120" in text
     assert "--num_processes 8 --num_machines 2" in text
-    assert "--machine_rank \\$SLURM_NODEID" in text
+    assert '--machine_rank "$SLURM_NODEID"' in text
     assert text.rstrip().endswith('scontrol requeue "$SLURM_JOB_ID"\nfi')
 
 
@@ -70,13 +72,85 @@ def test_run_flags_may_follow_a_double_dash(tmp_path):
                      "--", "--model", "gpt2-medium", "--output_dir", str(tmp_path / "out")]) == 0  # fmt: skip
     text = script.read_text()
     assert " -- " not in text
-    assert f"--model gpt2-medium --output_dir {tmp_path / 'out'} --resume" in text
+    assert f"--model gpt2-medium --output_dir {tmp_path / 'out'} --resume)" in text
 
 
 def test_every_start_resumes(tmp_path):
+    assert "--resume)\n" in write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
+
+
+def test_writing_the_script_creates_nothing_but_the_script(tmp_path):
+    write_script(tmp_path, tmp_path / "out", gpus_per_node="1")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job.sbatch"]
+
+
+def test_script_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    arguments = [
+        "slurm",
+        "--profile",
+        "ddp",
+        "--gpus_per_node",
+        "1",
+        "--output",
+        str(tmp_path / "no" / "job"),
+    ]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(arguments)
+    assert stop.value.code == 2
     assert (
-        "--resume --machine_rank" in write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
+        capsys.readouterr().err
+        == f"finetune: error: cannot write the script to {tmp_path}/no/job: No such file or directory\n"
     )
+
+
+def test_script_names_no_path_of_the_checkout(tmp_path):
+    text = write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
+    commands = [line for line in text.splitlines() if not line.startswith("#")]
+    assert not [line for line in commands if str(PROJECT_ROOT) in line or line.startswith("cd ")]
+    assert "run=(finetune run --profile ddp " in text
+
+
+def test_script_asks_for_cpus_and_memory_per_rank_by_default(tmp_path):
+    text = write_script(tmp_path, tmp_path / "out", nodes="2", gpus_per_node="4").read_text()
+    assert "#SBATCH --cpus-per-task=16\n" in text
+    assert "#SBATCH --mem=64G\n" in text
+
+
+def test_script_asks_for_the_cpus_and_memory_given(tmp_path):
+    text = write_script(tmp_path, tmp_path / "out", gpus_per_node="4", cpus_per_task="32", mem_per_gpu="80G")
+    assert "#SBATCH --cpus-per-task=32\n" in text.read_text()
+    assert "#SBATCH --mem-per-gpu=80G\n" in text.read_text()
+    assert "#SBATCH --mem=" not in text.read_text()
+
+
+def test_script_carries_an_absolute_data_dir_and_the_hub_settings(tmp_path, monkeypatch, data_dir):
+    monkeypatch.setenv("FINETUNE_DATA_DIR", os.path.relpath(data_dir, tmp_path))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf home"))
+    text = write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
+    assert f"export FINETUNE_DATA_DIR={data_dir}\n" in text
+    assert "export HF_HUB_OFFLINE=1\n" in text
+    assert f"export HF_HOME='{tmp_path}/hf home'\n" in text
+
+
+def test_run_arguments_reach_the_run_literally(tmp_path):
+    prompt = HOSTILE_PROMPT.format(marker=tmp_path / "X")
+    text = write_script(
+        tmp_path, tmp_path / "out", "--generation_prompt", prompt, gpus_per_node="1"
+    ).read_text()
+    array = next(line for line in text.splitlines() if line.startswith("run=("))
+    rendezvous = {**ENVIRONMENT, "MASTER_ADDR": "node0", "MASTER_PORT": "1"}
+    printed = subprocess.run(["bash", "-c", f'{array}\nprintf "%s\\0" "${{run[@]}}"'], capture_output=True,
+                             text=True, check=True, env=rendezvous)  # fmt: skip
+    arguments = printed.stdout.split("\0")[:-1]
+    assert arguments[arguments.index("--generation_prompt") + 1] == prompt
+    assert arguments[arguments.index("--main_process_ip") + 1] == "node0"
+    assert not (tmp_path / "X").exists()
+
+
+def test_stop_signals_only_this_jobs_ranks(tmp_path):
+    text = write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
+    assert "pkill" not in text
+    assert 'scontrol listpids "$SLURM_JOB_ID"' in text
 
 
 # A real SLURM
@@ -100,6 +174,7 @@ def start_cluster() -> None:
     for folder in ("/var/spool/slurmctld", "/var/spool/slurmd", "/var/log/slurm"):
         Path(folder).mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
     SLURM_CONF.write_text(
         f"{MARKER}\nSlurmctldHost={host}\nSlurmUser=root\nAuthType=auth/munge\n"
@@ -107,7 +182,7 @@ def start_cluster() -> None:
         "SelectTypeParameters=CR_Core\nStateSaveLocation=/var/spool/slurmctld\nSlurmdSpoolDir=/var/spool/slurmd\n"
         "ReturnToService=2\nAccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
         "MpiDefault=none\nSlurmctldLogFile=/var/log/slurm/slurmctld.log\nSlurmdLogFile=/var/log/slurm/slurmd.log\n"
-        f"NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN\n"
+        f"NodeName={host} CPUs={os.cpu_count()} RealMemory={memory_mb} State=UNKNOWN\n"
         "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
     )
     for daemon in ("slurmctld", "slurmd"):
@@ -131,7 +206,7 @@ def slurm_cluster():
 
 
 def submit(script: Path) -> str:
-    result = subprocess.run(["sbatch", "--parsable", str(script)], env=ENVIRONMENT, cwd=PROJECT_ROOT,
+    result = subprocess.run(["sbatch", "--parsable", str(script)], env=ENVIRONMENT, cwd=script.parent,
                             capture_output=True, text=True, check=True)  # fmt: skip
     return result.stdout.strip().split(";")[0]
 
@@ -164,8 +239,7 @@ def job_state(job: str) -> str:
 @pytest.mark.integration
 def test_generated_job_trains_on_slurm(slurm_cluster, tmp_path):
     output_dir = tmp_path / "out"
-    script = write_script(tmp_path, output_dir, *RUN_FLAGS, "--max_steps", "8", processes_per_node="2",
-                          time="00:10:00")  # fmt: skip
+    script = write_script(tmp_path, output_dir, *RUN_FLAGS, "--max_steps", "8", **JOB_SIZE)
     submit(script)
     wait_for(lambda: summary_status(output_dir) == "completed", 600, "the job to complete")
     summary = json.loads((output_dir / "run_summary.json").read_text())
@@ -176,7 +250,7 @@ def test_generated_job_trains_on_slurm(slurm_cluster, tmp_path):
 def test_signalled_job_saves_requeues_and_resumes(slurm_cluster, tmp_path):
     output_dir = tmp_path / "out"
     flags = [*RUN_FLAGS, "--max_steps", "80", "--save_steps", "10"]
-    job = submit(write_script(tmp_path, output_dir, *flags, processes_per_node="2", time="00:10:00"))
+    job = submit(write_script(tmp_path, output_dir, *flags, **JOB_SIZE))
     wait_for(
         lambda: (output_dir / "checkpoint-10" / "finetune_checkpoint.json").exists(), 600, "a checkpoint"
     )
@@ -193,3 +267,14 @@ def test_signalled_job_saves_requeues_and_resumes(slurm_cluster, tmp_path):
     resumed = json.loads((output_dir / "run_summary.json").read_text())
     assert resumed["resumed_from_step"] == stopped["steps"]
     assert resumed["steps"] == 80
+
+
+@pytest.mark.integration
+def test_job_passes_shell_syntax_in_run_arguments_to_the_run_literally(slurm_cluster, tmp_path):
+    output_dir, prompt = tmp_path / "out", HOSTILE_PROMPT.format(marker=tmp_path / "X")
+    flags = [*RUN_FLAGS, "--max_steps", "2", "--generation_prompt", prompt]
+    submit(write_script(tmp_path, output_dir, *flags, **JOB_SIZE))
+    wait_for(lambda: summary_status(output_dir) == "completed", 600, "the job to complete")
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert [generation["prompt"] for generation in summary["generations"]] == [prompt]
+    assert not (tmp_path / "X").exists()

@@ -1,0 +1,282 @@
+"""An output_dir belongs to one run: refused if it holds another run's results, locked while a run
+trains in it, and never outlived by the ranks that train in it.
+
+- Results of an earlier run (summary, checkpoints, model, TensorBoard logs) are kept unless the user
+  continues that run (`--resume`) or replaces it (`--overwrite_output_dir`, which says what it removes
+  and removes it before training, so no earlier checkpoint can later be mixed with the new run's).
+- Rank 0 holds an `flock` on `output_dir/.finetune.lock` (host, pid and start time inside) for as long
+  as it lives, so a second run into the folder, `--resume` included, fails at once naming the holder.
+  The kernel drops the lock when its process dies, however it dies; a lock file whose pid is gone from
+  this host is taken over too (its flock may live on in a forked child).
+- Each launched rank sends itself SIGTERM when its launcher dies, so a `kill -9` of `accelerate launch`
+  ends in the usual save-and-stop instead of ranks training on unsupervised.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+import torch.distributed as dist
+from transformers.utils import logging
+
+from finetune.checkpoint import STAGING_DIR
+from finetune.errors import FinetuneError
+from finetune.summary import SUMMARY_FILE
+
+if TYPE_CHECKING:
+    from finetune.arguments import FinetuneTrainingArguments
+
+logger = logging.get_logger("finetune")
+
+LOCK_FILE = ".finetune.lock"
+# What a run leaves in its output_dir, as glob patterns; the final model's config and tokenizer files
+# are left out: they are no result on their own and the next save replaces them.
+RESULT_PATTERNS = (
+    SUMMARY_FILE,
+    "checkpoint-*",
+    STAGING_DIR,
+    "model.safetensors",
+    "model-*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model*.bin",
+    "runs",
+)
+LAUNCHER_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds an output_dir: enough to find the process, and to tell it from a later one with its pid."""
+
+    host: str
+    pid: int
+    started_at: str
+    process_started: float
+
+    @classmethod
+    def this_process(cls) -> Holder:
+        started = psutil.Process().create_time()
+        return cls(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=datetime.datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds"),
+            process_started=started,
+        )
+
+    def is_gone(self) -> bool:
+        """True only when this host can tell: the pid is free, or now belongs to a later process."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            return psutil.Process(self.pid).create_time() != self.process_started
+        except psutil.NoSuchProcess:
+            return True
+
+    def __str__(self) -> str:
+        return f"host {self.host}, pid {self.pid}, started {self.started_at}"
+
+
+def read_holder(lock_path: Path) -> Holder | None:
+    try:
+        return Holder(**json.loads(lock_path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class OutputDirLock:
+    """An exclusive `flock` on `output_dir/.finetune.lock`, held by this process until `release`.
+
+    Written by hand: filelock and friends wait or fail without saying who holds the lock, and none
+    recognises a holder that is gone while its lock lives on.
+    """
+
+    def __init__(self, output_dir: Path) -> None:
+        self.path = output_dir / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        for _ in range(3):  # each retry follows a lock file that was replaced or removed under us
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                holder = read_holder(self.path)
+                if holder is None or not holder.is_gone():
+                    who = holder or "a process that has not written its name yet"
+                    raise FinetuneError(
+                        f"--output_dir {self.path.parent} is in use by another run ({who}; lock file "
+                        f"{self.path}): wait for it to end or stop it"
+                    ) from None
+                logger.warning(f"finetune: taking over {self.path} from a run that is gone ({holder})")
+                self.path.unlink(missing_ok=True)
+                continue
+            if not self._is_current(fd):
+                os.close(fd)
+                continue
+            previous = read_holder(self.path)
+            if previous is not None:
+                logger.warning(
+                    f"finetune: taking over {self.path} from a run that did not release it ({previous})"
+                )
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(asdict(Holder.this_process())) + "\n").encode())
+            self.fd = fd
+            return
+        raise FinetuneError(f"cannot lock {self.path}: it keeps being replaced by another process")
+
+    def _is_current(self, fd: int) -> bool:
+        """Whether the file locked is still the one at the path (another run may have taken it over)."""
+        try:
+            return os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        if self._is_current(self.fd):
+            self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+
+
+_held: dict[Path, OutputDirLock] = {}
+
+
+@atexit.register
+def _release_all() -> None:
+    for lock in _held.values():
+        lock.release()
+    _held.clear()
+
+
+def lock_output_dir(output_dir: Path) -> OutputDirLock:
+    """This process's lock on output_dir, taken once (a second call in one process reuses it)."""
+    key = output_dir.resolve()
+    if key not in _held:
+        lock = OutputDirLock(output_dir)
+        lock.acquire()
+        _held[key] = lock
+    return _held[key]
+
+
+def unlock_output_dir(output_dir: Path) -> None:
+    lock = _held.pop(output_dir.resolve(), None)
+    if lock is not None:
+        lock.release()
+
+
+def earlier_results(output_dir: Path) -> list[Path]:
+    """What an earlier run left in output_dir. A summary of a run that failed before its first step
+    is no result: re-running after fixing a typo in a flag must not need --overwrite_output_dir."""
+    found = sorted({path for pattern in RESULT_PATTERNS for path in output_dir.glob(pattern)})
+    if found == [output_dir / SUMMARY_FILE] and failed_before_training(output_dir / SUMMARY_FILE):
+        return []
+    return found
+
+
+def failed_before_training(summary: Path) -> bool:
+    try:
+        fields = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(fields, dict) and fields.get("status") == "failed" and not fields.get("steps")
+
+
+def remove(paths: list[Path]) -> None:
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def claim_on_main(output_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Lock output_dir, then refuse, keep or remove what an earlier run left in it."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise FinetuneError(f"--output_dir {output_dir}: cannot create it ({error.strerror})") from None
+    lock_output_dir(output_dir)
+    found = earlier_results(output_dir)
+    if not found or resume:
+        return
+    names = ", ".join(path.name for path in found)
+    if not overwrite:
+        unlock_output_dir(output_dir)
+        raise FinetuneError(
+            f"--output_dir {output_dir} holds another run's results ({names}): pass --resume to continue "
+            "that run, --overwrite_output_dir to delete them and start anew, or choose another folder"
+        )
+    logger.warning(f"finetune: --overwrite_output_dir: removing {names} from {output_dir}")
+    remove(found)
+
+
+def die_with_launcher() -> None:
+    """A launched rank gets one SIGTERM when the process that started it dies, even by SIGKILL.
+
+    torchelastic starts the ranks from the `accelerate launch` process itself, so that is the parent.
+    A thread watches for the rank being re-parented, written by hand because the kernel's
+    PR_SET_PDEATHSIG fires once per thread of a dying multi-threaded launcher: a second SIGTERM makes
+    the save-and-stop give up at once. Only launched ranks (LOCAL_RANK set) watch: a `python
+    finetune/run.py` under nohup must outlive its shell.
+    """
+    if "LOCAL_RANK" not in os.environ:
+        return
+    launcher = os.getppid()
+    if launcher == 1:
+        raise FinetuneError("the launcher that started this rank has exited")
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL_S)
+        logger.warning(f"finetune: the launcher (pid {launcher}) has exited: stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="finetune-launcher-watch", daemon=True).start()
+
+
+def share_from_main(message: str | None) -> str | None:
+    """Rank 0's verdict on every rank (a broadcast, so the others also wait for its clean-up)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return message
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def claim_output_dir(args: FinetuneTrainingArguments) -> None:
+    """Before data or model are built: make this run the only owner of its output_dir, on every rank.
+
+    Rank 0 decides; every rank stops with the same one-line error when it refuses.
+    """
+    die_with_launcher()
+    verdict = None
+    if args.process_index == 0:
+        try:
+            claim_on_main(
+                Path(args.output_dir),
+                args.resume or bool(args.resume_from_checkpoint),
+                args.overwrite_output_dir,
+            )
+        except FinetuneError as error:
+            verdict = str(error)
+        except OSError as error:
+            verdict = f"--output_dir {args.output_dir}: {error}"
+    verdict = share_from_main(verdict)
+    if verdict is not None:
+        raise FinetuneError(verdict)

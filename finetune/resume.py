@@ -1,0 +1,241 @@
+"""Resume means the same run: a checkpoint records what run wrote it, and `--resume` refuses another.
+
+Every checkpoint's manifest holds the run's identity under "run": how it was distributed (strategy,
+processes, batch geometry) and the flags that define what it computes. A resume with a different
+identity would not continue that run: the Trainer loads what it can (a ZeRO-2 checkpoint under DDP
+loads the weights, starts a fresh optimizer and restarts the LR schedule) and reports success. So
+the differences are one `finetune: error:` line, found before data and model are built.
+
+`run_differences` is public for `--allow_world_size_change`, which tolerates exactly the
+differences in WORLD_SIZE_CHANGE_FIELDS and converts the checkpoint (finetune/reshard.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerState, TrainingArguments
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.utils import logging
+
+from finetune.checkpoint import read_manifest
+from finetune.devices import launched_with
+from finetune.errors import FinetuneError
+from finetune.profiles import active_deepspeed_config
+from finetune.summary import read_summary
+
+logger = logging.get_logger("finetune")
+
+GEOMETRY_FIELDS = ("strategy", "world_size", "micro_batch_size", "gradient_accumulation_steps")
+WORLD_SIZE_CHANGE_FIELDS = ("world_size", "gradient_accumulation_steps")
+
+# What a run computes: the model it starts from, the samples it sees in what order, the objective and
+# the optimizer's schedule. A different value makes the continuation another run (the LR schedule
+# depends on the length, the data order on the seeds and the blocks on the tokenizer and block size).
+# Flags that change only speed or memory (compilation, gradient checkpointing, chunked loss, logging,
+# saving, evaluation) are left out: resuming with them changed yields the same run.
+MODEL_FLAGS = ("model", "config_overrides", "from_scratch", "tokenizer")
+DATA_FLAGS = (
+    "dataset",
+    "dataset_config",
+    "text_column",
+    "block_size",
+    "packing",
+    "validation_split_percentage",
+    "max_train_samples",
+)
+TRAINING_FLAGS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "optim",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "max_steps",
+    "num_train_epochs",
+    "seed",
+    "data_seed",
+)
+
+
+@dataclass(frozen=True)
+class Difference:
+    field: str
+    recorded: Any
+    current: Any
+
+
+def _plain(value: Any) -> Any:
+    """Enums (scheduler, optimizer) as their names, so the identity is JSON and compares after a reload."""
+    return getattr(value, "value", value)
+
+
+def defining_flags(model_args: Any, data_args: Any, training_args: TrainingArguments) -> dict[str, Any]:
+    flags = {name: _plain(getattr(model_args, name)) for name in MODEL_FLAGS}
+    flags.update({name: _plain(getattr(data_args, name)) for name in DATA_FLAGS})
+    flags.update({name: _plain(getattr(training_args, name)) for name in TRAINING_FLAGS})
+    flags["precision"] = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    return flags
+
+
+def launched_strategy(training_args: TrainingArguments) -> dict[str, Any]:
+    """The strategy `finetune.profiles.strategy_of` will name, read from what `accelerate launch` set.
+
+    The Accelerator that strategy_of asks exists only once the Trainer is built, after data and
+    model; the launcher's environment and the profile's DeepSpeed JSON say the same before.
+    """
+    world_size = training_args.world_size
+    if launched_with("DEEPSPEED"):
+        _, config = active_deepspeed_config()
+        zero = (config or {}).get("zero_optimization", {})
+        offload = zero.get("offload_optimizer", {}).get("device", "none")
+        stage = int(zero.get("stage", 0))
+        strategy = f"zero{stage}" + ("" if offload == "none" else f"+offload_{offload}")
+        return {
+            "distributed_type": "DEEPSPEED",
+            "world_size": world_size,
+            "zero_stage": stage,
+            "strategy": strategy,
+        }
+    if launched_with("FSDP"):
+        resharded = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() == "true"
+        strategy = f"fsdp{os.environ.get('FSDP_VERSION', '1')}" + ("" if resharded else "_grad_op")
+        return {"distributed_type": "FSDP", "world_size": world_size, "strategy": strategy}
+    return {"world_size": world_size, "strategy": "ddp" if world_size > 1 else "single"}
+
+
+def run_identity(
+    flags: dict[str, Any], strategy: dict[str, Any], training_args: TrainingArguments
+) -> dict[str, Any]:
+    """The manifest's "run" entry: strategy fields as strategy_of or launched_strategy give them."""
+    micro = training_args.per_device_train_batch_size
+    accumulation = training_args.gradient_accumulation_steps
+    world_size = strategy["world_size"]
+    return {
+        "profile": os.environ.get("FINETUNE_PROFILE"),
+        "strategy": strategy["strategy"],
+        "distributed_type": strategy.get("distributed_type"),
+        "zero_stage": strategy.get("zero_stage"),
+        "world_size": world_size,
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": accumulation,
+        "global_batch_size": micro * accumulation * world_size,
+        "flags": flags,
+    }
+
+
+def _comparable(field: str, value: Any) -> Any:
+    """DDP on one process is named single: a change of process count, not of strategy."""
+    return "ddp" if field == "strategy" and value == "single" else value
+
+
+def run_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[Difference]:
+    """Where this run's identity differs from a checkpoint's: geometry first, then flags."""
+    differences = [
+        Difference(name, recorded.get(name), current[name])
+        for name in GEOMETRY_FIELDS
+        if _comparable(name, recorded.get(name)) != _comparable(name, current[name])
+    ]
+    recorded_flags = recorded.get("flags", {})
+    differences += [
+        Difference(name, recorded_flags.get(name), value)
+        for name, value in current["flags"].items()
+        if recorded_flags.get(name) != value
+    ]
+    return differences
+
+
+def _geometry(identity: dict[str, Any]) -> str:
+    processes = identity["world_size"]
+    return (
+        f"{identity['strategy']} with {processes} process{'es' if processes != 1 else ''}, micro batch "
+        f"{identity['micro_batch_size']} x {identity['gradient_accumulation_steps']}"
+    )
+
+
+def _flag(name: str, value: Any) -> str:
+    shown = "unset" if value is None else value if isinstance(value, str) else json.dumps(value)
+    return f"--{name} {shown}"
+
+
+def describe_differences(
+    checkpoint: Path, recorded: dict[str, Any], current: dict[str, Any], differences: list[Difference]
+) -> str:
+    """One sentence: what wrote the checkpoint, what this run is, and how to go on."""
+    fields = {difference.field for difference in differences}
+    flags = [difference for difference in differences if difference.field not in GEOMETRY_FIELDS]
+    then = [_flag(d.field, d.recorded) for d in flags]
+    now = [_flag(d.field, d.current) for d in flags]
+    if fields & set(GEOMETRY_FIELDS):
+        then = [f"by {_geometry(recorded)}", *then]
+        now = [f"is {_geometry(current)}", *now]
+    else:
+        then = [f"with {then[0]}", *then[1:]]
+        now = [f"has {now[0]}", *now[1:]]
+    advice = "resume with the same profile, processes and flags, or start a new run in another --output_dir"
+    if fields <= set(WORLD_SIZE_CHANGE_FIELDS):
+        advice += " (or pass --allow_world_size_change to continue on a different number of processes)"
+    return f"{checkpoint.name} was written {', '.join(then)}; this run {', '.join(now)}: {advice}"
+
+
+def refuse_another_run(
+    checkpoint: Path, current: dict[str, Any], allow_world_size_change: bool, is_main_process: bool
+) -> None:
+    """Raise FinetuneError unless `current` continues the run that wrote `checkpoint`.
+
+    A checkpoint written before identities were recorded resumes with a warning: nothing to compare.
+    """
+    recorded = read_manifest(checkpoint).get("run")
+    if recorded is None:
+        if is_main_process:
+            logger.warning(
+                f"finetune: {checkpoint} does not record the run that wrote it (an older finetune): "
+                "resuming without checking that profile, processes and flags match"
+            )
+        return
+    differences = run_differences(recorded, current)
+    if allow_world_size_change:
+        differences = [d for d in differences if d.field not in WORLD_SIZE_CHANGE_FIELDS]
+    if differences:
+        raise FinetuneError(describe_differences(checkpoint, recorded, current, differences))
+
+
+def finished_run(output_dir: str, checkpoint: Path | None, resume: bool) -> str | None:
+    """Why resuming would do nothing: the checkpoint is the run's last step, or the run completed.
+
+    Without this the Trainer, resumed at max_steps, takes one step past it and records that step's
+    loss as the run's train_loss.
+    """
+    state_file = checkpoint / TRAINER_STATE_NAME if checkpoint is not None else None
+    if state_file is not None and state_file.is_file():
+        state = TrainerState.load_from_json(str(state_file))
+        if state.max_steps and state.global_step >= state.max_steps:
+            return f"{checkpoint} is the last step of its run ({state.global_step} of {state.max_steps})"
+    if resume:
+        try:
+            status = read_summary(output_dir).get("status")
+        except (OSError, ValueError):
+            return None
+        if status == "completed":
+            return f"the run in {output_dir} has completed (run_summary.json)"
+    return None
+
+
+def check_resume(checkpoint: Path | None, flags: dict[str, Any], training_args: Any) -> str | None:
+    """Before data and model: refuse a resume of another run; say why there is nothing to resume.
+
+    Returns the reason a finished run has nothing left to do, else None (train).
+    """
+    if checkpoint is not None:
+        current = run_identity(flags, launched_strategy(training_args), training_args)
+        refuse_another_run(
+            checkpoint, current, training_args.allow_world_size_change, training_args.process_index == 0
+        )
+    return finished_run(training_args.output_dir, checkpoint, training_args.resume)

@@ -1,0 +1,266 @@
+"""No file in a checkpoint or model folder runs code, through any reader: resume, export, eval, generate.
+
+Each hostile file is a pickle whose loading would run `touch MARKER` (through `__reduce__`), or a
+config whose `auto_map` points at custom code that would create the marker when imported. It is
+planted in a real checkpoint of a tiny 2-rank run (made once per profile for the module) with the
+manifest's file records refreshed, as an attacker who can write the folder would. Every command
+must leave no marker and, where it needs the file, fail with one `finetune: error:` line naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+
+from finetune import cli
+from finetune.checkpoint import MANIFEST, file_records
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+
+FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "2",
+    "--batch_size", "2", "--max_eval_samples", "4", "--save_steps", "1", "--report_to", "none",
+    "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+class WritesMarker:
+    """Unpickling this runs a shell command that creates the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+EVIL_CODE = "from pathlib import Path\nPath({marker!r}).touch()\n"
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """finished_run(profile) -> output_dir of a 2-rank, 2-step run with checkpoints 1 and 2 (made once)."""
+    root = tmp_path_factory.mktemp("hostile-runs")
+    made: dict[str, Path] = {}
+
+    def make(profile: str) -> Path:
+        if profile not in made:
+            launch(accelerate_launch(profile), root / profile, FLAGS)
+            made[profile] = root / profile
+        return made[profile]
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def restore_loaders(monkeypatch):
+    """The in-process commands install the restricted readers; undo that for the rest of the session."""
+    monkeypatch.setattr(torch, "load", torch.load)
+    monkeypatch.setattr(FileSystemReader, "read_metadata", FileSystemReader.read_metadata)
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
+
+
+@pytest.fixture
+def marker(tmp_path):
+    path = tmp_path / "MARKER"
+    yield path
+    assert not path.exists(), "a hostile file ran code"
+
+
+def copy_checkpoint(run: Path, destination: Path, step: int = 1) -> Path:
+    checkpoint = destination / f"checkpoint-{step}"
+    shutil.copytree(run / f"checkpoint-{step}", checkpoint)
+    return checkpoint
+
+
+def refresh_manifest(checkpoint: Path) -> None:
+    """Record the planted files as the checkpoint's own: the hash check is no defence against this."""
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    manifest["files"] = file_records(checkpoint)
+    (checkpoint / MANIFEST).write_text(json.dumps(manifest))
+
+
+def plant_pickle(path: Path, marker: Path) -> None:
+    """A plain pickle for DCP `.metadata`, a torch.save archive for `.pt/.pth/.bin` files."""
+    if path.suffix in (".pt", ".pth", ".bin"):
+        torch.save({"state": WritesMarker(marker)}, path)
+    else:
+        path.write_bytes(pickle.dumps(WritesMarker(marker)))
+
+
+def plant_custom_code(folder: Path, marker: Path) -> None:
+    """A config whose architecture exists only as code in the folder, which would create the marker."""
+    (folder / "evil.py").write_text(EVIL_CODE.format(marker=str(marker)))
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "evil"
+    config["auto_map"] = {
+        name: "evil.Evil" for name in ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer")
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("finetune: error:")]
+
+
+def assert_one_error_line_naming(text: str, name: str) -> None:
+    lines = error_lines(text)
+    assert lines and all(line == lines[0] for line in lines), text[-3000:]
+    assert name in lines[0]
+    assert "Traceback" not in text.split("finetune: error:")[0], "a rank printed a traceback"
+
+
+def resume(checkpoint: Path, profile: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*accelerate_launch(profile), *FLAGS, "--output_dir", str(checkpoint.parent), "--resume"],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+
+
+RESUME_READERS = [
+    ("fsdp", "pytorch_model_fsdp_0/.metadata"),
+    ("fsdp", "optimizer_0/.metadata"),
+    ("zero2", "global_step1/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("zero2", "global_step1/mp_rank_00_model_states.pt"),
+    ("ddp", "optimizer.pt"),
+    ("ddp", "scheduler.pt"),
+    ("ddp", "rng_state_1.pth"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("profile", "name"), RESUME_READERS, ids=[f"{p}-{n}" for p, n in RESUME_READERS])
+def test_resume_refuses_a_hostile_pickle_in_one_line_without_running_it(
+    finished_run, tmp_path, marker, profile, name
+):
+    checkpoint = copy_checkpoint(finished_run(profile), tmp_path / "out")
+    plant_pickle(checkpoint / name, marker)
+    refresh_manifest(checkpoint)
+    result = resume(checkpoint, profile)
+    assert result.returncode != 0
+    assert_one_error_line_naming(result.stderr, name)
+
+
+@pytest.mark.integration
+def test_resume_never_reads_training_args_bin(finished_run, tmp_path, marker):
+    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path / "out")
+    plant_pickle(checkpoint / "training_args.bin", marker)
+    refresh_manifest(checkpoint)
+    result = resume(checkpoint, "ddp")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def export(checkpoint: Path, destination: Path, capsys) -> tuple[int, str]:
+    """`finetune export` in this process: its exit code and what it printed to stderr."""
+    try:
+        code = cli.main(["export", str(checkpoint), str(destination)])
+    except SystemExit as exit:
+        code = exit.code
+    return code, capsys.readouterr().err
+
+
+EXPORT_READERS = [
+    ("fsdp", "pytorch_model_fsdp_0/.metadata"),
+    ("zero2", "global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+    ("zero2", "global_step2/mp_rank_00_model_states.pt"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("profile", "name"), EXPORT_READERS, ids=[f"{p}-{n}" for p, n in EXPORT_READERS])
+def test_export_refuses_a_hostile_pickle_in_one_line_without_running_it(
+    finished_run, tmp_path, marker, capsys, profile, name
+):
+    checkpoint = copy_checkpoint(finished_run(profile), tmp_path, step=2)
+    plant_pickle(checkpoint / name, marker)
+    refresh_manifest(checkpoint)
+    code, err = export(checkpoint, tmp_path / "export", capsys)
+    assert code == 2
+    assert_one_error_line_naming(err, name)
+
+
+@pytest.mark.integration
+def test_export_reads_no_pickle_a_ddp_checkpoint_holds(finished_run, tmp_path, marker, capsys):
+    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path, step=2)
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth", "training_args.bin"):
+        plant_pickle(checkpoint / name, marker)
+    refresh_manifest(checkpoint)
+    code, err = export(checkpoint, tmp_path / "export", capsys)
+    assert code == 0, err
+    assert (tmp_path / "export" / "model.safetensors").is_file()
+
+
+@pytest.mark.integration
+def test_export_never_runs_custom_code_even_if_the_terminal_says_yes(
+    finished_run, tmp_path, marker, capsys, monkeypatch
+):
+    monkeypatch.setattr("builtins.input", lambda prompt="": "y")
+    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path, step=2)
+    plant_custom_code(checkpoint, marker)
+    refresh_manifest(checkpoint)
+    code, err = export(checkpoint, tmp_path / "export", capsys)
+    assert code == 2
+    assert_one_error_line_naming(err, "custom code")
+
+
+@pytest.mark.integration
+def test_export_of_a_checkpoint_with_bytes_damaged_and_size_kept_fails_in_one_line(
+    finished_run, tmp_path, capsys
+):
+    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path, step=2)
+    weights = bytearray((checkpoint / "model.safetensors").read_bytes())
+    weights[-1] ^= 0xFF
+    (checkpoint / "model.safetensors").write_bytes(bytes(weights))
+    code, err = export(checkpoint, tmp_path / "export", capsys)
+    assert code == 2
+    assert_one_error_line_naming(err, "model.safetensors does not hold the bytes that were written")
+
+
+@pytest.fixture
+def model_folder(tiny_gpt2_dir, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    return folder
+
+
+def use_model(command: str, folder: Path, tmp_path: Path, capsys) -> tuple[int, str]:
+    """`finetune eval` or `finetune generate` on the folder, in this process: exit code and stderr."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    arguments = {
+        "eval": ["eval", str(folder), "--dataset", str(text), "--split", "train", "--block_size", "16"],
+        "generate": ["generate", str(folder), "--prompt", "the", "--max_new_tokens", "2"],
+    }[command]
+    try:
+        code = cli.main(arguments)
+    except SystemExit as exit:
+        code = exit.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_a_hostile_pytorch_model_bin_is_refused_in_one_line(model_folder, tmp_path, marker, capsys, command):
+    (model_folder / "model.safetensors").unlink()
+    plant_pickle(model_folder / "pytorch_model.bin", marker)
+    code, err = use_model(command, model_folder, tmp_path, capsys)
+    assert code == 2
+    assert_one_error_line_naming(err, "pytorch_model.bin")
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_custom_code_in_a_model_folder_never_runs_even_if_the_terminal_says_yes(
+    model_folder, tmp_path, marker, capsys, monkeypatch, command
+):
+    monkeypatch.setattr("builtins.input", lambda prompt="": "y")
+    plant_custom_code(model_folder, marker)
+    code, err = use_model(command, model_folder, tmp_path, capsys)
+    assert code == 2
+    assert_one_error_line_naming(err, "custom code")

@@ -1,0 +1,251 @@
+"""An output folder belongs to one run: earlier results are kept, a live run's folder is locked, ranks
+die with their launcher, and `finetune export` never writes over results."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from finetune import cli, outputs, run
+from finetune.checkpoint import MANIFEST
+from finetune.outputs import LOCK_FILE, claim_on_main, earlier_results, lock_output_dir, read_holder
+from finetune.summary import read_summary
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+
+RUN_FLAGS = [*TINY_MODEL, "--block_size", "64", "--max_steps", "2", "--report_to", "none"]
+
+
+def earlier_run(output_dir: Path) -> Path:
+    """A folder as a finished run leaves it, plus a file of the user's."""
+    (output_dir / "checkpoint-5").mkdir(parents=True)
+    (output_dir / "checkpoint-5" / MANIFEST).write_text("{}")
+    (output_dir / "model.safetensors").write_bytes(b"weights")
+    (output_dir / "run_summary.json").write_text(json.dumps({"status": "completed", "steps": 5}))
+    (output_dir / "notes.txt").write_text("mine")
+    return output_dir
+
+
+def listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def error_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
+
+
+def warnings(monkeypatch) -> list[str]:
+    said: list[str] = []
+    monkeypatch.setattr(outputs.logger, "warning", said.append)
+    return said
+
+
+def start_python(code: str, *args: str) -> subprocess.Popen[str]:
+    """A helper process that prints `ready` once it has done what the test needs."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=PROJECT_ROOT,
+        env=ENVIRONMENT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
+
+
+LOCK_AND = "import os, sys, time; from pathlib import Path; from finetune.outputs import lock_output_dir; "
+
+
+def test_second_run_into_a_used_output_dir_is_refused_and_touches_nothing(tmp_path, capsys):
+    output_dir = earlier_run(tmp_path / "out")
+    before = listing(output_dir)
+    with pytest.raises(SystemExit) as stopped:
+        run.main([*RUN_FLAGS, "--output_dir", str(output_dir)])
+    assert stopped.value.code == 2
+    (line,) = error_lines(capsys)
+    assert "holds another run's results (checkpoint-5, model.safetensors, run_summary.json)" in line
+    assert "--resume" in line and "--overwrite_output_dir" in line
+    assert listing(output_dir) == before
+
+
+def test_resume_keeps_the_earlier_runs_results(tmp_path):
+    output_dir = earlier_run(tmp_path / "out")
+    before = listing(output_dir)
+    claim_on_main(output_dir, resume=True, overwrite=False)
+    assert {name: data for name, data in listing(output_dir).items() if name != LOCK_FILE} == before
+
+
+def test_overwrite_output_dir_says_what_it_removes_and_removes_only_that(tmp_path, monkeypatch):
+    output_dir = earlier_run(tmp_path / "out")
+    said = warnings(monkeypatch)
+    claim_on_main(output_dir, resume=False, overwrite=True)
+    assert said == [
+        f"finetune: --overwrite_output_dir: removing checkpoint-5, model.safetensors, run_summary.json "
+        f"from {output_dir}"
+    ]
+    assert sorted(listing(output_dir)) == [LOCK_FILE, "notes.txt"]
+
+
+def test_summary_of_a_run_that_failed_before_training_does_not_block_the_folder(tmp_path):
+    (tmp_path / "run_summary.json").write_text(json.dumps({"status": "failed", "steps": None}))
+    assert earlier_results(tmp_path) == []
+
+
+def test_a_live_runs_lock_stops_a_second_run_naming_its_holder(tmp_path, capsys):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    holder = start_python(LOCK_AND + "lock_output_dir(Path(sys.argv[1])); print('ready', flush=True); "
+                          "time.sleep(600)", str(output_dir))  # fmt: skip
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run.main([*RUN_FLAGS, "--output_dir", str(output_dir), "--resume"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert stopped.value.code == 2
+    (line,) = error_lines(capsys)
+    assert f"is in use by another run (host {socket.gethostname()}, pid {holder.pid}, started" in line
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, monkeypatch):
+    # os._exit: no clean-up, as after kill -9
+    dead = start_python(LOCK_AND + "lock_output_dir(Path(sys.argv[1])); print('ready', flush=True); "
+                        "os._exit(0)", str(tmp_path))  # fmt: skip
+    dead.wait()
+    said = warnings(monkeypatch)
+    lock_output_dir(tmp_path)
+    assert read_holder(tmp_path / LOCK_FILE).pid == psutil.Process().pid
+    assert said and f"pid {dead.pid}" in said[0]
+
+
+def test_a_lock_whose_holder_is_gone_is_taken_over_though_a_child_keeps_the_flock(tmp_path, monkeypatch):
+    code = LOCK_AND + (
+        "import subprocess; lock = lock_output_dir(Path(sys.argv[1])); "
+        "child = subprocess.Popen(['sleep', '600'], pass_fds=[lock.fd]); print(child.pid); "
+        "print('ready', flush=True); os._exit(0)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    child = psutil.Process(int(process.stdout.readline()))
+    assert process.stdout.readline().strip() == "ready"
+    process.wait()
+    said = warnings(monkeypatch)
+    try:
+        lock_output_dir(tmp_path)
+    finally:
+        child.kill()
+    assert read_holder(tmp_path / LOCK_FILE).pid == psutil.Process().pid
+    (warning,) = said
+    assert warning.startswith(f"finetune: taking over {tmp_path / LOCK_FILE} from a run that is gone (host "
+                              f"{socket.gethostname()}, pid {process.pid}, started ")  # fmt: skip
+
+
+def test_the_lock_is_released_at_exit(tmp_path):
+    finished = start_python(LOCK_AND + "lock_output_dir(Path(sys.argv[1])); print('ready', flush=True)",
+                            str(tmp_path))  # fmt: skip
+    assert finished.wait() == 0
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# finetune export
+
+
+def checkpoint_of_a_run(tmp_path: Path) -> Path:
+    checkpoint = tmp_path / "run" / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    return checkpoint
+
+
+def export_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["export", *argv])
+    assert stopped.value.code == 2
+    (line,) = error_lines(capsys)
+    return line
+
+
+def test_export_into_the_runs_own_output_dir_is_refused_even_with_overwrite(tmp_path, capsys):
+    checkpoint = checkpoint_of_a_run(tmp_path)
+    line = export_error([str(checkpoint), str(checkpoint.parent), "--overwrite"], capsys)
+    assert "is the output_dir of the run that saved" in line
+
+
+def test_export_into_a_folder_with_files_is_refused_without_overwrite(tmp_path, capsys):
+    checkpoint = checkpoint_of_a_run(tmp_path)
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "model.safetensors").write_bytes(b"earlier export")
+    line = export_error([str(checkpoint), str(tmp_path / "export")], capsys)
+    assert line.endswith("is not empty: pass --overwrite to replace what is in it")
+
+
+def test_export_to_a_path_that_is_a_file_is_refused(tmp_path, capsys):
+    checkpoint = checkpoint_of_a_run(tmp_path)
+    (tmp_path / "model.bin").write_bytes(b"x")
+    line = export_error([str(checkpoint), str(tmp_path / "model.bin"), "--overwrite"], capsys)
+    assert "is a file, not a folder" in line
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real 2-rank runs
+
+
+@pytest.mark.integration
+def test_every_rank_stops_when_the_folder_holds_another_runs_results(tmp_path):
+    output_dir = earlier_run(tmp_path / "out")
+    before = listing(output_dir)
+    result = subprocess.run(
+        [*accelerate_launch("ddp"), *RUN_FLAGS, "--output_dir", str(output_dir)],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "finetune: error: --output_dir" in result.stderr
+    assert "Loading" not in result.stderr and "train_loss" not in result.stdout
+    assert listing(output_dir) == before
+
+
+KILL_FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "40",
+    "--batch_size", "4", "--max_eval_samples", "8", "--save_steps", "5", "--logging_steps", "5",
+    "--report_to", "none", "--disable_tqdm", "true",
+]  # fmt: skip
+RANKS_GONE_WITHIN_S = 120
+
+
+@pytest.mark.integration
+def test_kill_9_of_the_launcher_stops_its_ranks_and_resume_then_works(tmp_path):
+    output_dir = tmp_path / "out"
+    with (tmp_path / "killed.log").open("w") as log:
+        launcher = subprocess.Popen(
+            [*accelerate_launch("ddp"), *KILL_FLAGS, "--output_dir", str(output_dir)],
+            cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (output_dir / "checkpoint-5" / MANIFEST).exists():
+        assert launcher.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    ranks = [p for p in psutil.Process(launcher.pid).children() if "finetune/run.py" in " ".join(p.cmdline())]
+    assert len(ranks) == 2  # the launcher itself is the ranks' parent
+    launcher.kill()
+    launcher.wait()
+    _, alive = psutil.wait_procs(ranks, timeout=RANKS_GONE_WITHIN_S)
+    for rank in alive:
+        rank.kill()
+    assert not alive, f"ranks still running {RANKS_GONE_WITHIN_S} s after the launcher was killed"
+    stopped = read_summary(output_dir)
+    assert stopped["status"] == "interrupted" and stopped["error"].startswith("stopped by SIGTERM")
+    launch(accelerate_launch("ddp"), output_dir, [*KILL_FLAGS, "--resume"])
+    resumed = read_summary(output_dir)
+    assert resumed["status"] == "completed"
+    assert resumed["resumed_from_step"] == stopped["steps"]

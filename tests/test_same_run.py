@@ -1,0 +1,174 @@
+"""Resume means the same run: a checkpoint of another profile, batch geometry or run-defining flag is
+refused in one line before data and model are built, and a finished run is not trained further.
+
+The checkpoints here are manifests and trainer states only: refusing and finishing read nothing else,
+so `python finetune/run.py` answers in seconds. tests/test_resume.py resumes real checkpoints of
+every sharded profile (whose identities must then match) and checks train_loss across a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import TrainerState
+
+from finetune.arguments import parse_arguments
+from finetune.checkpoint import write_manifest
+from finetune.errors import FinetuneError
+from finetune.resume import (
+    defining_flags,
+    launched_strategy,
+    refuse_another_run,
+    run_differences,
+    run_identity,
+)
+from finetune.summary import SUMMARY_FILE
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+
+FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "20",
+    "--batch_size", "4", "--learning_rate", "3e-3", "--report_to", "none",
+]  # fmt: skip
+
+
+def identity_of(flags: list[str], **geometry: object) -> dict:
+    """The identity a bare `python finetune/run.py FLAGS` computes, with some fields replaced."""
+    model_args, data_args, training_args = parse_arguments([*flags, "--output_dir", "unused"])
+    identity = run_identity(
+        defining_flags(model_args, data_args, training_args), launched_strategy(training_args), training_args
+    )
+    return {**identity, **geometry}
+
+
+def make_checkpoint(output_dir: Path, step: int, identity: dict | None, max_steps: int = 20) -> Path:
+    checkpoint = output_dir / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    TrainerState(global_step=step, max_steps=max_steps).save_to_json(str(checkpoint / "trainer_state.json"))
+    write_manifest(checkpoint, step, "run-a", identity)
+    return checkpoint
+
+
+def run_py(output_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "finetune/run.py", *FLAGS, "--output_dir", str(output_dir), *extra],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def test_a_checkpoint_of_another_profile_and_process_count_is_refused_in_one_line(tmp_path):
+    zero2 = identity_of(FLAGS, strategy="zero2", distributed_type="DEEPSPEED", zero_stage=2, world_size=2)
+    make_checkpoint(tmp_path / "out", 10, zero2)
+    result = run_py(tmp_path / "out", "--resume")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    assert errors == [
+        "finetune: error: checkpoint-10 was written by zero2 with 2 processes, micro batch 4 x 1; "
+        "this run is single with 1 process, micro batch 4 x 1: resume with the same profile, processes "
+        "and flags, or start a new run in another --output_dir"
+    ]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(tmp_path):
+    written = identity_of([*FLAGS, "--learning_rate", "1e-3"])
+    make_checkpoint(tmp_path / "out", 10, written)
+    result = run_py(tmp_path / "out", "--resume")
+    assert result.returncode == 2
+    assert (
+        "checkpoint-10 was written with --learning_rate 0.001; this run has --learning_rate 0.003"
+        in result.stderr
+    )
+
+
+def test_a_finished_checkpoint_is_not_trained_further_and_the_summary_is_untouched(tmp_path):
+    output_dir = tmp_path / "out"
+    make_checkpoint(output_dir, 20, identity_of(FLAGS))
+    summary = output_dir / SUMMARY_FILE
+    summary.write_text(json.dumps({"status": "completed", "train_loss": 10.6}))
+    before = summary.read_bytes()
+    result = run_py(output_dir, "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line for line in result.stdout.splitlines() if line.startswith("finetune:")] == [
+        f"finetune: {output_dir / 'checkpoint-20'} is the last step of its run (20 of 20): nothing to do"
+    ]
+    assert summary.read_bytes() == before
+    assert sorted(path.name for path in output_dir.iterdir() if not path.name.startswith(".")) == [
+        "checkpoint-20",
+        SUMMARY_FILE,
+    ]
+
+
+def test_resume_of_a_completed_run_without_checkpoints_does_nothing(tmp_path):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    (output_dir / SUMMARY_FILE).write_text(json.dumps({"status": "completed"}))
+    result = run_py(output_dir, "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "has completed (run_summary.json): nothing to do" in result.stdout
+
+
+def test_world_size_and_accumulation_changes_pass_with_allow_world_size_change(tmp_path):
+    written = identity_of(FLAGS, strategy="ddp", world_size=2, gradient_accumulation_steps=1)
+    checkpoint = make_checkpoint(tmp_path, 10, written)
+    current = identity_of(FLAGS, gradient_accumulation_steps=2)
+    assert {d.field for d in run_differences(written, current)} == {
+        "world_size",
+        "gradient_accumulation_steps",
+    }
+    refuse_another_run(checkpoint, current, allow_world_size_change=True, is_main_process=True)
+
+
+def test_without_allow_world_size_change_a_process_count_change_is_refused_and_the_flag_named(tmp_path):
+    checkpoint = make_checkpoint(tmp_path, 10, identity_of(FLAGS, strategy="ddp", world_size=2))
+    with pytest.raises(
+        Exception, match=r"ddp with 2 processes.*single with 1 process.*--allow_world_size_change"
+    ):
+        refuse_another_run(
+            checkpoint, identity_of(FLAGS), allow_world_size_change=False, is_main_process=True
+        )
+
+
+def test_a_micro_batch_change_is_refused_even_with_allow_world_size_change(tmp_path):
+    checkpoint = make_checkpoint(tmp_path, 10, identity_of(FLAGS, micro_batch_size=8))
+    with pytest.raises(FinetuneError, match=r"micro batch 8 x 1.*micro batch 4 x 1"):
+        refuse_another_run(checkpoint, identity_of(FLAGS), allow_world_size_change=True, is_main_process=True)
+
+
+def test_a_checkpoint_without_a_run_identity_resumes_with_a_warning(tmp_path, caplog):
+    checkpoint = make_checkpoint(tmp_path, 10, None)
+    refuse_another_run(checkpoint, identity_of(FLAGS), allow_world_size_change=False, is_main_process=True)
+    assert "does not record the run that wrote it" in caplog.text
+
+
+def test_speed_and_memory_flags_do_not_make_another_run():
+    plain = identity_of(FLAGS)
+    tuned = identity_of([*FLAGS, "--gradient_checkpointing", "true", "--chunked_loss", "true"])
+    assert run_differences(plain, tuned) == []
+
+
+def test_the_identity_survives_the_manifest_unchanged(tmp_path):
+    identity = identity_of(FLAGS)
+    checkpoint = make_checkpoint(tmp_path, 10, identity)
+    recorded = json.loads((checkpoint / "finetune_checkpoint.json").read_text())["run"]
+    assert run_differences(recorded, identity) == []
+
+
+def test_launched_strategy_names_a_zero2_launch_as_strategy_of_does(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero2.json"))
+
+    class TwoRanks:
+        world_size = 2
+
+    assert launched_strategy(TwoRanks()) == {
+        "distributed_type": "DEEPSPEED",
+        "world_size": 2,
+        "zero_stage": 2,
+        "strategy": "zero2",
+    }

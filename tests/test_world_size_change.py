@@ -1,0 +1,172 @@
+"""`--resume --allow_world_size_change`: a checkpoint continued on another number of processes ends
+where the uninterrupted run ends.
+
+Per profile, one 2-process run and one 1-process run (accumulation 2: the same global batch of 8),
+each saving half way; each checkpoint is copied into a fresh folder and resumed on the other number of
+processes. The model has no dropout, so the resumed steps compute the same function on the same
+samples at the same learning rates: the step losses and the final eval loss differ from the
+uninterrupted run's only by float32 rounding, since the gradients of the global batch are summed in
+another order (accumulated on one process instead of all-reduced over two). LOSS_RTOL bounds that;
+a restarted LR schedule, a lost optimizer state or a halved global batch moves the losses by far more.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from finetune.checkpoint import checkpoint_problem, checkpoints_newest_first
+from finetune.errors import FinetuneError
+from finetune.reshard import Geometry, checkpoint_geometry, keep_global_batch
+from finetune.summary import read_summary
+
+from launching import accelerate_launch, launch
+
+PROFILES = ["ddp", "zero2", "zero3", "fsdp"]
+MAX_STEPS = 10
+SAVE_STEPS = 5
+MICRO_BATCH = 4
+LOSS_RTOL = 1e-4
+FLAGS = [
+    "--model", "gpt2", "--from_scratch",
+    "--config_overrides", "n_layer=2,n_embd=64,n_head=2,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0",
+    "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", str(MAX_STEPS),
+    "--batch_size", str(MICRO_BATCH), "--learning_rate", "3e-3", "--max_eval_samples", "8",
+    "--save_steps", str(SAVE_STEPS), "--logging_steps", "1", "--report_to", "none", "--disable_tqdm", "true",
+]  # fmt: skip
+# Both give the global batch 8 = micro batch 4 x accumulation x processes.
+ACCUMULATION = {2: 1, 1: 2}
+
+
+def run(
+    profile: str, processes: int, accumulation: int, output_dir: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    flags = [*FLAGS, "--gradient_accumulation_steps", str(accumulation), *extra]
+    return launch(accelerate_launch(profile, processes), output_dir, flags)
+
+
+def step_losses(output_dir: Path) -> dict[int, float]:
+    state = json.loads((output_dir / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
+    return {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
+
+
+def learning_rates(output_dir: Path) -> dict[int, float]:
+    state = json.loads((output_dir / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
+    return {entry["step"]: entry["learning_rate"] for entry in state["log_history"] if "loss" in entry}
+
+
+@pytest.fixture(scope="module", params=PROFILES)
+def profile(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def straight_runs(profile, tmp_path_factory) -> dict[int, Path]:
+    """The uninterrupted runs on 2 and on 1 process; their half-way checkpoints are resumed below."""
+    folders = {}
+    for processes in (2, 1):
+        folders[processes] = tmp_path_factory.mktemp(f"{profile}-{processes}")
+        run(profile, processes, ACCUMULATION[processes], folders[processes])
+    return folders
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(profile, straight_runs, tmp_path_factory) -> dict[int, tuple[Path, str]]:
+    """Each straight run's checkpoint, copied into a fresh folder and resumed on the other number of
+    processes: the folder and the run's stderr, by the number of processes that saved it."""
+    resumed = {}
+    for saved_on, resumed_on in ((2, 1), (1, 2)):
+        output_dir = tmp_path_factory.mktemp(f"{profile}-{saved_on}-to-{resumed_on}")
+        name = f"checkpoint-{SAVE_STEPS}"
+        shutil.copytree(straight_runs[saved_on] / name, output_dir / name)
+        # the command that wrote the checkpoint, launched on another number of processes
+        flags = ("--resume", "--allow_world_size_change")
+        result = run(profile, resumed_on, ACCUMULATION[saved_on], output_dir, *flags)
+        resumed[saved_on] = output_dir, result.stderr
+    return resumed
+
+
+SAVED_ON = pytest.mark.parametrize("saved_on", [2, 1], ids=["2-to-1", "1-to-2"])
+
+
+@pytest.mark.integration
+@SAVED_ON
+def test_resume_keeps_the_global_batch_by_changing_the_accumulation(resumed_runs, saved_on):
+    _, stderr = resumed_runs[saved_on]
+    resumed_on = 3 - saved_on
+    assert (
+        f"global batch 8 = micro batch 4 x accumulation {ACCUMULATION[resumed_on]} x {resumed_on} pro"
+        in stderr
+    )
+
+
+@pytest.mark.integration
+@SAVED_ON
+def test_resume_continues_the_step_count_and_the_lr_schedule(resumed_runs, straight_runs, saved_on):
+    output_dir, _ = resumed_runs[saved_on]
+    summary = read_summary(output_dir)
+    assert (summary["resumed_from_step"], summary["steps"]) == (SAVE_STEPS, MAX_STEPS)
+    assert learning_rates(output_dir) == learning_rates(straight_runs[saved_on])
+
+
+@pytest.mark.integration
+@SAVED_ON
+def test_resumed_steps_see_the_uninterrupted_runs_samples_and_end_at_its_loss(
+    resumed_runs, straight_runs, saved_on
+):
+    output_dir, _ = resumed_runs[saved_on]
+    straight = straight_runs[saved_on]
+    resumed, expected = step_losses(output_dir), step_losses(straight)
+    assert resumed.keys() == expected.keys()
+    for step in range(SAVE_STEPS + 1, MAX_STEPS + 1):
+        assert resumed[step] == pytest.approx(expected[step], rel=LOSS_RTOL), step
+    assert read_summary(output_dir)["eval_loss"] == pytest.approx(
+        read_summary(straight)["eval_loss"], rel=LOSS_RTOL
+    )
+
+
+@pytest.mark.integration
+@SAVED_ON
+def test_zero_checkpoints_are_converted_beside_the_original_and_outside_the_rotation(
+    profile, resumed_runs, saved_on
+):
+    if not profile.startswith("zero"):
+        pytest.skip("only DeepSpeed checkpoints are converted")
+    output_dir, stderr = resumed_runs[saved_on]
+    original = output_dir / f"checkpoint-{SAVE_STEPS}"
+    universal = output_dir / f"universal-checkpoint-{SAVE_STEPS}"
+    assert checkpoint_problem(original) is None  # every byte as written
+    assert checkpoint_problem(universal) is None
+    assert (universal / "latest_universal").is_file() and not (original / "latest_universal").exists()
+    assert sorted(path.name for path in checkpoints_newest_first(output_dir)) == [
+        f"checkpoint-{MAX_STEPS}",
+        original.name,
+    ]
+    assert f"{universal} ({original.name} is unchanged; the copy is not rotated" in stderr
+
+
+def test_accumulation_grows_when_processes_go_away():
+    assert keep_global_batch(Geometry(4, 2, 1), 1, 2) == Geometry(1, 2, 4)
+
+
+def test_accumulation_shrinks_when_processes_are_added():
+    assert keep_global_batch(Geometry(1, 4, 4), 2, 4) == Geometry(2, 4, 2)
+
+
+def test_processes_that_cannot_keep_the_global_batch_are_refused_with_the_ones_that_can():
+    with pytest.raises(FinetuneError, match=r"global batch 4 .*cannot make 4 exactly: resume on 1 processes"):
+        keep_global_batch(Geometry(1, 4, 1), 2, 4)
+
+
+def test_geometry_of_a_checkpoint_without_a_run_entry_comes_from_its_files(tmp_path):
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    (checkpoint / "finetune_checkpoint.json").write_text('{"step": 5, "run_name": "r", "files": {}}')
+    (checkpoint / "trainer_state.json").write_text('{"train_batch_size": 4}')
+    for rank in range(3):
+        (checkpoint / f"rng_state_{rank}.pth").touch()
+    assert checkpoint_geometry(checkpoint, current_accumulation=2) == Geometry(3, 4, 2)
