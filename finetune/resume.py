@@ -208,24 +208,35 @@ def refuse_another_run(
 
 
 def finished_run(output_dir: str, checkpoint: Path | None, resume: bool) -> str | None:
-    """Why resuming would do nothing: the checkpoint is the run's last step, or the run completed.
+    """Why resuming would do nothing: the run completed. FinetuneError for a run whose last step was
+    saved but that did not complete (it failed or was stopped while evaluating or saving the model).
 
     Without this the Trainer, resumed at max_steps, takes one step past it and records that step's
-    loss as the run's train_loss.
+    loss as the run's train_loss. A last-step checkpoint of an incomplete run is not "nothing to do":
+    its final model was never saved, so the user is told how to get it instead of a silent exit 0.
     """
+    status = run_status(output_dir) if resume or checkpoint is not None else None
     state_file = checkpoint / TRAINER_STATE_NAME if checkpoint is not None else None
     if state_file is not None and state_file.is_file():
         state = TrainerState.load_from_json(str(state_file))
         if state.max_steps and state.global_step >= state.max_steps:
-            return f"{checkpoint} is the last step of its run ({state.global_step} of {state.max_steps})"
-    if resume:
-        try:
-            status = read_summary(output_dir).get("status")
-        except (OSError, ValueError):
-            return None
-        if status == "completed":
-            return f"the run in {output_dir} has completed (run_summary.json)"
+            last = f"{checkpoint} is the last step of its run ({state.global_step} of {state.max_steps})"
+            if status == "completed":
+                return last
+            raise FinetuneError(
+                f"{last} but the run did not complete (run_summary.json: {status or 'none'}): "
+                f"`finetune export {checkpoint} DIR` writes its model and `finetune eval DIR` evaluates it"
+            )
+    if resume and status == "completed":
+        return f"the run in {output_dir} has completed (run_summary.json)"
     return None
+
+
+def run_status(output_dir: str) -> str | None:
+    try:
+        return read_summary(output_dir).get("status")
+    except (OSError, ValueError):
+        return None
 
 
 def check_resume(checkpoint: Path | None, flags: dict[str, Any], training_args: Any) -> str | None:

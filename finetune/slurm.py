@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from finetune.errors import RESUMABLE_EXIT_CODE
 from finetune.resolve import DATA_DIR_ENV, data_dir
 
 WORKER_PATTERN = r"^[^ ]*python[^ ]* (-u )?[^ ]*finetune/run\.py"  # the ranks, not the launchers
@@ -123,7 +124,6 @@ class SlurmJob:
 
     def script(self) -> str:
         finetune, which = finetune_command()
-        summary = shlex.quote(os.path.join(os.path.abspath(self.output_dir), "run_summary.json"))
         return "\n".join(
             [
                 "#!/bin/bash",
@@ -151,12 +151,18 @@ class SlurmJob:
                 "# Each node's task adds its own $SLURM_NODEID: the run's arguments are passed to bash as",
                 "# arguments, never inside the command string, so nothing in them is expanded.",
                 NODE_TASK,
-                "wait $! || wait $!  # a trapped signal interrupts the first wait",
+                "pid=$!",
+                "while :; do  # a trapped signal interrupts the wait while the ranks go on",
+                '    wait "$pid"; status=$?',
+                '    kill -0 "$pid" 2> /dev/null || break',
+                "done",
                 "",
-                "# Stopped with a checkpoint: requeue; the next start resumes from it.",
-                f'if grep -q \'"status": "interrupted"\' {summary}; then',
+                f"# Stopped with a checkpoint (exit {RESUMABLE_EXIT_CODE}): requeue; the next start resumes.",
+                "# Any other end is final: a requeue after bad input would fail the same way, forever.",
+                f'if [ "$status" -eq {RESUMABLE_EXIT_CODE} ]; then',
                 '    scontrol requeue "$SLURM_JOB_ID"',
                 "fi",
+                'exit "$status"',
                 "",
             ]
         )

@@ -172,3 +172,13 @@ def test_launched_strategy_names_a_zero2_launch_as_strategy_of_does(monkeypatch)
         "zero_stage": 2,
         "strategy": "zero2",
     }
+
+
+def test_a_last_step_checkpoint_of_a_run_that_did_not_complete_says_how_to_get_its_model(tmp_path):
+    output_dir = tmp_path / "out"
+    checkpoint = make_checkpoint(output_dir, 20, identity_of(FLAGS))
+    (output_dir / SUMMARY_FILE).write_text(json.dumps({"status": "failed", "train_loss": 10.6}))
+    result = run_py(output_dir, "--resume")
+    assert result.returncode == 2
+    assert f"finetune export {checkpoint} DIR" in result.stderr
+    assert "did not complete (run_summary.json: failed)" in result.stderr

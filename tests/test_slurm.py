@@ -53,7 +53,7 @@ def test_script_asks_for_the_nodes_gpus_time_and_requeue(tmp_path):
     assert "#SBATCH --signal=B:USR1@120" in text
     assert "--num_processes 8 --num_machines 2" in text
     assert '--machine_rank "$SLURM_NODEID"' in text
-    assert text.rstrip().endswith('scontrol requeue "$SLURM_JOB_ID"\nfi')
+    assert 'if [ "$status" -eq 75 ]; then\n    scontrol requeue "$SLURM_JOB_ID"\nfi\nexit "$status"' in text
 
 
 def test_script_sets_the_nccl_options_asked_for(tmp_path):
@@ -278,3 +278,18 @@ def test_job_passes_shell_syntax_in_run_arguments_to_the_run_literally(slurm_clu
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert [generation["prompt"] for generation in summary["generations"]] == [prompt]
     assert not (tmp_path / "X").exists()
+
+
+@pytest.mark.integration
+def test_a_job_that_ends_on_bad_input_is_not_requeued(slurm_cluster, tmp_path):
+    """Only the resumable exit requeues: the summary an earlier stop left says "interrupted", and a
+    requeue decided from it would fail on the same bad input forever."""
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    (output_dir / "run_summary.json").write_text(json.dumps({"status": "interrupted"}))
+    flags = [*RUN_FLAGS, "--max_steps", "2", "--learning_rate", "nan"]
+    job = submit(write_script(tmp_path, output_dir, *flags, **JOB_SIZE))
+    wait_for(lambda: job_state(job) in ("FAILED", "COMPLETED", "GONE"), 300, "the job to end")
+    assert job_state(job) == "FAILED"
+    log = next(tmp_path.glob("*.out")).read_text()
+    assert "finetune: error: --learning_rate" in log
