@@ -136,6 +136,18 @@ class FinetuneTrainingArguments(TrainingArguments):
     )
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     logging_first_step: bool = field(default=True, metadata={"help": "Log the first step's loss."})
+    dataloader_pin_memory: bool = field(
+        default_factory=torch.accelerator.is_available,
+        metadata={"help": "Page-locked batches for faster copies to the GPU (default: with an accelerator)."},
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={
+            "help": "DDP: look for parameters the forward left unused at every step. Off: every parameter of "
+            "a causal LM (GPT-2's tied embedding included) takes part in each step, and the search costs a "
+            "pass over the graph. Turn on for models that skip parameters (mixture-of-experts routing)."
+        },
+    )
     # HfArgumentParser only understands this union with None first, as TrainingArguments declares it.
     report_to: None | str | list[str] = field(  # noqa: RUF036
         default="tensorboard", metadata={"help": "tensorboard, none, ..."}
@@ -193,10 +205,12 @@ class FinetuneTrainingArguments(TrainingArguments):
     torch_compile: bool | None = field(
         default=None,
         metadata={
+            "nargs": "?",  # a bare --torch_compile is true, as for every other switch
+            "const": True,
             "help": "Compile the model with torch.compile (default: on with CUDA for one GPU, DDP, FSDP2 "
             "(block by block, as the FSDP profiles ask accelerate to) and ZeRO-1/2 without offload, where it "
             "was measured faster; off under ZeRO-3 and offload, where it was measured slower or not at "
-            "all, and on CPU)."
+            "all, and on CPU).",
         },
     )
     chunked_loss: bool = field(
@@ -231,6 +245,12 @@ class FinetuneTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        """Check the values and fill the defaults that depend on nothing else; finish nothing.
+
+        TrainingArguments' own __post_init__ sets up the devices (and, under a launcher, the process
+        group), and what it sets up depends on the launch: it runs in `apply_launch_environment`, so
+        that parsing reads no launcher variable and touches no device or folder.
+        """
         if self.per_device_train_batch_size < 1:
             raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
         if self.throughput_warmup_steps < 0:
@@ -244,14 +264,13 @@ class FinetuneTrainingArguments(TrainingArguments):
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
             )
         self._check_values()
-        if self.torch_compile is None:
-            self.torch_compile = compiles_by_default(self.use_cpu)
         if self.ddp_bucket_cap_mb is None:
             self.ddp_bucket_cap_mb = DDP_BUCKET_CAP_MB
-        self._apply_precision()
-        self._apply_nvme_path()
-        adapt_arguments_to_cpu(self)
-        super().__post_init__()
+        if self.precision != "auto":
+            if self.bf16 or self.fp16:
+                raise FinetuneError("give either --precision or --bf16/--fp16, not both")
+            self.bf16 = self.precision == "bf16"
+            self.fp16 = self.precision == "fp16"
 
     def _check_values(self) -> None:
         """Values TrainingArguments takes without a word and the run then misuses or fails on later."""
@@ -271,37 +290,53 @@ class FinetuneTrainingArguments(TrainingArguments):
                 raise FinetuneError(f"{flag} {value} is a file: give a folder")
         if self.run_name:
             check_run_name(self.run_name, "--run_name")
-        config_path, deepspeed_config = active_deepspeed_config()
-        if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
-            check_deepspeed_config(config_path, deepspeed_config)
 
-    def _apply_precision(self) -> None:
-        if self.precision == "auto":
-            if self.bf16 or self.fp16 or self.use_cpu or not torch.cuda.is_available():
-                return
-            self.bf16 = torch.cuda.is_bf16_supported()
-            self.fp16 = not self.bf16
-            return
-        if self.bf16 or self.fp16:
-            raise FinetuneError("give either --precision or --bf16/--fp16, not both")
-        self.bf16 = self.precision == "bf16"
-        self.fp16 = self.precision == "fp16"
 
-    def _apply_nvme_path(self) -> None:
-        """ZeRO-Infinity needs a folder only the user knows: fill it into the profile's DeepSpeed JSON."""
-        config_path, config = active_deepspeed_config()
-        if config is None or not needs_nvme_path(config):
-            if self.nvme_path:
-                raise FinetuneError(
-                    "--nvme_path is only used with an NVMe-offload profile such as zero3_nvme"
-                )
-            return
-        if not self.nvme_path:
-            raise FinetuneError(
-                f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
-            )
-        Path(self.nvme_path).mkdir(parents=True, exist_ok=True)
-        self.deepspeed = fill_nvme_path(config, self.nvme_path)
+def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
+    """What the launch decides, applied once after parsing, in the process that trains.
+
+    The launcher's variables and the machine choose the compile default, the mixed precision of
+    `--precision auto`, the profile's DeepSpeed JSON (checked, and its NVMe folder filled in and
+    created) and how ranks without a GPU talk; TrainingArguments' own __post_init__ then sets up
+    the devices from all of them, which is why it runs here and not while parsing.
+    """
+    config_path, deepspeed_config = active_deepspeed_config()
+    if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
+        check_deepspeed_config(config_path, deepspeed_config)
+    if training_args.torch_compile is None:
+        training_args.torch_compile = compiles_by_default(training_args.use_cpu)
+    _apply_auto_precision(training_args)
+    _apply_nvme_path(training_args, config_path, deepspeed_config)
+    adapt_arguments_to_cpu(training_args)
+    try:
+        TrainingArguments.__post_init__(training_args)
+    except ValueError as error:
+        raise FinetuneError(str(error).splitlines()[0]) from None
+
+
+def _apply_auto_precision(training_args: FinetuneTrainingArguments) -> None:
+    if training_args.precision != "auto":
+        return
+    if training_args.bf16 or training_args.fp16 or training_args.use_cpu or not torch.cuda.is_available():
+        return
+    training_args.bf16 = torch.cuda.is_bf16_supported()
+    training_args.fp16 = not training_args.bf16
+
+
+def _apply_nvme_path(
+    training_args: FinetuneTrainingArguments, config_path: Path | None, config: dict[str, Any] | None
+) -> None:
+    """ZeRO-Infinity needs a folder only the user knows: fill it into the profile's DeepSpeed JSON."""
+    if config is None or not needs_nvme_path(config):
+        if training_args.nvme_path:
+            raise FinetuneError("--nvme_path is only used with an NVMe-offload profile such as zero3_nvme")
+        return
+    if not training_args.nvme_path:
+        raise FinetuneError(
+            f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
+        )
+    Path(training_args.nvme_path).mkdir(parents=True, exist_ok=True)
+    training_args.deepspeed = fill_nvme_path(config, training_args.nvme_path)
 
 
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
@@ -406,6 +441,11 @@ def expand_recipe(argv: list[str]) -> list[str]:
 def parse_arguments(
     argv: list[str] | None = None,
 ) -> tuple[ModelArguments, DataArguments, FinetuneTrainingArguments]:
+    """Flags or a recipe as the three dataclasses, their values checked.
+
+    Reads no launcher variable and creates nothing, so the `finetune` commands parse run flags with
+    it before launching; the process that trains then calls `apply_launch_environment`.
+    """
     argv = expand_recipe(list(argv) if argv is not None else sys.argv[1:])
     parser = make_parser()
     try:

@@ -11,25 +11,38 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.hf_argparser import string_to_bool
 
 from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
-from finetune.profiles import available_profiles, load_profile
+from finetune.profiles import available_profiles, copy_profile, load_profile, with_shipped_recipe
 from finetune.resolve import pin_data_dir
 
 if TYPE_CHECKING:
+    from finetune.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
     from finetune.planner import Workload
 
 PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 
 
 def profiles_command(args: argparse.Namespace) -> int:
-    """Print every profile with its description; a broken one prints its error and fails the command."""
+    """Print every profile with its description; a broken one prints its error and fails the command.
+
+    With --copy, write an editable copy of one profile instead.
+    """
+    if args.copy:
+        if args.files:
+            raise FinetuneError("give profile files to check or --copy NAME DIR, not both")
+        name, folder = args.copy
+        copies = copy_profile(name, Path(folder))
+        print(f"finetune: wrote {' and '.join(str(path) for path in copies)}; edit them, then run from here:")
+        print(f"    finetune run --profile {copies[0]} [run flags]")
+        return 0
     failures = 0
     paths = [Path(p) for p in args.files] if args.files else available_profiles()
     for path in paths:
@@ -47,7 +60,22 @@ def placement_of(options: argparse.Namespace) -> Placement:
     return Placement(**{name: getattr(options, name) for name in PLACEMENT_OPTIONS})
 
 
+def parse_run_flags(
+    run_args: list[str], defaults: tuple[str, ...] = ()
+) -> tuple[ModelArguments, DataArguments, FinetuneTrainingArguments]:
+    """The run flags (a recipe first, if any) as finetune/run.py will read them, with the same parser.
+
+    `defaults` are flags placed before the recipe's, so that the recipe and the command line override
+    them. A mistake in the run flags stops the command here, before anything is launched.
+    """
+    from finetune.arguments import expand_recipe, parse_arguments
+
+    return parse_arguments([*defaults, *expand_recipe(run_args)])
+
+
 def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
+    run_args = with_shipped_recipe(run_args)
+    parse_run_flags(run_args)
     if options.profile == "auto":
         options.profile, reason = auto_profile(run_args, options.num_processes)
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
@@ -131,32 +159,29 @@ def generate_command(options: argparse.Namespace) -> int:
 
 
 def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, str]:
-    """The planner's pick for the model and batch the run flags ask for."""
+    """The planner's pick for the model and batch the run flags (and their recipe) ask for."""
     from finetune.planner import Workload, choose_profile, shape_of, visible_gpu_memory_gib
 
-    wanted = argparse.ArgumentParser(add_help=False)
-    wanted.add_argument("--model", "--model_name_or_path", default="gpt2")
-    wanted.add_argument("--config_overrides")
-    wanted.add_argument("--batch_size", "--per_device_train_batch_size", type=int, default=8)
-    wanted.add_argument("--block_size", type=int)
-    wanted.add_argument("--precision", default="bf16")
-    # read as run.py's HfArgumentParser reads these boolean flags
-    wanted.add_argument("--gradient_checkpointing", type=string_to_bool, nargs="?", const=True, default=False)
-    wanted.add_argument("--torch_compile", type=string_to_bool, nargs="?", const=True)
-    known, _ = wanted.parse_known_args(run_args)
+    model_args, data_args, training_args = parse_run_flags(run_args)
     memory = visible_gpu_memory_gib()
     if memory is None:
         raise FinetuneError("--profile auto plans GPU memory, and no GPU is visible: name a profile")
-    shape, default_block = shape_of(known.model, known.config_overrides)
-    dtype = "bf16" if known.precision == "auto" else known.precision
+    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
     workload = Workload(
-        known.batch_size,
-        known.block_size or default_block,
-        dtype,
-        known.gradient_checkpointing,
-        known.torch_compile,
+        training_args.per_device_train_batch_size,
+        data_args.block_size or default_block,
+        planned_dtype(training_args),
+        training_args.gradient_checkpointing,
+        training_args.torch_compile,  # None until the run applies its launch: planned per profile
     )
     return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
+
+
+def planned_dtype(training_args: FinetuneTrainingArguments) -> str:
+    """The run's training dtype, with `--precision auto` planned as bf16 (the GPUs the planner knows)."""
+    if training_args.fp16:
+        return "fp16"
+    return "bf16" if training_args.precision == "auto" else training_args.precision
 
 
 def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
@@ -211,8 +236,11 @@ def plan_command(options: argparse.Namespace) -> int:
 
 
 def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
+    from finetune.arguments import expand_recipe
     from finetune.compare import compare, default_profiles
 
+    parse_run_flags(run_args)
+    run_args = expand_recipe(run_args)  # every run's own flags are added around these
     profiles = options.profiles.split(",") if options.profiles else default_profiles(run_args)
     for name in profiles:
         load_profile(name)
@@ -220,7 +248,7 @@ def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
     rows = compare(
         profiles,
         Placement(num_processes=options.num_processes),
-        ["--model", options.model, *run_args],
+        run_args,
         Path(options.output_dir),
         options.timeout,
         command_line,
@@ -233,16 +261,14 @@ def slurm_command(options: argparse.Namespace, run_args: list[str]) -> int:
     from finetune.slurm import SlurmJob
 
     load_profile(options.profile)
-    wanted = argparse.ArgumentParser(add_help=False)
-    wanted.add_argument("--output_dir", default=f"outputs/{options.job_name}")
-    known, run_args = wanted.parse_known_args(run_args)
+    _, _, training_args = parse_run_flags(run_args, ("--output_dir", f"outputs/{options.job_name}"))
     job = SlurmJob(
         profile=options.profile,
         nodes=options.nodes,
         processes_per_node=options.processes_per_node or options.gpus_per_node,
         gpus_per_node=options.gpus_per_node,
         time=options.time,
-        output_dir=known.output_dir,
+        output_dir=training_args.output_dir,
         job_name=options.job_name,
         partition=options.partition,
         cpus_per_task=options.cpus_per_task,
@@ -252,7 +278,7 @@ def slurm_command(options: argparse.Namespace, run_args: list[str]) -> int:
         nccl_debug=options.nccl_debug,
         nccl_socket_ifname=options.nccl_socket_ifname,
         nccl_ib_disable=options.nccl_ib_disable,
-        run_args=run_args,
+        run_args=without_flag(run_args, "--output_dir"),  # the job passes its absolute output_dir
     )
     if job.processes_per_node < 1:
         raise FinetuneError("give --gpus_per_node N (or --processes_per_node N for CPU ranks)")
@@ -262,6 +288,13 @@ def slurm_command(options: argparse.Namespace, run_args: list[str]) -> int:
         raise FinetuneError(f"cannot write the script to {options.output}: {error.strerror}") from None
     print(f"finetune: wrote {options.output}; submit it with: sbatch {options.output}")
     return 0
+
+
+def without_flag(run_args: list[str], flag: str) -> list[str]:
+    """The run flags less every `flag VALUE` (or `flag=VALUE`), as argparse finds them."""
+    finder = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    finder.add_argument(flag)
+    return finder.parse_known_args(run_args)[1]
 
 
 def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
@@ -326,9 +359,9 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
     comparing = commands.add_parser(
         "compare",
         help="run several profiles on one model, one table",
-        description="Flags not listed here go to every run (see `python finetune/run.py --help`).",
+        description="Flags not listed here go to every run, as to `finetune run`: --model, a recipe first, "
+        "... (see `python finetune/run.py --help`).",
     )
-    comparing.add_argument("--model", required=True, help="as finetune/run.py --model")
     comparing.add_argument("--profiles", help="comma-separated (default: every multi-process profile)")
     comparing.add_argument("--num_processes", "--gpus", type=int, help="processes per run (default: GPUs)")
     comparing.add_argument(
@@ -377,19 +410,27 @@ def add_generate_parser(commands: argparse._SubParsersAction) -> None:
     generation.add_argument("--seed", type=int, default=42, help="sampling seed (same seed, same text)")
 
 
-def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="finetune", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def add_profiles_parser(commands: argparse._SubParsersAction) -> None:
     profiles = commands.add_parser("profiles", help="list the strategy profiles and validate them")
     profiles.add_argument(
-        "files", nargs="*", help="profile YAML files to check (default: accelerate_configs/*.yaml)"
+        "files", nargs="*", help="profile YAML files to check (default: the shipped profiles)"
+    )
+    profiles.add_argument(
+        "--copy",
+        nargs=2,
+        metavar=("NAME", "DIR"),
+        help="write an editable copy of profile NAME (its YAML and DeepSpeed JSON) into DIR",
     )
 
+
+def add_run_parser(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="launch finetune/run.py under a profile with accelerate launch",
-        description="Any flag not listed here goes to finetune/run.py (see `python finetune/run.py --help`).",
+        description="Any flag not listed here goes to finetune/run.py (see `python finetune/run.py --help`). "
+        "Run flags may start with a recipe, a YAML file of them (`finetune run --profile single "
+        "recipes/cpu_quickstart.yaml`): a path, or, where no such file exists, the shipped recipe of that "
+        "file name.",
     )
     run.add_argument(
         "--profile",
@@ -401,12 +442,38 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--machine_rank", type=int, help="this machine's rank among them")
     run.add_argument("--main_process_ip", help="address of machine rank 0")
     run.add_argument("--main_process_port", type=int, help="port on machine rank 0")
-    add_compare_parser(commands)
-    add_slurm_parser(commands)
-    add_plan_parser(commands)
-    add_export_parser(commands)
-    add_eval_parser(commands)
-    add_generate_parser(commands)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A `finetune` command: the function that registers its parser and the one that runs it.
+
+    A command that takes run flags gets what its own parser left (`run_args`) and reads it with
+    finetune/run.py's parser; the others refuse any flag they do not declare.
+    """
+
+    register: Callable[[argparse._SubParsersAction], None]
+    execute: Callable[..., int]
+    takes_run_flags: bool = False
+
+
+COMMANDS = {
+    "profiles": Command(add_profiles_parser, profiles_command),
+    "run": Command(add_run_parser, run_command, takes_run_flags=True),
+    "compare": Command(add_compare_parser, compare_command, takes_run_flags=True),
+    "slurm": Command(add_slurm_parser, slurm_command, takes_run_flags=True),
+    "plan": Command(add_plan_parser, plan_command),
+    "export": Command(add_export_parser, export_command),
+    "eval": Command(add_eval_parser, eval_command),
+    "generate": Command(add_generate_parser, generate_command),
+}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="finetune", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS.values():
+        command.register(commands)
     return parser
 
 
@@ -415,22 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     options, rest = parser.parse_known_args(argv)
     if rest[:1] == ["--"]:  # `finetune slurm ... -- <run flags>`: the separator is not a run flag
         rest = rest[1:]
-    if rest and options.command not in ("run", "compare", "slurm"):
+    command = COMMANDS[options.command]
+    if rest and not command.takes_run_flags:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     pin_data_dir()  # before any child environment is built from os.environ
-    commands = {
-        "profiles": profiles_command,
-        "plan": plan_command,
-        "export": export_command,
-        "eval": eval_command,
-        "generate": generate_command,
-    }
     with exit_on_user_error():
-        if options.command == "run":
-            return run_command(options, rest)
-        if options.command == "compare":
-            return compare_command(options, rest)
-        if options.command == "slurm":
-            return slurm_command(options, rest)
-        return commands[options.command](options)
+        return command.execute(options, rest) if command.takes_run_flags else command.execute(options)
     return 0

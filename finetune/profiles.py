@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,34 @@ from accelerate.utils import DynamoBackend
 
 from finetune.errors import FinetuneError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PROFILES_DIR = PROJECT_ROOT / "accelerate_configs"
+
+def shipped_folder(name: str) -> Path:
+    """One of the folders shipped with the package: accelerate_configs, ds_configs or recipes.
+
+    A wheel carries them inside the package (setup.cfg maps the top-level folders there). An editable
+    install or a checkout on sys.path imports the package from the checkout, where they stay
+    top-level, beside it: setuptools' editable finder does not import folders without __init__.py.
+    """
+    installed = Path(str(resources.files("finetune"))) / name
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / name
+
+
+PROFILES_DIR = shipped_folder("accelerate_configs")
+RECIPES_DIR = shipped_folder("recipes")
+
+
+def with_shipped_recipe(run_args: list[str]) -> list[str]:
+    """Run flags whose leading recipe (`recipes/NAME.yaml` or `NAME.yaml`), when no such file is here,
+    is the shipped recipe of that name: a recipe's launch line then works outside a checkout too."""
+    if not run_args or not run_args[0].endswith((".yaml", ".yml")) or Path(run_args[0]).is_file():
+        return run_args
+    shipped = RECIPES_DIR / Path(run_args[0]).name
+    if not shipped.is_file():
+        return run_args
+    print(f"finetune: {run_args[0]} is not a file here: using the shipped recipe {shipped}", file=sys.stderr)
+    return [str(shipped), *run_args[1:]]
+
+
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
 NVME_PLACEHOLDER = "auto"
 
@@ -93,6 +122,43 @@ def load_profile(name_or_path: str | Path) -> Profile:
     return profile
 
 
+def copy_profile(name_or_path: str, folder: Path) -> list[Path]:
+    """Write an editable copy of a profile into `folder`: its YAML and, for DeepSpeed, its JSON.
+
+    The copied YAML names the copied JSON by its path from the working directory, as the shipped
+    profiles name theirs, so `finetune run --profile` and `accelerate launch --config_file` both
+    find it when run from here. Existing files are never replaced.
+    """
+    profile = load_profile(name_or_path)
+    yaml_copy = folder / profile.path.name
+    copies = {yaml_copy: profile.path.read_text()}
+    if profile.deepspeed_config_path is not None:
+        json_copy = folder / profile.deepspeed_config_path.name
+        copies[json_copy] = profile.deepspeed_config_path.read_text()
+        copies[yaml_copy] = re.sub(
+            r"^(\s*deepspeed_config_file:\s*)\S.*?(\s*#.*)?$",
+            lambda line: f"{line.group(1)}{json.dumps(str(json_copy))}{line.group(2) or ''}",
+            copies[yaml_copy],
+            count=1,
+            flags=re.MULTILINE,
+        )
+    copies[yaml_copy] = (
+        copies[yaml_copy]
+        .replace(f"accelerate_configs/{profile.path.name}", str(yaml_copy))
+        .replace(f"--profile {profile.name} ", f"--profile {yaml_copy} ")
+    )
+    existing = [str(path) for path in copies if path.exists()]
+    if existing:
+        raise FinetuneError(f"{', '.join(existing)} already exist: copy into another folder, or remove them")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for path, text in copies.items():
+            path.write_text(text)
+    except OSError as error:
+        raise FinetuneError(f"cannot write the copy into {folder}: {error.strerror}") from None
+    return list(copies)
+
+
 def _description(text: str) -> str:
     for line in text.splitlines():
         if line.startswith("#"):
@@ -122,15 +188,20 @@ def _deepspeed_config_path(path: Path, settings: dict[str, Any]) -> Path:
 
 
 def resolve_project_path(value: str, profile_file: Path) -> Path:
-    """JSON paths in profiles are relative to the project root (where users launch from)."""
+    """A JSON path in a profile, relative to where users launch from (as `accelerate launch` reads it).
+
+    The working directory comes first, so a user's own ds_configs/ wins; then the shipped files
+    (`ds_configs/zero3.json` of an installed package), then the profile's own folder.
+    """
     candidate = Path(value)
     if candidate.is_absolute():
         found = candidate
     else:
+        shipped_root = shipped_folder("ds_configs").parent
         found = next(
             (
                 p
-                for p in (Path.cwd() / candidate, PROJECT_ROOT / candidate, profile_file.parent / candidate)
+                for p in (Path.cwd() / candidate, shipped_root / candidate, profile_file.parent / candidate)
                 if p.is_file()
             ),
             candidate,

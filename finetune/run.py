@@ -16,7 +16,7 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: import the 
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import torch
-from transformers import default_data_collator, set_seed
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, default_data_collator, set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
@@ -24,6 +24,7 @@ from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
+    apply_launch_environment,
     check_run_name,
     parse_arguments,
 )
@@ -71,6 +72,21 @@ def default_run_name(model: str, training_args: FinetuneTrainingArguments) -> st
     return f"{profile}-{Path(model).name}-{devices}-{batch}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def use_the_tokenizers_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Give the model the pad token load_tokenizer chose (GPT-2 has none: its EOS) before the Trainer
+    does the same with a warning on every rank."""
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def name_deepspeeds_cpu_accelerator() -> None:
+    """Without a GPU, DeepSpeed falls back to its CPU accelerator and warns on every rank that it did:
+    naming that accelerator makes the same choice without the warning."""
+    if not torch.accelerator.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def train_and_measure(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -98,6 +114,7 @@ def train_and_measure(
 
     memory = MemoryCallback(profile_phases=training_args.profile_memory)
     model = build_model(model_args, config, location)
+    use_the_tokenizers_pad_token(model, tokenizer)
     if training_args.chunked_loss:
         problem = chunked_loss_problem(model)
         if problem is None:
@@ -161,11 +178,13 @@ def train_and_measure(
 
 
 def main(argv: list[str] | None = None) -> None:
+    name_deepspeeds_cpu_accelerator()  # before anything imports DeepSpeed
     load_weights_only()
     load_onto_indexed_cpu()
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
         model_args, data_args, training_args = parse_arguments(argv)
+        apply_launch_environment(training_args)
         claim_output_dir(training_args)
         resume_from = checkpoint_to_resume(
             training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint

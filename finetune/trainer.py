@@ -3,6 +3,8 @@
 - `log` adds the measuring callbacks' scalars to the training logs, so every `report_to`
   integration and `state.log_history` receive them (a callback's `on_log` cannot: the integrations
   come first in the Trainer's callback list, and log_history is written before any callback runs).
+- The console shows one compact line per log (finetune.callbacks.ConsoleLines) in place of the
+  Trainer's printer or progress bar, which print the dict of every logged value at every log.
 - `log` also warns when a logged gradient norm is exactly 0: such a run updates nothing (all labels
   masked, or a loss or compile path that lost the gradients), however fast it looks.
 - `get_train_dataloader` drops the last, smaller batch of each epoch when the model is compiled:
@@ -31,7 +33,7 @@ from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
-from finetune.callbacks import MemoryCallback, ThroughputCallback
+from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
 from finetune.profiles import strategy_of
 from finetune.resume import run_identity
@@ -58,6 +60,9 @@ class FinetuneTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.run_flags = run_flags or {}
         self.add_callback(LossSumSoFar())
+        for printer, console in CONSOLE_CALLBACKS.items():
+            if self.pop_callback(printer) is not None:
+                self.add_callback(console())
         self._loss_sum_before: float | None = 0.0
         self._loss_sum_to_restore = False
 

@@ -4,17 +4,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, PartialState
 
 from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
+    apply_launch_environment,
     compiles_by_default,
     parse_arguments,
 )
 from finetune.errors import FinetuneError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+NVME_CONFIG = PROJECT_ROOT / "ds_configs" / "zero3_nvme.json"
 
 RECIPE = """\
 model: gpt2-medium
@@ -120,6 +123,7 @@ def test_chunked_loss_is_opt_in(output_flags):
 
 def test_no_compilation_by_default_on_a_machine_without_gpu(output_flags):
     _, _, training_args = parse_arguments(output_flags)
+    apply_launch_environment(training_args)
     assert training_args.torch_compile is False
 
 
@@ -162,6 +166,12 @@ def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
 
 def test_compilation_can_be_asked_for_on_cpu(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true"])
+    apply_launch_environment(training_args)
+    assert training_args.torch_compile is True
+
+
+def test_a_bare_torch_compile_flag_asks_for_compilation(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--torch_compile"])
     assert training_args.torch_compile is True
 
 
@@ -169,3 +179,39 @@ def test_the_output_matmul_is_aligned_unless_told_not_to(output_flags):
     _, _, default = parse_arguments(output_flags)
     _, _, kept = parse_arguments([*output_flags, "--no_align_output_matmul"])
     assert (default.align_output_matmul, kept.align_output_matmul) == (True, False)
+
+
+def use_nvme_profile(monkeypatch) -> None:
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(NVME_CONFIG))
+
+
+def test_parsing_reads_no_launcher_variable(output_flags, monkeypatch):
+    use_nvme_profile(monkeypatch)  # asks for --nvme_path, once the launch is applied
+    _, _, training_args = parse_arguments(output_flags)
+    assert training_args.torch_compile is None
+    with pytest.raises(FinetuneError, match="--nvme_path"):
+        apply_launch_environment(training_args)
+
+
+def test_parsing_creates_no_folder(output_flags, monkeypatch, tmp_path):
+    use_nvme_profile(monkeypatch)
+    nvme = tmp_path / "nvme"
+    _, _, training_args = parse_arguments([*output_flags, "--nvme_path", str(nvme)])
+    assert not nvme.exists()
+    apply_launch_environment(training_args)
+    assert nvme.is_dir()
+
+
+def test_parsing_sets_up_no_device(output_flags):
+    AcceleratorState._reset_state(reset_partial_state=True)
+    _, _, training_args = parse_arguments(output_flags)
+    assert PartialState._shared_state == {}
+    apply_launch_environment(training_args)
+    assert training_args.device.type == "cpu"
+
+
+def test_a_value_transformers_refuses_is_one_error_when_the_launch_is_applied(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--logging_steps", "2.5"])
+    with pytest.raises(FinetuneError, match="--logging_steps must be an integer"):
+        apply_launch_environment(training_args)

@@ -100,9 +100,10 @@ def test_plan_of_a_profile_the_planner_does_not_know_names_those_it_does(capsys)
 def test_nvme_path_is_filled_into_the_deepspeed_config(output_flags, monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", NVME_CONFIG)
-    from finetune.arguments import parse_arguments
+    from finetune.arguments import apply_launch_environment, parse_arguments
 
     _, _, training_args = parse_arguments(["--nvme_path", str(tmp_path / "nvme"), *output_flags])
+    apply_launch_environment(training_args)
     zero = training_args.deepspeed["zero_optimization"]
     nvme = str(tmp_path / "nvme")
     assert zero["offload_param"]["nvme_path"] == zero["offload_optimizer"]["nvme_path"] == nvme

@@ -88,9 +88,12 @@ def commands_of(block: str) -> list[list[str]]:
 
 
 def parse_run_flags(flags: list[str]) -> None:
-    from finetune.arguments import make_parser
+    """Run flags, a recipe first if any: its path is read from the project root, where the README runs."""
+    from finetune.arguments import expand_recipe, make_parser
 
-    make_parser().parse_args(flags)
+    if flags and flags[0].endswith((".yaml", ".yml")):
+        flags = [str(ROOT / flags[0]), *flags[1:]]
+    make_parser().parse_args(expand_recipe(flags))
 
 
 def parse_command(argv: list[str]) -> None:

@@ -287,9 +287,9 @@ def test_a_job_that_ends_on_bad_input_is_not_requeued(slurm_cluster, tmp_path):
     output_dir = tmp_path / "out"
     output_dir.mkdir()
     (output_dir / "run_summary.json").write_text(json.dumps({"status": "interrupted"}))
-    flags = [*RUN_FLAGS, "--max_steps", "2", "--learning_rate", "nan"]
+    flags = [*RUN_FLAGS, "--max_steps", "2", "--dataset", "no-such-dataset"]  # only the run finds out
     job = submit(write_script(tmp_path, output_dir, *flags, **JOB_SIZE))
     wait_for(lambda: job_state(job) in ("FAILED", "COMPLETED", "GONE"), 300, "the job to end")
     assert job_state(job) == "FAILED"
     log = next(tmp_path.glob("*.out")).read_text()
-    assert "finetune: error: --learning_rate" in log
+    assert "finetune: error: dataset 'no-such-dataset' not found" in log

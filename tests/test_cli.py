@@ -1,0 +1,127 @@
+"""`finetune run`, `compare` and `slurm` read run flags with finetune/run.py's parser and recipes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import finetune.compare
+import finetune.planner
+from finetune import cli
+from finetune.arguments import parse_arguments
+from finetune.compare import Row
+
+
+def write_recipe(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+class FinishedLaunch:
+    """Stands in for `accelerate launch`: the run it started ends at once, successfully."""
+
+    def __init__(self, command: list[str], **_: object) -> None:
+        self.command = command
+
+    def __enter__(self) -> FinishedLaunch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def wait(self) -> int:
+        return 0
+
+
+def refuse_to_launch(*_: object, **__: object) -> None:
+    raise AssertionError("a process was launched")
+
+
+@pytest.fixture
+def planned(monkeypatch) -> list:
+    """The (shape, workload) pairs `--profile auto` asks the planner about, on a pretend 80 GiB GPU."""
+    asked = []
+
+    def choose_profile(shape, workload, gpus, memory):
+        asked.append((shape, workload))
+        return "ddp", "fits"
+
+    monkeypatch.setattr(finetune.planner, "visible_gpu_memory_gib", lambda: 80.0)
+    monkeypatch.setattr(finetune.planner, "choose_profile", choose_profile)
+    monkeypatch.setattr(subprocess, "Popen", FinishedLaunch)
+    return asked
+
+
+def test_profile_auto_plans_the_recipes_model_at_the_batch_size_of_the_flag(tmp_path, planned):
+    recipe = write_recipe(tmp_path, "model: gpt2-medium\nbatch_size: 16\nblock_size: 256\n")
+    argv = ["run", "--profile", "auto", "--num_processes", "2", str(recipe), "--batch_size", "4"]
+    assert cli.main(argv) == 0
+    shape, workload = planned[0]
+    assert (shape.name, workload.micro_batch, workload.block_size) == ("gpt2-medium", 4, 256)
+
+
+def test_profile_auto_plans_the_precision_the_run_trains_in(tmp_path, planned):
+    cli.auto_profile(["--model", "gpt2", "--fp16"], 2)
+    cli.auto_profile(["--model", "gpt2", "--precision", "fp32"], 2)
+    cli.auto_profile(["--model", "gpt2"], 2)
+    assert [workload.dtype for _, workload in planned] == ["fp16", "fp32", "bf16"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--profile", "ddp", "--num_processes", "2"],
+        ["compare", "--profiles", "ddp", "--num_processes", "2"],
+        ["slurm", "--profile", "ddp", "--gpus_per_node", "1", "--output", "job.sbatch"],
+    ],
+    ids=["run", "compare", "slurm"],
+)
+def test_an_unknown_run_flag_is_one_line_and_exit_2_before_anything_is_launched(
+    command, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(subprocess, "Popen", refuse_to_launch)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([*command, "--model", "gpt2", "--learning_rat", "1"])
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
+    assert len(errors) == 1 and "--learning_rat" in errors[0]
+    assert not (tmp_path / "job.sbatch").exists()
+
+
+@pytest.mark.parametrize("model_flags", [["--model", "gpt2-medium"], ["recipe.yaml"]], ids=["flag", "recipe"])
+def test_compare_runs_the_model_of_the_model_flag_or_of_the_recipe(model_flags, tmp_path, monkeypatch):
+    write_recipe(tmp_path, "model: gpt2-medium\n")
+    given = []
+
+    def compare(profiles, placement, run_args, output_dir, timeout, command_line):
+        given.append(run_args)
+        output_dir.mkdir(parents=True)
+        (output_dir / "comparison.md").write_text("| profile |\n")
+        return [Row(profile="ddp", status="completed")]
+
+    monkeypatch.setattr(finetune.compare, "compare", compare)
+    argv = ["compare", "--profiles", "ddp", "--output_dir", str(tmp_path / "compared"), *model_flags]
+    assert cli.main(argv) == 0
+    model_args, _, _ = parse_arguments(given[0])
+    assert model_args.model == "gpt2-medium"
+
+
+def slurm_script(tmp_path: Path, *arguments: str) -> str:
+    script = tmp_path / "job.sbatch"
+    command = ["slurm", "--profile", "ddp", "--gpus_per_node", "1", "--output", str(script), *arguments]
+    assert cli.main(command) == 0
+    return script.read_text()
+
+
+def test_slurm_job_writes_into_the_output_dir_of_its_recipe(tmp_path):
+    recipe = write_recipe(tmp_path, f"model: gpt2\noutput_dir: {tmp_path / 'from-recipe'}\n")
+    text = slurm_script(tmp_path, str(recipe))
+    assert f"--output_dir {tmp_path / 'from-recipe'} --resume)" in text
+
+
+def test_slurm_job_without_an_output_dir_writes_into_outputs_job_name(tmp_path):
+    text = slurm_script(tmp_path, "--job_name", "tiny", "--", "--model", "gpt2")
+    assert f"--model gpt2 --output_dir {tmp_path / 'outputs' / 'tiny'} --resume)" in text

@@ -1,0 +1,158 @@
+"""Installed like a package: the wheel carries the profiles, DeepSpeed JSON and recipes, and `finetune`
+works from a folder outside the checkout; `finetune profiles --copy` gives a user an editable pair.
+
+The integration tests build the wheel from a copy of the sources, install it (without dependencies:
+the current environment has them) into a folder of its own and run it with that folder on
+PYTHONPATH from a temporary working directory, so neither the checkout nor its editable install can
+answer for it.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from finetune.cli import main
+from finetune.profiles import PROFILES_DIR, load_profile
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT
+
+SOURCES = (
+    "setup.cfg",
+    "pyproject.toml",
+    "README.md",
+    "finetune",
+    "accelerate_configs",
+    "ds_configs",
+    "recipes",
+)
+TIMEOUT_S = 300
+
+
+def test_profiles_copy_writes_the_yaml_and_the_json_it_names(capsys):
+    assert main(["profiles", "--copy", "zero3", "mine"]) == 0
+    assert sorted(path.name for path in Path("mine").iterdir()) == ["zero3.json", "zero3.yaml"]
+    copy = load_profile("mine/zero3.yaml")
+    assert copy.deepspeed_config_path == Path("mine/zero3.json").resolve()
+    assert "finetune run --profile mine/zero3.yaml" in capsys.readouterr().out
+
+
+def test_an_edited_copy_is_what_the_profile_reads():
+    main(["profiles", "--copy", "zero3", "mine"])
+    config = json.loads(Path("mine/zero3.json").read_text())
+    config["zero_optimization"]["stage"] = 2
+    Path("mine/zero3.json").write_text(json.dumps(config))
+    assert load_profile("mine/zero3.yaml").deepspeed_config["zero_optimization"]["stage"] == 2
+
+
+def test_a_copy_keeps_the_profiles_comments():
+    main(["profiles", "--copy", "zero3", "mine"])
+    assert load_profile("mine/zero3.yaml").description == load_profile("zero3").description
+
+
+def test_profiles_copy_of_a_profile_without_deepspeed_writes_its_yaml_only():
+    main(["profiles", "--copy", "ddp", "mine"])
+    assert [path.name for path in Path("mine").iterdir()] == ["ddp.yaml"]
+    assert load_profile("mine/ddp.yaml").settings == load_profile("ddp").settings
+
+
+def test_profiles_copy_refuses_to_overwrite_in_one_line(capsys):
+    main(["profiles", "--copy", "zero2", "mine"])
+    Path("mine/zero2.json").write_text("{}")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["profiles", "--copy", "zero2", "mine"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("finetune: error: ") and "already exist" in error[0]
+    assert Path("mine/zero2.json").read_text() == "{}"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict[str, Path]:
+    """The wheel built from the sources and installed into a folder; a working directory beside it."""
+    root = tmp_path_factory.mktemp("packaging")
+    sources = root / "sources"
+    sources.mkdir()
+    for name in SOURCES:
+        source = PROJECT_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, sources / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, sources / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", str(sources), "-w", str(root / "dist")]
+    subprocess.run(build, cwd=root, check=True, capture_output=True, timeout=TIMEOUT_S)
+    wheels = list((root / "dist").glob("finetune-*.whl"))
+    install = [*pip, "install", "--no-deps", "--target", str(root / "site"), *map(str, wheels)]
+    subprocess.run(install, cwd=root, check=True, capture_output=True, timeout=TIMEOUT_S)
+    work = root / "work"
+    work.mkdir()
+    return {"site": root / "site", "work": work}
+
+
+def finetune(installed: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed `finetune` console script, run from the working directory outside the checkout."""
+    environment = {**ENVIRONMENT, "PYTHONPATH": str(installed["site"])}
+    command = [str(installed["site"] / "bin" / "finetune"), *args]
+    return subprocess.run(command, cwd=installed["work"], env=environment, capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_installed_package_is_imported_not_the_checkout(installed):
+    environment = {**ENVIRONMENT, "PYTHONPATH": str(installed["site"])}
+    command = [
+        sys.executable,
+        "-c",
+        "import finetune.profiles as p; print(p.__file__); print(p.PROFILES_DIR)",
+    ]
+    result = subprocess.run(command, cwd=installed["work"], env=environment, capture_output=True, text=True,
+                            timeout=TIMEOUT_S, check=True)  # fmt: skip
+    module, profiles = (Path(line) for line in result.stdout.split())
+    assert installed["site"] in module.parents and installed["site"] in profiles.parents
+
+
+@pytest.mark.integration
+def test_installed_finetune_profiles_lists_every_profile(installed):
+    result = finetune(installed, "profiles")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[0] for line in result.stdout.splitlines()]
+    assert listed == sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
+    assert len(listed) == 10
+
+
+@pytest.mark.integration
+def test_installed_profiles_copy_gives_a_pair_that_validates(installed):
+    result = finetune(installed, "profiles", "--copy", "zero3_nvme", "my_profiles")
+    assert result.returncode == 0, result.stderr
+    checked = finetune(installed, "profiles", "my_profiles/zero3_nvme.yaml")
+    assert checked.returncode == 0, checked.stderr
+    assert (installed["work"] / "my_profiles" / "zero3_nvme.json").is_file()
+
+
+@pytest.mark.integration
+def test_installed_two_rank_zero2_run_of_the_shipped_quick_start_recipe_trains(installed):
+    output_dir = installed["work"] / "run"
+    flags = ["--max_steps", "2", "--max_eval_samples", "4", "--output_dir", str(output_dir)]
+    recipe = "recipes/cpu_quickstart.yaml"
+    result = finetune(installed, "run", "--profile", "zero2", "--num_processes", "2", recipe, *flags)
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert "using the shipped recipe" in result.stderr
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["strategy"] == "zero2" and summary["world_size"] == 2
+
+
+@pytest.mark.integration
+def test_installed_slurm_script_names_no_checkout_path(installed):
+    result = finetune(installed, "slurm", "--profile", "zero3", "--nodes", "2", "--gpus_per_node", "4",
+                      "--model", "gpt2")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    script = (installed["work"] / "finetune.sbatch").read_text()
+    assert not [line for line in script.splitlines() if line.startswith("cd ")]
+    assert str(PROJECT_ROOT / "finetune") not in script and "accelerate_configs" not in script
+    assert "--profile zero3" in script

@@ -1,0 +1,63 @@
+"""Recipes: each shipped recipe is run flags the real parser takes, headed by a launch line that parses.
+
+A recipe's first line is the command that runs it; `finetune run` finds the shipped recipe by file name
+where the path given does not exist (outside a checkout).
+"""
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from finetune.arguments import expand_recipe, parse_arguments
+from finetune.cli import make_parser
+from finetune.profiles import RECIPES_DIR, load_profile, with_shipped_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+
+
+def launch_line(recipe: Path) -> list[str]:
+    first = recipe.read_text().splitlines()[0]
+    assert first.startswith("# finetune "), f"{recipe.name}: the first line is not `# finetune ...`"
+    return shlex.split(first.removeprefix("# "))
+
+
+def test_the_common_jobs_have_recipes():
+    assert {"cpu_quickstart", "gpt2_medium_wikitext2", "speed_one_gpu"} <= {path.stem for path in RECIPES}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
+def test_every_recipe_parses_with_the_run_parser(recipe):
+    model_args, _, training_args = parse_arguments(expand_recipe([str(recipe)]))
+    assert model_args.model
+    assert training_args.output_dir.startswith("outputs/")
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
+def test_every_recipe_is_headed_by_a_launch_line_that_runs_it(recipe):
+    options, run_args = make_parser().parse_known_args(launch_line(recipe)[1:])
+    assert options.command == "run"
+    load_profile(options.profile)
+    assert run_args[0] == f"recipes/{recipe.name}"
+    parse_arguments(expand_recipe([str(ROOT / run_args[0]), *run_args[1:]]))
+
+
+def test_a_recipe_path_that_does_not_exist_here_is_the_shipped_recipe_of_that_name(capsys):
+    assert with_shipped_recipe(["recipes/cpu_quickstart.yaml", "--max_steps", "2"]) == [
+        str(RECIPES_DIR / "cpu_quickstart.yaml"),
+        "--max_steps",
+        "2",
+    ]
+    assert "using the shipped recipe" in capsys.readouterr().err
+
+
+def test_a_recipe_file_that_exists_here_is_used_as_it_is(tmp_path):
+    own = tmp_path / "recipes" / "cpu_quickstart.yaml"
+    own.parent.mkdir()
+    own.write_text("max_steps: 1\n")
+    assert with_shipped_recipe(["recipes/cpu_quickstart.yaml"]) == ["recipes/cpu_quickstart.yaml"]
+
+
+def test_an_unknown_recipe_name_is_left_for_the_run_parser_to_report():
+    assert with_shipped_recipe(["no_such_recipe.yaml"]) == ["no_such_recipe.yaml"]
