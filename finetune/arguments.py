@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +19,11 @@ import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
-from finetune.devices import adapt_arguments_to_cpu, launched_with
+from finetune.devices import adapt_arguments_to_cpu
 from finetune.errors import FinetuneError
+from finetune.instruction import DATA_FORMATS
 from finetune.profiles import _check_deepspeed as check_deepspeed_config
-from finetune.profiles import active_deepspeed_config, fill_nvme_path, needs_nvme_path
+from finetune.profiles import active_deepspeed_config, fill_nvme_path, launched_strategy, needs_nvme_path
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
@@ -79,8 +79,28 @@ class DataArguments:
     packing: bool = field(
         default=True,
         metadata={
-            "help": "Concatenate texts into full blocks (no padding). --no_packing pads/truncates each text."
+            "help": "Concatenate texts into full blocks (no padding); pack instruction examples into blocks "
+            "they cannot attend across. --no_packing pads/truncates each text or example."
         },
+    )
+    data_format: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: detected from the columns (docs/instruction-data.md); text, prompt_completion, "
+            "instruction, question_answer or messages to choose.",
+            "choices": list(DATA_FORMATS),
+        },
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Jinja chat template file for messages data (default: the tokenizer's own, else "
+            "finetune/templates/default_chat.jinja); saved with the model."
+        },
+    )
+    train_on_prompt: bool = field(
+        default=False,
+        metadata={"help": "Instruction and chat data: train on prompt tokens too, not only on the answers."},
     )
     validation_split_percentage: int = field(
         default=5,
@@ -355,36 +375,16 @@ def check_run_name(name: str, source: str) -> None:
         )
 
 
-# DDP's gradient buckets (torch's default 25 MB): on 2 H200s, gpt2-medium compiled DDP made
-# 104,067 tokens/s per GPU with 200 MB buckets against 75,048 and 80,458 with the default
-# (tests/gpu/results/h200x2-2026-11-24). Only DDP reads it; FSDP and DeepSpeed have their own.
+# DDP's gradient buckets, larger than torch's 25 MB default: a compiled step then spends less time in
+# many small all-reduces, which was measurably faster on two GPUs (benchmarks/h200x2-2026-11-24).
+# Only DDP reads it; FSDP and DeepSpeed have their own.
 DDP_BUCKET_CAP_MB = 200
-OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 
 
 def compiles_by_default(use_cpu: bool) -> bool:
-    """Compile where it was measured to pay off: one GPU, DDP, FSDP2, ZeRO-1/2 without offload.
-
-    On one H200 (gpt2-medium, micro batch 8) compiling about doubled tokens/s without sharding; on
-    two H200s it made ZeRO-2 1.45x faster (50,846 against 34,983 tokens/s per GPU). FSDP2 compiled
-    as one graph was 6% slower than eager on two H200s, but compiled block by block (accelerate's
-    regional compilation, which the FSDP profiles switch on) 1.02x to 1.46x faster in four
-    same-machine pairs on one (tests/gpu/results/h200-2026-11-24c, -24d). ZeRO-3 was slower
-    compiled either way (its hooks around every layer break the graph); offload was not timed
-    compiled. On CPU compiling only adds compile time.
-    """
-    if not torch.cuda.is_available() or use_cpu:
-        return False
-    _, deepspeed_config = active_deepspeed_config()
-    zero = (deepspeed_config or {}).get("zero_optimization", {})
-    offloads = any(zero.get(key, {}).get("device", "none") != "none" for key in OFFLOAD_KEYS)
-    fsdp_offloads = launched_with("FSDP") and os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
-    return compiled_by_default(zero.get("stage", 0) >= 3, offloads or fsdp_offloads)
-
-
-def compiled_by_default(zero3: bool, offloads: bool) -> bool:
-    """The rule behind `compiles_by_default`, which the planner applies to its profiles too."""
-    return not (zero3 or offloads)
+    """The launched strategy's compile default (`Strategy.compiled_by_default`), on a GPU only: on CPU
+    compiling only adds compile time."""
+    return torch.cuda.is_available() and not use_cpu and launched_strategy().compiled_by_default
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, FinetuneTrainingArguments)

@@ -20,7 +20,15 @@ import torch
 
 from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
-from finetune.profiles import available_profiles, copy_profile, load_profile, with_shipped_recipe
+from finetune.profiles import (
+    Strategy,
+    available_profiles,
+    copy_profile,
+    fastest_first,
+    load_profile,
+    shipped_strategies,
+    with_shipped_recipe,
+)
 from finetune.resolve import pin_data_dir
 
 if TYPE_CHECKING:
@@ -31,7 +39,7 @@ PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_proc
 
 
 def profiles_command(args: argparse.Namespace) -> int:
-    """Print every profile with its description; a broken one prints its error and fails the command.
+    """Print every profile's strategy, fastest first; a broken one prints its error and fails the command.
 
     With --copy, write an editable copy of one profile instead.
     """
@@ -44,15 +52,15 @@ def profiles_command(args: argparse.Namespace) -> int:
         print(f"    finetune run --profile {copies[0]} [run flags]")
         return 0
     failures = 0
-    paths = [Path(p) for p in args.files] if args.files else available_profiles()
-    for path in paths:
+    strategies = []
+    for path in [Path(p) for p in args.files] if args.files else available_profiles():
         try:
-            profile = load_profile(path)
+            strategies.append(load_profile(path).strategy)
         except FinetuneError as error:
             failures += 1
             print(f"finetune: error: {error}", file=sys.stderr)
-            continue
-        print(f"{profile.name:<15} {profile.description}")
+    for strategy in fastest_first(strategies):
+        print(f"{strategy.name:<15} {strategy.summary}")
     return 1 if failures else 0
 
 
@@ -224,7 +232,7 @@ def plan_command(options: argparse.Namespace) -> int:
     print(format_plan(shape, workload, estimates, hardware))
     best = recommend(estimates, memory, options.margin)
     if best is not None:
-        largest = largest_micro_batch(best.profile, shape, workload, hardware, calibration)
+        largest = largest_micro_batch(best.strategy, shape, workload, hardware, calibration)
         print(f"largest micro batch predicted to fit with {best.profile}: {largest}")
         order = ", ".join(e.profile for e in estimates)
         print(f"recommended: {best.profile} (the first that fits, in the order {order})")
@@ -327,7 +335,21 @@ def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
     slurm.add_argument("--output", default="finetune.sbatch", help="where to write the script")
 
 
+def names(strategies: list[Strategy]) -> str:
+    return ", ".join(strategy.name for strategy in strategies)
+
+
+def shipped_for_help() -> list[Strategy]:
+    """The shipped strategies the help lists; none where a profile cannot be read (a broken
+    ds_configs/ in the working directory), so that every command still parses and reports it."""
+    try:
+        return shipped_strategies()
+    except FinetuneError:
+        return []
+
+
 def add_plan_parser(commands: argparse._SubParsersAction) -> None:
+    shipped = shipped_for_help()
     planning = commands.add_parser("plan", help="predict memory per GPU for every profile, and recommend one")
     planning.add_argument("--model", default="gpt2", help="name, GPT-2 alias or local folder (config only)")
     planning.add_argument("--config_overrides", help='change the shape: "n_layer=32,n_embd=4096,n_head=32"')
@@ -343,9 +365,14 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning.add_argument(
         "--torch_compile",
         choices=["true", "false"],
-        help="plan compiled or eager runs (default: as run.py does: ddp, zero1, zero2, FSDP compiled)",
+        help="plan compiled or eager runs (default: as run.py does: "
+        f"{names([s for s in shipped if s.compiled_by_default])} compiled, the rest eager)",
     )
-    planning.add_argument("--profiles", help="comma-separated profiles (default: all)")
+    planning.add_argument(
+        "--profiles",
+        help="comma-separated profile names or YAML files (default: every profile that runs on --gpus, "
+        f"fastest first: {names(shipped)})",
+    )
     planning.add_argument(
         "--largest",
         action="store_true",
@@ -362,7 +389,11 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
         description="Flags not listed here go to every run, as to `finetune run`: --model, a recipe first, "
         "... (see `python finetune/run.py --help`).",
     )
-    comparing.add_argument("--profiles", help="comma-separated (default: every multi-process profile)")
+    comparing.add_argument(
+        "--profiles",
+        help="comma-separated profile names or YAML files (default: every multi-process profile, fastest "
+        "first; the NVMe one only with --nvme_path)",
+    )
     comparing.add_argument("--num_processes", "--gpus", type=int, help="processes per run (default: GPUs)")
     comparing.add_argument(
         "--output_dir", default="outputs/compare", help="a new folder per run in it; earlier ones are kept"
@@ -435,7 +466,8 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--profile",
         required=True,
-        help="profile name (see `finetune profiles`), YAML file, or auto (the planner's pick)",
+        help=f"profile name ({names(shipped_for_help())}: fastest first, see `finetune profiles`), "
+        "YAML file, or auto (the planner's pick)",
     )
     run.add_argument("--num_processes", type=int, help="processes in all (default: every visible GPU)")
     run.add_argument("--num_machines", type=int, help="machines (nodes) taking part")

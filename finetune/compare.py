@@ -27,7 +27,7 @@ from typing import Any
 
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
-from finetune.profiles import available_profiles, load_profile
+from finetune.profiles import load_profile, shipped_strategies
 from finetune.summary import SUMMARY_FILE, peak_memory, read_summary
 
 STOP_GRACE_S = 30
@@ -143,13 +143,12 @@ def run_profile(
 
 
 def default_profiles(run_args: list[str]) -> list[str]:
-    """Every multi-process profile; the NVMe one only when --nvme_path is given."""
-    names = []
-    for path in available_profiles():
-        profile = load_profile(path)
-        if profile.multi_process and (not profile.needs_nvme_path or "--nvme_path" in run_args):
-            names.append(profile.name)
-    return names
+    """Every multi-process profile, fastest first; the NVMe one only when --nvme_path is given."""
+    return [
+        strategy.name
+        for strategy in shipped_strategies()
+        if strategy.multi_process and (not strategy.needs_nvme_path or "--nvme_path" in run_args)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -326,12 +325,13 @@ def compare(
     for name in profiles:
         print(f"finetune compare: {name}", file=sys.stderr, flush=True)
         started = time.localtime()
-        run_dir = new_run_dir(output_dir, load_profile(name).name, started)
+        profile = load_profile(name).name  # a YAML file's rows and folders are named by its stem
+        run_dir = new_run_dir(output_dir, profile, started)
         ran = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S", started), "run_dir": run_dir.name}
         try:
             row = run_profile(name, placement, run_args, run_dir, timeout_s)
         except KeyboardInterrupt:
-            rows.append(Row(name, "interrupted", "stopped by Ctrl-C", **ran))
+            rows.append(Row(profile, "interrupted", "stopped by Ctrl-C", **ran))
             save()
             raise
         rows.append(dataclasses.replace(row, **ran))

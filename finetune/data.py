@@ -21,12 +21,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
+from transformers import DataCollatorForSeq2Seq, default_data_collator
+from transformers.data.data_collator import DataCollator
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments
 from finetune.errors import FinetuneError
+from finetune.instruction import chat_template_for, detect_format, encode
+from finetune.packing import pack_examples, packed_collator, truncate
 from finetune.resolve import describe_tried, resolve
 
 IGNORE_INDEX = -100
@@ -70,6 +75,10 @@ class DataSummary:
     eval_samples: int
     train_tokens: int
     notes: list[str] = field(default_factory=list)
+    data_format: str = "text"
+    masked_tokens: int | None = None  # prompt tokens of instruction data, not trained on
+    truncated_examples: int | None = None  # training examples longer than block_size
+    packing_efficiency: float | None = None  # real tokens / computed tokens of the training blocks
 
 
 def split_of(path: Path) -> str | None:
@@ -293,6 +302,7 @@ class PreparedData:
     evaluation: Dataset
     test: Dataset | None
     summary: DataSummary
+    collator: DataCollator = default_data_collator
 
 
 def split_tokens(
@@ -342,20 +352,13 @@ def build_datasets(
         if not args.eval_test_split:
             splits.pop("test", None)
         num_proc = args.preprocessing_num_workers or default_num_proc(len(splits["train"]))
+        data_format = detect_format(splits["train"].column_names, args.text_column, args.data_format)
+        notes.insert(0, f"data format: {data_format.description} (--data_format {data_format.name})")
+        if data_format.name != "text":
+            return instruction_data(args, data_format.name, splits, tokenizer, block_size, source, notes)
         tokenized = tokenize(splits, tokenizer, args.text_column, num_proc)
     samples = {name: to_samples(split, args, tokenizer, block_size) for name, split in tokenized.items()}
-    if args.max_train_samples:
-        samples["train"] = first(samples["train"], args.max_train_samples)
-    if args.max_eval_samples:
-        for name in ("validation", "test"):
-            if name in samples:
-                samples[name] = first(samples[name], args.max_eval_samples)
-    for name, dataset in samples.items():
-        if len(dataset) == 0:
-            raise FinetuneError(
-                f"dataset '{args.dataset}' gives no {name} samples of {block_size} tokens: "
-                "use more text or a smaller --block_size"
-            )
+    limit_and_check(samples, args, block_size)
     return PreparedData(
         train=samples["train"],
         evaluation=samples["validation"],
@@ -369,12 +372,108 @@ def build_datasets(
             eval_samples=len(samples["validation"]),
             train_tokens=count_label_tokens(samples["train"]),
             notes=notes,
+            packing_efficiency=real_token_share(samples["train"]),
         ),
+    )
+
+
+def limit_and_check(samples: dict[str, Dataset], args: DataArguments, block_size: int) -> None:
+    """--max_train_samples and --max_eval_samples, then refuse a split left without samples."""
+    if args.max_train_samples:
+        samples["train"] = first(samples["train"], args.max_train_samples)
+    if args.max_eval_samples:
+        for name in ("validation", "test"):
+            if name in samples:
+                samples[name] = first(samples[name], args.max_eval_samples)
+    for name, dataset in samples.items():
+        if len(dataset) == 0:
+            raise FinetuneError(
+                f"dataset '{args.dataset}' gives no {name} samples of {block_size} tokens: "
+                "use more text or a smaller --block_size"
+            )
+
+
+def instruction_data(
+    args: DataArguments,
+    data_format: str,
+    splits: DatasetDict,
+    tokenizer: PreTrainedTokenizerBase,
+    block_size: int,
+    source: str,
+    notes: list[str],
+) -> PreparedData:
+    """Prompt-masked examples (finetune/instruction.py), truncated to block_size and packed into
+    blocks they cannot see across (finetune/packing.py), or padded per batch with --packing false.
+
+    Chat data sets tokenizer.chat_template to the template it was rendered with, so the saved model
+    carries it for `from_pretrained` users.
+    """
+    template = chat_template_for(tokenizer, args.chat_template) if data_format == "messages" else ""
+    if template:
+        tokenizer.chat_template = template
+    samples, real_tokens, truncated = {}, {}, {}
+    for name, split in splits.items():
+        encoded = encode(split, data_format, tokenizer, template, args.train_on_prompt, name)
+        examples = encoded.filter(
+            lambda row: any(label != IGNORE_INDEX for label in row["labels"][:block_size]),
+            desc=f"drop {name} examples without an answer token in the first {block_size}",
+        )
+        if len(examples) < len(encoded):
+            notes.append(
+                f"{len(encoded) - len(examples)} {name} examples have no answer token in their first "
+                f"{block_size} tokens and were left out"
+            )
+        examples, truncated[name] = truncate(examples, block_size)
+        if truncated[name]:
+            notes.append(f"{truncated[name]} {name} examples longer than {block_size} tokens were truncated")
+        if args.packing:
+            samples[name], real_tokens[name] = pack_examples(examples, block_size, tokenizer.pad_token_id)
+        else:
+            samples[name], real_tokens[name] = examples, [len(ids) for ids in examples["input_ids"]]
+    limit_and_check(samples, args, block_size)
+    kept = len(samples["train"])
+    real = sum(real_tokens["train"][:kept])
+    trained = int((flat_column(samples["train"], "labels") != IGNORE_INDEX).sum())
+    return PreparedData(
+        train=samples["train"],
+        evaluation=samples["validation"],
+        test=samples.get("test"),
+        summary=DataSummary(
+            dataset=args.dataset,
+            source=source,
+            block_size=block_size,
+            packing=args.packing,
+            train_samples=kept,
+            eval_samples=len(samples["validation"]),
+            train_tokens=trained,
+            notes=notes,
+            data_format=data_format,
+            masked_tokens=real - trained,
+            truncated_examples=truncated["train"],
+            packing_efficiency=real / (kept * block_size) if args.packing else None,
+        ),
+        collator=packed_collator
+        if args.packing
+        else DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),
     )
 
 
 def first(dataset: Dataset, count: int) -> Dataset:
     return dataset.select(range(min(count, len(dataset))))
+
+
+def flat_column(dataset: Dataset, column: str) -> np.ndarray:
+    """A list column's values, every sample's in one array (samples may differ in length)."""
+    if not len(dataset):
+        return np.array([], dtype=np.int64)
+    return pc.list_flatten(dataset.with_format("arrow")[column]).to_numpy()
+
+
+def real_token_share(samples: Dataset) -> float:
+    """Packing efficiency of text blocks: padded samples carry an attention mask, packed ones are full."""
+    if "attention_mask" not in samples.column_names:
+        return 1.0
+    return float(flat_column(samples, "attention_mask").mean())
 
 
 def count_label_tokens(dataset: Dataset) -> int:

@@ -88,9 +88,10 @@ def causal_lm_loss(
 ) -> torch.Tensor:
     """ForCausalLMLoss from the last hidden states and the output embedding, without full logits.
 
-    Kept out of torch.compile's graph: compiled by inductor for CUDA (torch 2.11, H200) this
-    function gave every parameter a zero gradient, while the same code compiled for CPU and run
-    eagerly on CUDA trains (tests/gpu/grad_check.py). The model's layers before it stay compiled.
+    Kept out of torch.compile's graph: compiled by inductor for CUDA this function gave every
+    parameter a zero gradient, while the same code compiled for CPU and run eagerly on CUDA trains
+    (benchmarks/h200-2026-11-23b, found with benchmarks/scripts/grad_check.py). The model's layers
+    before it stay compiled.
     """
     device_type = hidden.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
@@ -123,9 +124,9 @@ def align_output_matmul(model: PreTrainedModel) -> bool:
     """Run the output layer's matmuls at an aligned vocabulary; whether the layer was changed.
 
     At GPT-2's 50,257 every row of the logits and of their gradient starts unaligned and cuBLAS
-    falls back to align-1 kernels: about 15 ms of a gpt2-medium step (micro batch 8) on an H200
-    under FSDP2 and ZeRO-3, eager or compiled block by block (profiled in
-    tests/gpu/results/h200-2026-11-24c; aligned, FSDP2 ran 1.17x and ZeRO-3 1.11x faster: -24e).
+    falls back to align-1 kernels, a visible share of an FSDP2 or ZeRO-3 step, eager or compiled
+    block by block (profiled in benchmarks/h200-2026-11-24c; aligned, both ran faster:
+    benchmarks/h200-2026-11-24e).
     A whole-model torch.compile pads on its own. Only bias-free linear output layers whose width is
     not a multiple of VOCAB_ALIGNMENT are changed, by class, so hooks, tied weights and copies keep
     working.

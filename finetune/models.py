@@ -105,7 +105,7 @@ def initialize_partitioned_weights(model: PreTrainedModel) -> None:
     `_init_weights` that sets a child's weight writes into an empty
     shard: GPT-2's residual projections (`c_proj`, std 0.02/sqrt(2 x layers)) kept the 0.02 of the
     plain init, and ZeRO-3 runs started from another model than every other profile (first
-    gradient norm 10 against 41 for gpt2-medium on an H200). Gathering a module together with its
+    gradient norm about a quarter of the others'). Gathering a module together with its
     direct children keeps the peak at one block's weights; rank 0 initializes, DeepSpeed
     broadcasts the result on leaving the gather.
     """

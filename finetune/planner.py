@@ -8,13 +8,13 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
 - DDP and FSDP2 under torch autocast keep fp32 parameters and gradients: 4Ψ + 4Ψ + 8Ψ (Adam's two
   moments). FSDP2 full shard divides all three by Nd; FSDP2 without resharding after forward holds
   the gathered parameters from forward to backward, so its parameters count whole.
-- The offload profiles move the optimizer states (ZeRO-Offload), and the parameters (stage 3), to
-  host memory or, for ZeRO-Infinity, to the NVMe folder. The CPU (or NVMe) Adam step also needs
-  the gradients in fp32 beside its states: 4Ψ more where the optimizer goes (16Ψ in all for
-  ZeRO-2-Offload, 18Ψ for ZeRO-3 with parameters offloaded, as DeepSpeed's own
+- What a strategy offloads (`Strategy.offloaded`: the optimizer states, and under stage 3 the
+  parameters) moves to host memory or, for ZeRO-Infinity, to the NVMe folder. The CPU (or NVMe)
+  Adam step also needs the gradients in fp32 beside its states: 4Ψ more where the optimizer goes
+  (16Ψ in all for ZeRO-2-Offload, 18Ψ for ZeRO-3 with parameters offloaded, as DeepSpeed's own
   `estimate_zero*_model_states_mem_needs` count). Host RAM gets DeepSpeed's buffer factor of 1.5
-  on top: a 6.7B-parameter zero3_offload run, 18Ψ = 111.5 GiB, was killed for memory on an H200
-  host of 125 GiB.
+  on top: without it a zero3_offload run predicted to fit was killed for host memory
+  (benchmarks/h200-2026-11-24).
 - Host RAM is also taken while the model is built: every process builds the whole fp32 model
   (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
   layer as it is created. Host RAM per GPU is the larger of the two.
@@ -25,10 +25,10 @@ the bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 l
 the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. c_layer is
 fitted to measured training peaks (finetune/calibration.json, least squares), separately for torch
 autocast, torch autocast under torch.compile (inductor fuses elementwise chains and keeps far
-fewer intermediates: gpt2-medium's peak fell from 25.5 to 15.7 GiB) and DeepSpeed, whose saved
+fewer intermediates: benchmarks/h200-2026-11-23b) and DeepSpeed, whose saved
 activations differ in dtype; framework buffers and allocator slack are in it too. A workload
-compiles as run.py does by default: ddp (and one GPU), zero1, zero2 and both FSDP profiles
-compiled, ZeRO-3 and offload eager; `--torch_compile` overrides it. With gradient checkpointing
+compiles as run.py compiles its strategy by default (`Strategy.compiled_by_default`: ZeRO-3 and
+offload eager, the rest compiled); `--torch_compile` overrides it. With gradient checkpointing
 each layer keeps only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at
 a time.
 """
@@ -44,8 +44,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from finetune.arguments import compiled_by_default
 from finetune.errors import FinetuneError
+from finetune.profiles import OFFLOAD_DEVICES, Strategy, fastest_first, load_strategy, shipped_strategies
 
 GIB = 2**30
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
@@ -56,28 +56,6 @@ DEFAULT_MARGIN = 0.10
 CALIBRATION_KINDS = ("torch", "torch-compiled", "deepspeed")
 MAX_MICRO_BATCH = 4096
 
-# profile: (framework, sharded states, offloaded states). Ordered fastest first, as the
-# recommendation prefers them: DDP/ZeRO-1, then ZeRO-2 (and FSDP without resharding), then full
-# sharding, then offload to host, then NVMe.
-PROFILES: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {
-    "ddp": ("torch", frozenset(), frozenset()),
-    "zero1": ("deepspeed", frozenset({"optimizer"}), frozenset()),
-    "zero2": ("deepspeed", frozenset({"optimizer", "gradients"}), frozenset()),
-    "fsdp_grad_op": ("torch", frozenset({"optimizer", "gradients"}), frozenset()),
-    "zero3": ("deepspeed", frozenset({"optimizer", "gradients", "parameters"}), frozenset()),
-    "fsdp": ("torch", frozenset({"optimizer", "gradients", "parameters"}), frozenset()),
-    "zero2_offload": ("deepspeed", frozenset({"optimizer", "gradients"}), frozenset({"optimizer"})),
-    "zero3_offload": (
-        "deepspeed",
-        frozenset({"optimizer", "gradients", "parameters"}),
-        frozenset({"optimizer", "parameters"}),
-    ),
-    "zero3_nvme": (
-        "deepspeed",
-        frozenset({"optimizer", "gradients", "parameters"}),
-        frozenset({"optimizer", "parameters"}),
-    ),
-}
 OFFLOADED_GRADIENT_BYTES = 4
 HOST_BUFFER_FACTOR = 1.5
 BUILD_BYTES = 4
@@ -111,7 +89,7 @@ class Workload:
     block_size: int
     dtype: str = "bf16"
     gradient_checkpointing: bool = False
-    compiled: bool | None = None  # None: as run.py decides per profile (compiles_by_default)
+    compiled: bool | None = None  # None: as run.py decides per strategy (compiled_by_default)
 
 
 @dataclass(frozen=True)
@@ -120,13 +98,13 @@ class Measurement:
 
     shape: ModelShape
     workload: Workload
-    profile: str
+    strategy: Strategy
     gpus: int
     peak_allocated_gib: float
     forward_activations_gib: float | None = None
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Measurement:
+    def from_row(cls, row: dict[str, Any], strategy: Strategy) -> Measurement:
         shape = ModelShape(row["model"], row["parameters"], row["layers"], row["hidden"], row["vocab"])
         workload = Workload(
             row["micro_batch"],
@@ -135,11 +113,10 @@ class Measurement:
             row["gradient_checkpointing"],
             row.get("compiled", False),
         )
-        profile = "ddp" if row["profile"] == "single" else row["profile"]
         return cls(
             shape,
             workload,
-            profile,
+            strategy,
             row["gpus"],
             row["peak_allocated_gib"],
             row.get("forward_activations_gib"),
@@ -148,7 +125,7 @@ class Measurement:
 
 def estimate_for(measurement: Measurement, calibration: Calibration) -> Estimate:
     m = measurement
-    return estimate(m.profile, m.shape, m.workload, m.gpus, calibration)
+    return estimate(m.strategy, m.shape, m.workload, m.gpus, calibration)
 
 
 def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
@@ -157,7 +134,10 @@ def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
 
 
 def read_measurements(path: Path = CALIBRATION_FILE) -> list[Measurement]:
-    return [Measurement.from_row(row) for row in json.loads(path.read_text())["measurements"]]
+    """The measured peaks, each with the strategy of the shipped profile it was measured with."""
+    rows = json.loads(path.read_text())["measurements"]
+    strategies = {name: load_strategy(name) for name in {row["profile"] for row in rows}}
+    return [Measurement.from_row(row, strategies[row["profile"]]) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -171,7 +151,7 @@ class Calibration:
         """Least squares through the origin: what the measured peaks leave after states and logits."""
         layer_bytes = {}
         for kind in CALIBRATION_KINDS:
-            rows = [m for m in measurements if calibration_kind(m.profile, m.workload) == kind]
+            rows = [m for m in measurements if calibration_kind(m.strategy, m.workload) == kind]
             if not rows:
                 raise ValueError(f"no {kind} measurement to calibrate activations with")
             without_layers = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0))
@@ -188,7 +168,7 @@ class Calibration:
 
 @dataclass
 class Estimate:
-    profile: str
+    strategy: Strategy
     gpus: int
     parameters: float
     gradients: float
@@ -199,6 +179,10 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def profile(self) -> str:
+        return self.strategy.name
+
+    @property
     def total(self) -> float:
         return self.parameters + self.gradients + self.optimizer + self.activations
 
@@ -206,25 +190,23 @@ class Estimate:
         return self.total <= gpu_memory_gib * (1 - margin)
 
 
-def framework_of(profile: str, dtype: str) -> str:
-    return "fp32" if dtype == "fp32" else PROFILES[profile][0]
+def framework_of(strategy: Strategy, dtype: str) -> str:
+    """Whose bytes per parameter (STATE_BYTES) the model states take."""
+    if dtype == "fp32":
+        return "fp32"
+    return "deepspeed" if strategy.framework == "deepspeed" else "torch"
 
 
-def compiled_for(profile: str, workload: Workload) -> bool:
-    """Whether run.py compiles this profile: as told, else as `arguments.compiles_by_default`
-    decides on a GPU (DDP, FSDP2 and ZeRO-1/2 without offload)."""
-    if workload.compiled is not None:
-        return workload.compiled
-    framework, sharded, offloaded = PROFILES[profile]
-    zero3 = framework == "deepspeed" and "parameters" in sharded
-    return compiled_by_default(zero3, bool(offloaded))
+def compiled_for(strategy: Strategy, workload: Workload) -> bool:
+    """Whether run.py compiles this strategy on a GPU: as told, else its compile default."""
+    return strategy.compiled_by_default if workload.compiled is None else workload.compiled
 
 
-def calibration_kind(profile: str, workload: Workload) -> str:
+def calibration_kind(strategy: Strategy, workload: Workload) -> str:
     """DeepSpeed's kind also for a compiled DeepSpeed run: its compiled peaks were lower (conservative)."""
-    if framework_of(profile, workload.dtype) == "deepspeed":
+    if framework_of(strategy, workload.dtype) == "deepspeed":
         return "deepspeed"
-    return "torch-compiled" if compiled_for(profile, workload) else "torch"
+    return "torch-compiled" if compiled_for(strategy, workload) else "torch"
 
 
 def forward_activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) -> float:
@@ -248,34 +230,45 @@ def activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) ->
 
 
 def estimate(
-    profile: str, shape: ModelShape, workload: Workload, gpus: int, calibration: Calibration
+    strategy: Strategy, shape: ModelShape, workload: Workload, gpus: int, calibration: Calibration
 ) -> Estimate:
-    framework = framework_of(profile, workload.dtype)
-    _, sharded, offloaded = PROFILES[profile]
+    framework = framework_of(strategy, workload.dtype)
+    offloaded = strategy.offloaded
     states = {}
-    moved = 0.0
+    moved = dict.fromkeys(OFFLOAD_DEVICES, 0.0)  # GiB per GPU, by where it goes
     for kind, per_parameter in STATE_BYTES[framework].items():
-        gib = shape.parameters * per_parameter / GIB / (gpus if kind in sharded else 1)
+        gib = shape.parameters * per_parameter / GIB / (gpus if kind in strategy.sharded else 1)
         if kind in offloaded:
-            moved += gib
+            moved[offloaded[kind]] += gib
             gib = 0.0
         states[kind] = gib
     if "optimizer" in offloaded:
-        moved += shape.parameters * OFFLOADED_GRADIENT_BYTES / GIB / gpus
-    on_nvme = profile == "zero3_nvme"
-    built_whole = 0.0 if "parameters" in sharded and framework == "deepspeed" else BUILD_BYTES
-    host = max(shape.parameters * built_whole / GIB, 0.0 if on_nvme else moved * HOST_BUFFER_FACTOR)
-    kind = calibration_kind(profile, workload)
+        moved[offloaded["optimizer"]] += shape.parameters * OFFLOADED_GRADIENT_BYTES / GIB / gpus
+    built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
+    host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
+    kind = calibration_kind(strategy, workload)
     return Estimate(
-        profile=profile,
+        strategy=strategy,
         gpus=gpus,
         parameters=states["parameters"],
         gradients=states["gradients"],
         optimizer=states["optimizer"],
         activations=activation_gib(shape, workload, calibration.layer_bytes.get(kind, 0.0)),
         host_per_gpu=host,
-        nvme=moved * gpus if on_nvme else 0.0,
+        nvme=moved["nvme"] * gpus,
     )
+
+
+def planned_strategies(profiles: list[str] | None, gpus: int) -> list[Strategy]:
+    """What to plan, fastest first: the profiles given (names or YAML files, read as any command
+    reads them), else every shipped profile that runs on `gpus` processes."""
+    if not profiles:
+        return [strategy for strategy in shipped_strategies() if strategy.multi_process or gpus == 1]
+    strategies = [load_strategy(name) for name in profiles]
+    single = [strategy.name for strategy in strategies if not strategy.multi_process]
+    if single and gpus > 1:
+        raise FinetuneError(f"profile {', '.join(single)} runs one process: plan it with --gpus 1")
+    return fastest_first(strategies)
 
 
 def plan(
@@ -285,20 +278,14 @@ def plan(
     calibration: Calibration,
     profiles: list[str] | None = None,
 ) -> list[Estimate]:
-    names = profiles or list(PROFILES)
-    unknown = [name for name in names if name not in PROFILES]
-    if unknown:
-        raise FinetuneError(
-            f"cannot plan profile {', '.join(unknown)}: the planner knows {', '.join(PROFILES)} "
-            "(a single GPU without sharding plans as ddp with --gpus 1)"
-        )
-    return [estimate(name, shape, workload, gpus, calibration) for name in names]
+    strategies = planned_strategies(profiles, gpus)
+    return [estimate(strategy, shape, workload, gpus, calibration) for strategy in strategies]
 
 
 def recommend(
     estimates: list[Estimate], gpu_memory_gib: float, margin: float = DEFAULT_MARGIN
 ) -> Estimate | None:
-    """The first (fastest) profile that fits with the margin; PROFILES is in speed order."""
+    """The first (fastest) profile that fits with the margin: `plan` orders them fastest first."""
     fitting = [e for e in estimates if e.fits(gpu_memory_gib, margin)]
     return fitting[0] if fitting else None
 
@@ -324,14 +311,14 @@ class Hardware:
 
 
 def largest_micro_batch(
-    profile: str, shape: ModelShape, workload: Workload, hardware: Hardware, calibration: Calibration
+    strategy: Strategy, shape: ModelShape, workload: Workload, hardware: Hardware, calibration: Calibration
 ) -> int:
     """The largest micro batch this profile is predicted to fit (0 if none): larger micro batches
-    ran faster on an H200 (gpt2-medium compiled: 135k tokens/s at 32 against 117k at 8)."""
+    keep the GPU busier and ran faster (benchmarks/h200-2026-11-23b)."""
     batch = 0
     while batch < MAX_MICRO_BATCH:
         bigger = replace(workload, micro_batch=batch + 1)
-        if not hardware.holds(estimate(profile, shape, bigger, hardware.gpus, calibration)):
+        if not hardware.holds(estimate(strategy, shape, bigger, hardware.gpus, calibration)):
             break
         batch += 1
     return batch
@@ -377,7 +364,7 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
         f"finetune plan: {shape.name} ({shape.parameters:,} parameters), {hardware.gpus} GPU(s) of "
         f"{hardware.gpu_memory_gib:g} GiB, micro batch {workload.micro_batch} x {workload.block_size} "
         f"tokens, {workload.dtype}{', gradient checkpointing' if workload.gradient_checkpointing else ''}, "
-        f"{describe_compilation(workload)}",
+        f"{describe_compilation(workload, [e.strategy for e in estimates])}",
         "",
         "| profile | parameters | gradients | optimizer | activations | total / GPU | fits "
         "| host RAM / node | NVMe |",
@@ -398,12 +385,10 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
     return "\n".join(lines)
 
 
-def describe_compilation(workload: Workload) -> str:
+def describe_compilation(workload: Workload, strategies: list[Strategy]) -> str:
     if workload.compiled is None:
-        return (
-            "torch.compile as run.py does by default "
-            "(ddp, zero1, zero2, fsdp_grad_op, fsdp compiled; the rest eager)"
-        )
+        compiled = ", ".join(s.name for s in strategies if s.compiled_by_default) or "none"
+        return f"torch.compile as run.py does by default ({compiled} compiled; the rest eager)"
     return "torch.compile on" if workload.compiled else "torch.compile off"
 
 
@@ -438,8 +423,6 @@ def choose_profile(
             f"no profile fits {shape.name} in {gpus} x {gpu_memory_gib:.0f} GiB (finetune plan); "
             f"changes that would: {changes or 'none found'}"
         )
-    if gpus == 1:
-        return "single", f"one GPU; predicted {best.total:.1f} of {gpu_memory_gib:.0f} GiB"
     return best.profile, (
         f"the fastest profile predicted to fit: {best.total:.1f} of {gpu_memory_gib:.0f} GiB per GPU"
     )
@@ -484,13 +467,13 @@ def run_flags(name: str) -> str:
 
 
 def largest_model(
-    profile: str, workload: Workload, hardware: Hardware, calibration: Calibration
+    strategy: Strategy, workload: Workload, hardware: Hardware, calibration: Calibration
 ) -> tuple[str, Estimate] | None:
     """The largest MODEL_LADDER shape this profile is predicted to fit (the offload profiles also
     in host RAM); None when not even the smallest does."""
     found = None
     for name in MODEL_LADDER:
-        e = estimate(profile, gpt2_shape(name), workload, hardware.gpus, calibration)
+        e = estimate(strategy, gpt2_shape(name), workload, hardware.gpus, calibration)
         if not hardware.holds(e):
             break
         found = (name, e)
@@ -500,25 +483,26 @@ def largest_model(
 def format_largest(workload: Workload, hardware: Hardware, calibration: Calibration) -> str:
     host = hardware.host_memory_gib
     host_note = f"host RAM {host:g} GiB per node" if host else "host RAM not limited"
+    strategies = planned_strategies(None, hardware.gpus)
     lines = [
         f"finetune plan --largest: {hardware.gpus} GPU(s) of {hardware.gpu_memory_gib:g} GiB, micro batch "
         f"{workload.micro_batch} x {workload.block_size} tokens, {workload.dtype}, "
-        f"{describe_compilation(workload)}, {host_note}",
+        f"{describe_compilation(workload, strategies)}, {host_note}",
         "",
         "| profile | largest model | parameters | total / GPU | host RAM / node | NVMe | run.py flags |",
         "|---|---|---|---|---|---|---|",
     ]
-    for profile in PROFILES:
-        found = largest_model(profile, workload, hardware, calibration)
+    for strategy in strategies:
+        found = largest_model(strategy, workload, hardware, calibration)
         if found is None:
-            lines.append(f"| {profile} | none | | | | | |")
+            lines.append(f"| {strategy.name} | none | | | | | |")
             continue
         name, e = found
         host_gib = f"{hardware.host_per_node(e):.1f}" if e.host_per_gpu else ""
         nvme = f"{e.nvme:.1f}" if e.nvme else ""
         lines.append(
-            f"| {profile} | {name} | {gpt2_shape(name).parameters:,} | {e.total:.1f} | {host_gib} | {nvme} "
-            f"| `{run_flags(name)}` |"
+            f"| {strategy.name} | {name} | {gpt2_shape(name).parameters:,} | {e.total:.1f} | {host_gib} "
+            f"| {nvme} | `{run_flags(name)}` |"
         )
     lines.append("")
     lines.append(
@@ -561,7 +545,7 @@ def measured_vs_predicted() -> Any:
         [
             {
                 "model": m.shape.name,
-                "profile": m.profile,
+                "profile": m.strategy.name,
                 "gpus": m.gpus,
                 "micro_batch": m.workload.micro_batch,
                 "compiled": m.workload.compiled,

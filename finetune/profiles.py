@@ -19,6 +19,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import DynamoBackend
 
+from finetune.devices import launched_with
 from finetune.errors import FinetuneError
 
 
@@ -51,6 +52,210 @@ def with_shipped_recipe(run_args: list[str]) -> list[str]:
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
 NVME_PLACEHOLDER = "auto"
+OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
+
+
+STATES = ("optimizer", "gradients", "parameters")  # in the order ZeRO's stages shard them
+STATE_NAMES = {"optimizer": "optimizer states", "gradients": "gradients", "parameters": "parameters"}
+OFFLOAD_DEVICES = ("cpu", "nvme")
+FRAMEWORKS = ("single", "ddp", "deepspeed", "fsdp")  # ties in the speed order go in this order
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """What a profile does, derived once from its YAML and DeepSpeed JSON (or FSDP settings).
+
+    Every command asks this, never the profile's name: the planner's memory model, `--profile auto`,
+    `finetune compare`, the compile default at run time, the CLI's help and the README's table. So a
+    copied and edited profile means what its files say, wherever a shipped name works.
+    """
+
+    name: str
+    framework: str  # single, ddp, deepspeed or fsdp
+    sharded: frozenset[str] = frozenset()  # of STATES, divided over the processes
+    optimizer_offload: str = "none"  # none, cpu or nvme
+    parameter_offload: str = "none"
+    zero_stage: int | None = None
+    reshard_after_forward: bool | None = None
+    needs_nvme_path: bool = False
+    description: str = ""  # the profile's own words: its YAML's first comment line
+
+    @property
+    def multi_process(self) -> bool:
+        return self.framework != "single"
+
+    @property
+    def offloaded(self) -> dict[str, str]:
+        """State (optimizer, parameters) to the device it is moved to (cpu, nvme)."""
+        moved = {"optimizer": self.optimizer_offload, "parameters": self.parameter_offload}
+        return {state: device for state, device in moved.items() if device != "none"}
+
+    @property
+    def compiled_by_default(self) -> bool:
+        """Compile where it was measured to pay off: without sharding, DDP, FSDP2, ZeRO-1/2.
+
+        Compiling fuses the elementwise work between matmuls, which made one GPU and ZeRO-2 markedly
+        faster. FSDP2 compiled as one graph breaks at its hooks and was slower than eager, but compiled
+        block by block (accelerate's regional compilation, which the FSDP profiles switch on) it was
+        faster. ZeRO-3 was slower compiled either way (its hooks around every layer break the graph);
+        offload was not timed compiled. The measurements: benchmarks/h200-2026-11-23b,
+        h200x2-2026-11-24, h200-2026-11-24c and -24d (docs/speed.md). A machine without a GPU never
+        compiles by default (`arguments.compiles_by_default`).
+        """
+        return not (self.zero_stage == 3 or self.offloaded)
+
+    @property
+    def speed_order(self) -> tuple[int, int, int, int]:
+        """Sort key, fastest first: each step keeps less per GPU and moves more. Offload to NVMe is
+        slower than to CPU, offloading more is slower, sharding more communicates more; ties go
+        DeepSpeed before FSDP, the order the planner has always recommended them in."""
+        worst_offload = max((OFFLOAD_DEVICES.index(d) + 1 for d in self.offloaded.values()), default=0)
+        return worst_offload, len(self.offloaded), len(self.sharded), FRAMEWORKS.index(self.framework)
+
+    @property
+    def kind(self) -> str:
+        """The strategy in a few words."""
+        if self.framework == "single":
+            return "one device, no distribution"
+        if self.framework == "ddp":
+            return "DistributedDataParallel"
+        if self.framework == "fsdp":
+            if self.reshard_after_forward:
+                return "FSDP2 full shard (ZeRO-3 analogue)"
+            return "FSDP2 without resharding after forward (ZeRO-2 analogue)"
+        if "nvme" in self.offloaded.values():
+            return f"DeepSpeed ZeRO-Infinity, stage {self.zero_stage}"
+        if self.offloaded:
+            return f"DeepSpeed ZeRO-Offload, stage {self.zero_stage}"
+        return f"DeepSpeed ZeRO-{self.zero_stage}"
+
+    @property
+    def sharding(self) -> str:
+        if not self.multi_process:
+            return ""
+        text = ", ".join(STATE_NAMES[state] for state in STATES if state in self.sharded) or "nothing"
+        if self.framework == "fsdp" and not self.reshard_after_forward:
+            text += " (parameters gathered from forward to backward)"
+        return text
+
+    @property
+    def offloading(self) -> str:
+        places = {"cpu": "CPU memory", "nvme": "NVMe"}
+        if self.needs_nvme_path:
+            places["nvme"] = "an NVMe folder (`--nvme_path DIR`)"
+        return "; ".join(
+            " and ".join(STATE_NAMES[state] for state in STATES if self.offloaded.get(state) == device)
+            + f" to {places[device]}"
+            for device in OFFLOAD_DEVICES
+            if device in self.offloaded.values()
+        )
+
+    @property
+    def summary(self) -> str:
+        """One line: the strategy, what it shards and moves, and whether it compiles by default."""
+        parts = [self.kind]
+        if self.sharded:
+            parts.append(f"shards {self.sharding}")
+        if self.offloaded:
+            parts.append(f"moves {self.offloading}")
+        parts.append("compiled by default" if self.compiled_by_default else "eager by default")
+        return "; ".join(parts)
+
+
+def derive_strategy(
+    name: str,
+    distributed_type: str,
+    fsdp_config: dict[str, Any] | None = None,
+    deepspeed_config: dict[str, Any] | None = None,
+    description: str = "",
+) -> Strategy:
+    """The one place where accelerate's and DeepSpeed's settings become a Strategy."""
+    if distributed_type == "FSDP":
+        fsdp = fsdp_config or {}
+        reshard = bool(fsdp.get("fsdp_reshard_after_forward", True))
+        offload = "cpu" if fsdp.get("fsdp_offload_params") else "none"  # FSDP2 moves all states then
+        sharded = STATES if reshard else STATES[:2]
+        return Strategy(name, "fsdp", frozenset(sharded), offload, offload, None, reshard, False, description)
+    if distributed_type == "DEEPSPEED":
+        config = deepspeed_config or {}
+        zero = config.get("zero_optimization", {})
+        stage = int(zero.get("stage", 0))
+        optimizer, parameters = (zero.get(key, {}).get("device", "none") for key in OFFLOAD_KEYS)
+        nvme = needs_nvme_path(config)
+        sharded = frozenset(STATES[:stage])
+        return Strategy(name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description)
+    return Strategy(name, "ddp" if distributed_type == "MULTI_GPU" else "single", description=description)
+
+
+def fastest_first(strategies: list[Strategy]) -> list[Strategy]:
+    return sorted(strategies, key=lambda strategy: strategy.speed_order)
+
+
+def shipped_strategies() -> list[Strategy]:
+    """Every shipped profile's strategy, fastest first."""
+    return fastest_first([load_profile(path).strategy for path in available_profiles()])
+
+
+def load_strategy(name_or_path: str | Path) -> Strategy:
+    return load_profile(name_or_path).strategy
+
+
+def launched_strategy() -> Strategy:
+    """The strategy `accelerate launch` handed this process, from the variables it sets: the training
+    process never sees the profile file. Named `$FINETUNE_PROFILE` (set by `finetune run` and
+    `compare`), else after the shipped profile it matches (`zero3`, `fsdp_grad_op`, ...)."""
+    if launched_with("DEEPSPEED"):
+        _, config = active_deepspeed_config()
+        if config is None:  # DeepSpeed set up by launch flags instead of a JSON
+            zero = {"stage": int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))}
+            for key in OFFLOAD_KEYS:
+                zero[key] = {"device": os.environ.get(f"ACCELERATE_DEEPSPEED_{key.upper()}_DEVICE", "none")}
+            config = {"zero_optimization": zero}
+        strategy = derive_strategy("", "DEEPSPEED", deepspeed_config=config)
+    elif launched_with("FSDP"):
+        fsdp = {
+            "fsdp_reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
+            == "true",
+            "fsdp_offload_params": os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true",
+        }
+        strategy = derive_strategy("", "FSDP", fsdp_config=fsdp)
+    else:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        strategy = derive_strategy("", "MULTI_GPU" if several else "NO")
+    return replace(strategy, name=os.environ.get("FINETUNE_PROFILE") or conventional_name(strategy))
+
+
+def _variable_is_true(name: str, default: str) -> bool:
+    return os.environ.get(name, default).lower() in ("1", "true")
+
+
+def conventional_name(strategy: Strategy) -> str:
+    """The name the shipped profiles give such a strategy."""
+    if strategy.framework == "fsdp":
+        return "fsdp" if strategy.reshard_after_forward else "fsdp_grad_op"
+    if strategy.framework != "deepspeed":
+        return strategy.framework
+    devices = set(strategy.offloaded.values())
+    suffix = "_nvme" if "nvme" in devices else "_offload" if devices else ""
+    return f"zero{strategy.zero_stage}{suffix}"
+
+
+PROFILES_TABLE_MARKERS = (
+    "<!-- profiles table: python -m finetune.profiles -->",
+    "<!-- end profiles table -->",
+)
+
+
+def profiles_table(strategies: list[Strategy]) -> str:
+    """The README's table of profiles, fastest first, generated so that it cannot drift from them."""
+    lines = [
+        "| profile | strategy | sharded over the GPUs | moved off the GPU | compiled by default |",
+        "|---|---|---|---|---|",
+    ]
+    for s in strategies:
+        compiled = "yes" if s.compiled_by_default else "no"
+        lines.append(f"| `{s.name}` | {s.kind} | {s.sharding} | {s.offloading} | {compiled} |")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -60,16 +265,17 @@ class Profile:
     description: str
     distributed_type: str
     settings: dict[str, Any]
+    strategy: Strategy
     deepspeed_config_path: Path | None = None
     deepspeed_config: dict[str, Any] | None = None
 
     @property
     def needs_nvme_path(self) -> bool:
-        return self.deepspeed_config is not None and needs_nvme_path(self.deepspeed_config)
+        return self.strategy.needs_nvme_path
 
     @property
     def multi_process(self) -> bool:
-        return self.distributed_type != "NO"
+        return self.strategy.multi_process
 
 
 def available_profiles(directory: Path = PROFILES_DIR) -> list[Path]:
@@ -105,21 +311,18 @@ def load_profile(name_or_path: str | Path) -> Profile:
         raise FinetuneError(
             f"{path}: distributed_type: '{distributed_type}' is not one of {', '.join(DISTRIBUTED_TYPES)}"
         )
-    profile = Profile(
-        name=path.stem,
-        path=path,
-        description=_description(text),
-        distributed_type=distributed_type,
-        settings=settings,
-    )
+    description = _description(text)
+    ds_path, ds_config = None, None
     if distributed_type == "FSDP":
         _check_fsdp(path, settings)
     if distributed_type == "DEEPSPEED":
         ds_path = _deepspeed_config_path(path, settings)
         ds_config = read_deepspeed_config(ds_path)
         _check_deepspeed(ds_path, ds_config)
-        profile = replace(profile, deepspeed_config_path=ds_path, deepspeed_config=ds_config)
-    return profile
+    strategy = derive_strategy(
+        path.stem, distributed_type, settings.get("fsdp_config"), ds_config, description
+    )
+    return Profile(path.stem, path, description, distributed_type, settings, strategy, ds_path, ds_config)
 
 
 def copy_profile(name_or_path: str, folder: Path) -> list[Path]:
@@ -232,7 +435,7 @@ def _check_deepspeed(path: Path, config: dict[str, Any]) -> None:
         raise FinetuneError(
             f"{path}: zero_optimization.offload_param: parameter offload needs stage 3, got {stage}"
         )
-    for key in ("offload_optimizer", "offload_param"):
+    for key in OFFLOAD_KEYS:
         offload = zero.get(key)
         if offload is None:
             continue
@@ -259,7 +462,7 @@ def _check_deepspeed(path: Path, config: dict[str, Any]) -> None:
 
 def _nvme_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
     zero = config.get("zero_optimization", {})
-    sections = (zero.get(key) for key in ("offload_optimizer", "offload_param"))
+    sections = (zero.get(key) for key in OFFLOAD_KEYS)
     return [section for section in sections if isinstance(section, dict) and section.get("device") == "nvme"]
 
 
@@ -312,3 +515,7 @@ def strategy_of(accelerator: Accelerator) -> dict[str, Any]:
     dynamo = accelerator.state.dynamo_plugin
     fields["torch_compile_regional"] = dynamo.backend != DynamoBackend.NO and dynamo.use_regional_compilation
     return fields
+
+
+if __name__ == "__main__":
+    print(profiles_table(shipped_strategies()))

@@ -16,7 +16,7 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: import the 
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, default_data_collator, set_seed
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
@@ -45,7 +45,7 @@ from finetune.generate import Sampling, generate
 from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
 from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
 from finetune.outputs import claim_output_dir
-from finetune.profiles import strategy_of
+from finetune.profiles import launched_strategy, strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
 from finetune.reshard import continue_on_this_world_size
 from finetune.resume import check_resume, defining_flags, refuse_another_run, run_identity
@@ -65,8 +65,11 @@ logger = logging.get_logger("finetune")
 
 
 def default_run_name(model: str, training_args: FinetuneTrainingArguments) -> str:
-    """Profile, model, devices and batch, then the time: what tells runs apart in one TensorBoard."""
-    profile = os.environ.get("FINETUNE_PROFILE") or "run"
+    """Profile, model, devices and batch, then the time: what tells runs apart in one TensorBoard.
+
+    The profile is the launched strategy's name: `finetune run`'s profile, or for a bare `accelerate
+    launch` the shipped profile's name for what was launched."""
+    profile = launched_strategy().name
     devices = f"{training_args.world_size}{'gpu' if torch.cuda.is_available() else 'cpu'}"
     batch = f"b{training_args.per_device_train_batch_size}x{training_args.gradient_accumulation_steps}"
     return f"{profile}-{Path(model).name}-{devices}-{batch}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -137,7 +140,7 @@ def train_and_measure(
         train_dataset=data.train,
         eval_dataset=data.evaluation,
         processing_class=tokenizer,
-        data_collator=default_data_collator,
+        data_collator=data.collator,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, stop],

@@ -3,7 +3,7 @@
 FIELDS is the record's documentation and its schema: every field is always present, null when it
 does not apply or was not known when the run ended (CUDA memory on a CPU run, throughput of a run
 that failed before its first step, the model size of a run whose model did not load).
-`python -m finetune.summary` prints FIELDS as the README's table.
+`python -m finetune.summary` prints FIELDS as the table of docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -72,8 +72,18 @@ FIELDS: dict[str, tuple[str, str]] = {
     "packing": ("bool?", "texts concatenated into full blocks (else padded per text)"),
     "train_samples": ("int?", "training samples (blocks) available"),
     "eval_samples": ("int?", "evaluation samples"),
-    "train_tokens": ("int?", "predicted tokens in the training set"),
-    "data_notes": ("list", "substitutions made to the data (e.g. a missing split), as logged"),
+    "train_tokens": ("int?", "predicted tokens in the training set (instruction data: answer tokens)"),
+    "data_format": (
+        "str?",
+        "text, prompt_completion, instruction, question_answer or messages (docs/instruction-data.md)",
+    ),
+    "masked_tokens": ("int?", "instruction data: prompt tokens in the training set, not trained on"),
+    "truncated_examples": ("int?", "instruction data: training examples longer than block_size, cut to it"),
+    "packing_efficiency": (
+        "float?",
+        "real tokens / computed tokens of the training samples (null: padded per batch at run time)",
+    ),
+    "data_notes": ("list", "the data format and what was done to the data (missing split, truncation)"),
     "micro_batch_size": ("int?", "samples per device per forward"),
     "gradient_accumulation_steps": ("int?", "forwards per optimizer step"),
     "global_batch_size": ("int?", "samples per optimizer step over all ranks"),
@@ -227,6 +237,10 @@ def data_fields(location: str, block_size: int, data: DataSummary) -> dict[str, 
         "train_samples": data.train_samples,
         "eval_samples": data.eval_samples,
         "train_tokens": data.train_tokens,
+        "data_format": data.data_format,
+        "masked_tokens": data.masked_tokens,
+        "truncated_examples": data.truncated_examples,
+        "packing_efficiency": data.packing_efficiency,
         "data_notes": data.notes,
     }
 

@@ -13,6 +13,10 @@ validation/test files, Tiny Shakespeare) and what they write under pytest's temp
 - `make_text_file` / `make_jsonl_file` write small local datasets for one test.
 - `output_flags` (`--output_dir` under tmp_path, `--report_to none`) is what every test that builds
   TrainingArguments passes, so no test writes into the repository or starts a logger.
+- `reference_run(profile)` is the folder of that profile's finished 2-rank run (tests/runs.py), launched
+  on first use and shared by every module for the session: read it, copy from it, never write into it.
+- `in_process_commands` undoes what `finetune.run.main` and `finetune.cli.main` install process-wide,
+  for tests that call them in the pytest process instead of launching one.
 """
 
 import json
@@ -88,6 +92,34 @@ def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer):
     model.save_pretrained(folder)  # transformers 5 always writes model.safetensors
     gpt2_tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """reference_run(profile) -> output_dir of the profile's reference run, launched when first asked for."""
+    from runs import make_reference_run
+
+    root = tmp_path_factory.mktemp("reference-runs")
+    made: dict[str, Path] = {}
+
+    def get(profile: str) -> Path:
+        if profile not in made:
+            made[profile] = make_reference_run(profile, root / profile)
+        return made[profile]
+
+    return get
+
+
+@pytest.fixture
+def in_process_commands(monkeypatch):
+    """The restricted checkpoint readers the commands install (finetune.checkpoint.load_weights_only)
+    stay in this test: later tests get torch.load and DCP's metadata reader as they were."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    monkeypatch.setattr(torch, "load", torch.load)
+    monkeypatch.setattr(FileSystemReader, "read_metadata", FileSystemReader.read_metadata)
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
 
 
 @pytest.fixture

@@ -19,11 +19,14 @@ def accelerate_launch(profile: str, num_processes: int = 2) -> list[str]:
     return [*ACCELERATE, "--config_file", config, "--num_processes", str(num_processes), "finetune/run.py"]
 
 
-def launch(command: list[str], output_dir: Path, flags: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run to the end from the project root; a non-zero exit fails the test with the run's output."""
+def launch(
+    command: list[str], output_dir: Path, flags: list[str], cwd: Path = PROJECT_ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run to the end (from the project root unless told); a non-zero exit fails the test with the run's
+    output."""
     result = subprocess.run(
         [*command, *flags, "--output_dir", str(output_dir)],
-        cwd=PROJECT_ROOT,
+        cwd=cwd,
         env=ENVIRONMENT,
         capture_output=True,
         text=True,

@@ -1,4 +1,5 @@
-"""finetune compare, for real: 2-process CPU runs of several profiles, one of them failing."""
+"""finetune compare: which profiles it runs and how it names them; for real, 2-process CPU runs of several
+profiles, one of them failing."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from finetune.compare import read_rows, summaries_frame
+import finetune.compare
+from finetune.cli import main as cli_main
+from finetune.compare import Row, compare, default_profiles, read_rows, summaries_frame
+from finetune.launch import Placement
+from finetune.profiles import load_profile
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
-
-pytestmark = pytest.mark.integration
 
 RUN_FLAGS = [
     *TINY_MODEL[2:], "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "6",
@@ -42,10 +45,12 @@ def rows(output_dir):
         return {row["profile"]: row for row in csv.DictReader(stream)}
 
 
+@pytest.mark.integration
 def test_every_profile_has_a_row_in_order(comparison):
     assert list(rows(comparison)) == PROFILES
 
 
+@pytest.mark.integration
 def test_profiles_that_ran_have_their_measurements(comparison):
     for profile in ("ddp", "fsdp", "zero2"):
         row = rows(comparison)[profile]
@@ -60,12 +65,14 @@ def test_profiles_that_ran_have_their_measurements(comparison):
         assert float(row["eval_perplexity"]) > 1
 
 
+@pytest.mark.integration
 def test_a_failed_profile_is_a_row_with_its_reason(comparison):
     row = rows(comparison)["zero3_nvme"]
     assert row["status"] == "failed"
     assert "--nvme_path" in row["reason"]
 
 
+@pytest.mark.integration
 def test_markdown_table_and_picture_are_written(comparison):
     markdown = (comparison / "comparison.md").read_text()
     assert "| ddp | completed | 2 |" in markdown
@@ -74,11 +81,13 @@ def test_markdown_table_and_picture_are_written(comparison):
     assert (comparison / "comparison.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.integration
 def test_tensorboard_logs_of_every_run_are_under_one_root(comparison):
     runs = {path.parent.parent.parent.name for path in comparison.glob("*/runs/*/events.out.tfevents.*")}
     assert runs == {rows(comparison)[profile]["run_dir"] for profile in ("ddp", "fsdp", "zero2")}
 
 
+@pytest.mark.integration
 def test_each_run_has_a_folder_of_its_own_named_by_profile_and_time(comparison):
     for profile, row in rows(comparison).items():
         assert row["run_dir"].startswith(f"{profile}-{row['started_at'][:4]}")
@@ -92,6 +101,7 @@ def run_compare(output_dir: Path, *flags: str) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.integration
 def test_a_second_comparison_into_the_folder_keeps_the_earlier_rows_and_runs(tmp_path):
     run_compare(tmp_path, "--profiles", "zero3_nvme")  # fails fast: no --nvme_path
     (first,) = rows_in_order(tmp_path)
@@ -125,6 +135,7 @@ def test_summaries_frame_has_one_row_per_run_with_its_folder(tmp_path):
     assert list(frame.run_dir) == ["ddp", "ddp-20260101-120000", "fsdp", "zero2", "zero3"]
 
 
+@pytest.mark.integration
 def test_a_run_past_its_time_limit_is_stopped_and_reported(tmp_path):
     command = [*COMPARE, "--profiles", "ddp", "--output_dir", str(tmp_path), "--timeout", "3", *RUN_FLAGS,
                "--max_steps", "100000"]  # fmt: skip
@@ -136,7 +147,33 @@ def test_a_run_past_its_time_limit_is_stopped_and_reported(tmp_path):
     assert (row["status"], row["reason"]) == ("timeout", "stopped after 3 s")
 
 
+@pytest.mark.integration
 def test_the_markdown_table_says_whether_each_profile_was_compiled(comparison):
     table = (comparison / "comparison.md").read_text()
     assert "| compiled |" in table
     assert "| ddp | completed | 2 | no |" in table
+
+
+def test_by_default_every_multi_process_profile_is_compared_fastest_first():
+    assert default_profiles([]) == [
+        "ddp", "zero1", "zero2", "fsdp_grad_op", "zero3", "fsdp", "zero2_offload", "zero3_offload",
+    ]  # fmt: skip
+    assert default_profiles(["--nvme_path", "nvme"])[-1] == "zero3_nvme"
+
+
+def test_a_copied_profile_is_compared_beside_a_shipped_name_under_its_file_name(
+    tmp_path, monkeypatch, capsys
+):
+    assert cli_main(["profiles", "--copy", "zero3", str(tmp_path / "mine")]) == 0
+    copy = (tmp_path / "mine" / "zero3.yaml").rename(tmp_path / "mine" / "my_zero3.yaml")
+    ran = []
+
+    def run_profile(name, placement, run_args, run_dir, timeout_s):
+        ran.append((name, run_dir.name))
+        return Row(load_profile(name).name, "completed")
+
+    monkeypatch.setattr(finetune.compare, "run_profile", run_profile)
+    rows = compare(["ddp", str(copy)], Placement(2), [], tmp_path / "out", 60, "finetune compare")
+    assert [row.profile for row in rows] == ["ddp", "my_zero3"]
+    assert ran[1][0] == str(copy) and ran[1][1].startswith("my_zero3-")
+    assert "| my_zero3 | completed |" in (tmp_path / "out" / "comparison.md").read_text()

@@ -2,7 +2,7 @@
 
 Each hostile file is a pickle whose loading would run `touch MARKER` (through `__reduce__`), or a
 config whose `auto_map` points at custom code that would create the marker when imported. It is
-planted in a real checkpoint of a tiny 2-rank run (made once per profile for the module) with the
+planted in a copy of a checkpoint of the profile's reference run (tests/runs.py) with the
 manifest's file records refreshed, as an attacker who can write the folder would. Every command
 must leave no marker and, where it needs the file, fail with one `finetune: error:` line naming it.
 """
@@ -18,18 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.distributed.checkpoint import FileSystemReader
 
 from finetune import cli
 from finetune.checkpoint import MANIFEST, file_records
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, accelerate_launch
+from runs import CHECKPOINT_STEPS, FLAGS, copy_checkpoint
 
-FLAGS = [
-    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "2",
-    "--batch_size", "2", "--max_eval_samples", "4", "--save_steps", "1", "--report_to", "none",
-    "--disable_tqdm", "true",
-]  # fmt: skip
+FIRST = CHECKPOINT_STEPS[0]  # resumed (training would continue from it)
+LAST = CHECKPOINT_STEPS[-1]  # exported (the trained model)
 
 
 class WritesMarker:
@@ -45,27 +42,9 @@ class WritesMarker:
 EVIL_CODE = "from pathlib import Path\nPath({marker!r}).touch()\n"
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """finished_run(profile) -> output_dir of a 2-rank, 2-step run with checkpoints 1 and 2 (made once)."""
-    root = tmp_path_factory.mktemp("hostile-runs")
-    made: dict[str, Path] = {}
-
-    def make(profile: str) -> Path:
-        if profile not in made:
-            launch(accelerate_launch(profile), root / profile, FLAGS)
-            made[profile] = root / profile
-        return made[profile]
-
-    return make
-
-
 @pytest.fixture(autouse=True)
-def restore_loaders(monkeypatch):
+def restore_loaders(in_process_commands):
     """The in-process commands install the restricted readers; undo that for the rest of the session."""
-    monkeypatch.setattr(torch, "load", torch.load)
-    monkeypatch.setattr(FileSystemReader, "read_metadata", FileSystemReader.read_metadata)
-    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
 
 
 @pytest.fixture
@@ -73,12 +52,6 @@ def marker(tmp_path):
     path = tmp_path / "MARKER"
     yield path
     assert not path.exists(), "a hostile file ran code"
-
-
-def copy_checkpoint(run: Path, destination: Path, step: int = 1) -> Path:
-    checkpoint = destination / f"checkpoint-{step}"
-    shutil.copytree(run / f"checkpoint-{step}", checkpoint)
-    return checkpoint
 
 
 def refresh_manifest(checkpoint: Path) -> None:
@@ -128,8 +101,8 @@ def resume(checkpoint: Path, profile: str) -> subprocess.CompletedProcess[str]:
 RESUME_READERS = [
     ("fsdp", "pytorch_model_fsdp_0/.metadata"),
     ("fsdp", "optimizer_0/.metadata"),
-    ("zero2", "global_step1/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
-    ("zero2", "global_step1/mp_rank_00_model_states.pt"),
+    ("zero2", f"global_step{FIRST}/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("zero2", f"global_step{FIRST}/mp_rank_00_model_states.pt"),
     ("ddp", "optimizer.pt"),
     ("ddp", "scheduler.pt"),
     ("ddp", "rng_state_1.pth"),
@@ -139,9 +112,9 @@ RESUME_READERS = [
 @pytest.mark.integration
 @pytest.mark.parametrize(("profile", "name"), RESUME_READERS, ids=[f"{p}-{n}" for p, n in RESUME_READERS])
 def test_resume_refuses_a_hostile_pickle_in_one_line_without_running_it(
-    finished_run, tmp_path, marker, profile, name
+    reference_run, tmp_path, marker, profile, name
 ):
-    checkpoint = copy_checkpoint(finished_run(profile), tmp_path / "out")
+    checkpoint = copy_checkpoint(reference_run(profile), tmp_path / "out", FIRST)
     plant_pickle(checkpoint / name, marker)
     refresh_manifest(checkpoint)
     result = resume(checkpoint, profile)
@@ -150,8 +123,9 @@ def test_resume_refuses_a_hostile_pickle_in_one_line_without_running_it(
 
 
 @pytest.mark.integration
-def test_resume_never_reads_training_args_bin(finished_run, tmp_path, marker):
-    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path / "out")
+def test_resume_never_reads_training_args_bin(reference_run, tmp_path, marker):
+    """Resumed from the checkpoint before the last: the run finishes in a few steps."""
+    checkpoint = copy_checkpoint(reference_run("ddp"), tmp_path / "out", CHECKPOINT_STEPS[-2])
     plant_pickle(checkpoint / "training_args.bin", marker)
     refresh_manifest(checkpoint)
     result = resume(checkpoint, "ddp")
@@ -169,17 +143,17 @@ def export(checkpoint: Path, destination: Path, capsys) -> tuple[int, str]:
 
 EXPORT_READERS = [
     ("fsdp", "pytorch_model_fsdp_0/.metadata"),
-    ("zero2", "global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-    ("zero2", "global_step2/mp_rank_00_model_states.pt"),
+    ("zero2", f"global_step{LAST}/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+    ("zero2", f"global_step{LAST}/mp_rank_00_model_states.pt"),
 ]
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("profile", "name"), EXPORT_READERS, ids=[f"{p}-{n}" for p, n in EXPORT_READERS])
 def test_export_refuses_a_hostile_pickle_in_one_line_without_running_it(
-    finished_run, tmp_path, marker, capsys, profile, name
+    reference_run, tmp_path, marker, capsys, profile, name
 ):
-    checkpoint = copy_checkpoint(finished_run(profile), tmp_path, step=2)
+    checkpoint = copy_checkpoint(reference_run(profile), tmp_path, LAST)
     plant_pickle(checkpoint / name, marker)
     refresh_manifest(checkpoint)
     code, err = export(checkpoint, tmp_path / "export", capsys)
@@ -188,8 +162,8 @@ def test_export_refuses_a_hostile_pickle_in_one_line_without_running_it(
 
 
 @pytest.mark.integration
-def test_export_reads_no_pickle_a_ddp_checkpoint_holds(finished_run, tmp_path, marker, capsys):
-    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path, step=2)
+def test_export_reads_no_pickle_a_ddp_checkpoint_holds(reference_run, tmp_path, marker, capsys):
+    checkpoint = copy_checkpoint(reference_run("ddp"), tmp_path, LAST)
     for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth", "training_args.bin"):
         plant_pickle(checkpoint / name, marker)
     refresh_manifest(checkpoint)
@@ -200,10 +174,10 @@ def test_export_reads_no_pickle_a_ddp_checkpoint_holds(finished_run, tmp_path, m
 
 @pytest.mark.integration
 def test_export_never_runs_custom_code_even_if_the_terminal_says_yes(
-    finished_run, tmp_path, marker, capsys, monkeypatch
+    reference_run, tmp_path, marker, capsys, monkeypatch
 ):
     monkeypatch.setattr("builtins.input", lambda prompt="": "y")
-    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path, step=2)
+    checkpoint = copy_checkpoint(reference_run("ddp"), tmp_path, LAST)
     plant_custom_code(checkpoint, marker)
     refresh_manifest(checkpoint)
     code, err = export(checkpoint, tmp_path / "export", capsys)
@@ -213,9 +187,9 @@ def test_export_never_runs_custom_code_even_if_the_terminal_says_yes(
 
 @pytest.mark.integration
 def test_export_of_a_checkpoint_with_bytes_damaged_and_size_kept_fails_in_one_line(
-    finished_run, tmp_path, capsys
+    reference_run, tmp_path, capsys
 ):
-    checkpoint = copy_checkpoint(finished_run("ddp"), tmp_path, step=2)
+    checkpoint = copy_checkpoint(reference_run("ddp"), tmp_path, LAST)
     weights = bytearray((checkpoint / "model.safetensors").read_bytes())
     weights[-1] ^= 0xFF
     (checkpoint / "model.safetensors").write_bytes(bytes(weights))

@@ -1,8 +1,8 @@
 """Real 2-process training runs on CPU (gloo), launched exactly as users launch them.
 
-Each profile trains a tiny GPT-2 on WikiText-2 from $FINETUNE_DATA_DIR once (module-scoped
-fixture); the tests then read what the run left behind (run_summary.json, the TensorBoard log,
-the saved model) and check it against what they compute themselves.
+Each profile's reference run (tests/runs.py: a tiny GPT-2 trained on WikiText-2 from
+$FINETUNE_DATA_DIR, made once for the session) is what the tests read: what the run left behind
+(run_summary.json, the TensorBoard log, the saved model), checked against what they compute themselves.
 """
 
 from __future__ import annotations
@@ -19,36 +19,33 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
+from finetune import cli, run
 from finetune.arguments import DataArguments, ModelArguments
 from finetune.data import build_datasets
 from finetune.evaluation import loss_sums_per_sample
 from finetune.models import load_tokenizer, resolve_model
 from finetune.summary import read_summary, validate_summary
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+from runs import (
+    BLOCK_SIZE,
+    CHECKPOINT_STEPS,
+    EVAL_SAMPLES,
+    FLAGS,
+    GENERATION_PROMPT,
+    MAX_STEPS,
+    NO_CHECKPOINTS,
+    PROFILES,
+    THROUGHPUT_WARMUP_STEPS,
+)
 
 pytestmark = pytest.mark.integration
 
-PROFILES = ["ddp", "fsdp", "zero2", "zero3", "zero2_offload"]
-BLOCK_SIZE = 64
-EVAL_SAMPLES = 16
-MAX_STEPS = 16
-WARMUP_STEPS = 2
-RUN_FLAGS = [
-    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", str(BLOCK_SIZE),
-    "--max_steps", str(MAX_STEPS), "--batch_size", "4", "--learning_rate", "3e-3",
-    "--max_eval_samples", str(EVAL_SAMPLES), "--save_strategy", "no", "--report_to", "tensorboard",
-    "--logging_steps", "4", "--throughput_warmup_steps", str(WARMUP_STEPS), "--disable_tqdm", "true",
-]  # fmt: skip
-
 
 @pytest.fixture(scope="module", params=PROFILES)
-def finished_run(request, tmp_path_factory) -> tuple[str, Path]:
+def finished_run(request, reference_run) -> tuple[str, Path]:
     """accelerate launch --config_file accelerate_configs/PROFILE.yaml --num_processes 2 finetune/run.py"""
-    profile = request.param
-    output_dir = tmp_path_factory.mktemp(profile)
-    launch(accelerate_launch(profile), output_dir, RUN_FLAGS)
-    return profile, output_dir
+    return request.param, reference_run(request.param)
 
 
 def test_run_uses_the_profiles_strategy_on_two_ranks(finished_run):
@@ -94,7 +91,9 @@ def test_eval_perplexity_is_exp_of_the_eval_loss(finished_run):
 def test_throughput_counts_the_tokens_of_both_ranks_after_warm_up(finished_run):
     _, output_dir = finished_run
     summary = read_summary(output_dir)
-    assert summary["throughput_steps"] == MAX_STEPS - WARMUP_STEPS
+    # a step that follows a checkpoint is not timed: its time includes the save
+    saves_before_the_end = len([step for step in CHECKPOINT_STEPS if step < MAX_STEPS])
+    assert summary["throughput_steps"] == MAX_STEPS - THROUGHPUT_WARMUP_STEPS - saves_before_the_end
     # packed blocks have no padding: every sample is BLOCK_SIZE real tokens
     assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(BLOCK_SIZE)
     assert summary["tokens_per_second_per_device"] == pytest.approx(summary["tokens_per_second"] / 2)
@@ -135,7 +134,7 @@ def test_tensorboard_log_holds_the_runs_measurements(finished_run):
 def test_chunked_loss_trains_like_the_models_own_loss(finished_run, tmp_path):
     """Same losses and evaluation with --chunked_loss, under FSDP2's and DeepSpeed's own backward."""
     profile, output_dir = finished_run
-    launch(accelerate_launch(profile), tmp_path, [*RUN_FLAGS, "--chunked_loss", "true"])
+    launch(accelerate_launch(profile), tmp_path, [*FLAGS, *NO_CHECKPOINTS, "--chunked_loss", "true"])
     own, chunked = read_summary(output_dir), read_summary(tmp_path)
     assert chunked["arguments"]["chunked_loss"] and not own["arguments"]["chunked_loss"]
     assert [p["loss"] for p in chunked["loss_curve"]] == pytest.approx(
@@ -149,7 +148,7 @@ def test_compiled_run_trains_like_the_eager_run(finished_run, tmp_path):
     """Compiled by default on GPUs: DDP as one graph (split at its gradient buckets), FSDP2 block by
     block as its profile asks (FSDP's hooks run between the compiled blocks)."""
     profile, output_dir = finished_run
-    launch(accelerate_launch(profile), tmp_path, [*RUN_FLAGS, "--torch_compile", "true"])
+    launch(accelerate_launch(profile), tmp_path, [*FLAGS, *NO_CHECKPOINTS, "--torch_compile", "true"])
     eager, compiled = read_summary(output_dir), read_summary(tmp_path)
     assert compiled["torch_compile"] and not eager["torch_compile"]
     assert compiled["torch_compile_regional"] is (profile == "fsdp")
@@ -186,29 +185,28 @@ def reloaded_eval_loss(output_dir: Path) -> float:
         return model(input_ids=input_ids, labels=input_ids).loss.item()
 
 
-def test_finetune_eval_of_the_saved_model_agrees_with_the_training_evaluation(finished_run):
+def test_finetune_eval_of_the_saved_model_agrees_with_the_training_evaluation(
+    finished_run, in_process_commands, capsys
+):
     _, output_dir = finished_run
-    command = [sys.executable, "-m", "finetune", "eval", str(output_dir), "--block_size", str(BLOCK_SIZE),
-               "--max_tokens", str(EVAL_SAMPLES * BLOCK_SIZE)]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=PROJECT_ROOT, env=ENVIRONMENT, check=True, capture_output=True, text=True,
-        timeout=LAUNCH_TIMEOUT_S,
-    )  # fmt: skip
-    evaluated = json.loads(result.stdout.strip().splitlines()[-1])
+    capsys.readouterr()
+    # offline WikiText-2 has no train split, so the run evaluated on its test file (data_notes)
+    code = cli.main(["eval", str(output_dir), "--split", "test", "--block_size", str(BLOCK_SIZE),
+                     "--max_tokens", str(EVAL_SAMPLES * BLOCK_SIZE)])  # fmt: skip
+    assert code == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     summary = read_summary(output_dir)
     assert evaluated["tokens"] == summary["eval_tokens"]
     assert evaluated["loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
 
 
-def test_finetune_run_launches_a_profile_from_any_directory(tmp_path):
-    output_dir = tmp_path / "out"
-    command = [sys.executable, "-m", "finetune", "run", "--profile", "zero2", "--num_processes", "2"]
-    launch(command, output_dir, [*RUN_FLAGS, "--generation_prompt", "The history of"])
-    summary = read_summary(output_dir)
+def test_finetune_run_launches_a_profile_from_any_directory(reference_run):
+    """zero2's reference run is the one launched by `finetune run`, from outside the checkout."""
+    summary = read_summary(reference_run("zero2"))
     assert (summary["profile"], summary["zero_stage"], summary["world_size"]) == ("zero2", 2, 2)
     assert summary["run_name"].startswith("zero2-gpt2-2cpu-b4x1-")
     (generation,) = summary["generations"]
-    assert generation["prompt"] == "The history of"
+    assert generation["prompt"] == GENERATION_PROMPT
     assert generation["completion"]
 
 
@@ -265,16 +263,15 @@ def test_perplexity_weighs_every_validation_token_once(padded_run):
 
 
 def single_process(output_dir: Path, *flags: str) -> list[str]:
-    return [sys.executable, "finetune/run.py", *RUN_FLAGS, "--output_dir", str(output_dir), *flags]
+    return [sys.executable, "finetune/run.py", *FLAGS, "--output_dir", str(output_dir), *flags]
 
 
-def test_failed_run_leaves_a_summary_that_says_why(tmp_path):
+def test_failed_run_leaves_a_summary_that_says_why(tmp_path, in_process_commands):
+    """run.main in this process: the data is looked up after the summary is started, and it fails there."""
     output_dir = tmp_path / "out"
-    result = subprocess.run(
-        single_process(output_dir, "--dataset", "no-such-dataset"),
-        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-    )  # fmt: skip
-    assert result.returncode == 2
+    with pytest.raises(SystemExit) as stopped:
+        run.main([*FLAGS, "--output_dir", str(output_dir), "--dataset", "no-such-dataset"])
+    assert stopped.value.code == 2
     summary = read_summary(output_dir)
     assert summary["status"] == "failed"
     assert "no-such-dataset" in summary["error"]
@@ -289,7 +286,7 @@ def default_ctrl_c() -> None:
 
 def test_ctrl_c_leaves_a_summary_marked_interrupted(tmp_path):
     output_dir = tmp_path / "out"
-    command = single_process(output_dir, "--max_steps", "100000", "--logging_steps", "1")
+    command = single_process(output_dir, *NO_CHECKPOINTS, "--max_steps", "100000")
     with subprocess.Popen(
         command,
         cwd=PROJECT_ROOT,
@@ -300,7 +297,7 @@ def test_ctrl_c_leaves_a_summary_marked_interrupted(tmp_path):
         preexec_fn=default_ctrl_c,
     ) as process:
         for line in process.stdout:
-            if "'loss'" in line:
+            if "| loss " in line:  # the first training log's line
                 break
         process.send_signal(signal.SIGINT)
         try:

@@ -19,8 +19,14 @@ from finetune.outputs import LOCK_FILE, claim_on_main, earlier_results, lock_out
 from finetune.summary import read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+from runs import FLAGS, SAVE_STEPS
 
 RUN_FLAGS = [*TINY_MODEL, "--block_size", "64", "--max_steps", "2", "--report_to", "none"]
+
+
+@pytest.fixture(autouse=True)
+def commands_in_this_process(in_process_commands):
+    """run.main and cli.main run in the pytest process here; what they install stays in each test."""
 
 
 def earlier_run(output_dir: Path) -> Path:
@@ -214,11 +220,6 @@ def test_every_rank_stops_when_the_folder_holds_another_runs_results(tmp_path):
     assert listing(output_dir) == before
 
 
-KILL_FLAGS = [
-    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "40",
-    "--batch_size", "4", "--max_eval_samples", "8", "--save_steps", "5", "--logging_steps", "5",
-    "--report_to", "none", "--disable_tqdm", "true",
-]  # fmt: skip
 RANKS_GONE_WITHIN_S = 120
 
 
@@ -227,11 +228,11 @@ def test_kill_9_of_the_launcher_stops_its_ranks_and_resume_then_works(tmp_path):
     output_dir = tmp_path / "out"
     with (tmp_path / "killed.log").open("w") as log:
         launcher = subprocess.Popen(
-            [*accelerate_launch("ddp"), *KILL_FLAGS, "--output_dir", str(output_dir)],
+            [*accelerate_launch("ddp"), *FLAGS, "--output_dir", str(output_dir)],
             cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    while not (output_dir / "checkpoint-5" / MANIFEST).exists():
+    while not (output_dir / f"checkpoint-{SAVE_STEPS}" / MANIFEST).exists():
         assert launcher.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -245,7 +246,7 @@ def test_kill_9_of_the_launcher_stops_its_ranks_and_resume_then_works(tmp_path):
     assert not alive, f"ranks still running {RANKS_GONE_WITHIN_S} s after the launcher was killed"
     stopped = read_summary(output_dir)
     assert stopped["status"] == "interrupted" and stopped["error"].startswith("stopped by SIGTERM")
-    launch(accelerate_launch("ddp"), output_dir, [*KILL_FLAGS, "--resume"])
+    launch(accelerate_launch("ddp"), output_dir, [*FLAGS, "--resume"])
     resumed = read_summary(output_dir)
     assert resumed["status"] == "completed"
     assert resumed["resumed_from_step"] == stopped["steps"]

@@ -1,14 +1,16 @@
 """finetune plan: the ZeRO accounting by hand, the calibration against measured peaks, the advice."""
 
+import json
+
 import pytest
 from transformers import AutoConfig
 
 from finetune.cli import auto_profile
 from finetune.cli import main as cli_main
+from finetune.errors import FinetuneError
 from finetune.planner import (
     GIB,
     MODEL_LADDER,
-    PROFILES,
     Calibration,
     Hardware,
     ModelShape,
@@ -23,10 +25,14 @@ from finetune.planner import (
     largest_micro_batch,
     largest_model,
     plan,
+    planned_strategies,
     read_measurements,
     recommend,
     what_would_fit,
 )
+from finetune.profiles import load_strategy
+
+ZERO3 = load_strategy("zero3")
 
 GPT2_XL_PARAMETERS = 1_557_611_200  # 48 x (12·1600² + 13·1600) + 50257·1600 + 1024·1600 + 2·1600
 
@@ -112,7 +118,7 @@ def test_every_measured_peak_is_predicted_within_15_percent(calibration):
 def test_measured_forward_activations_are_predicted_within_15_percent(calibration):
     """Not fitted: checks that the peak is split right between model states and activations."""
     for m in (m for m in read_measurements() if m.forward_activations_gib is not None):
-        kind = calibration_kind(m.profile, m.workload)
+        kind = calibration_kind(m.strategy, m.workload)
         predicted = forward_activation_gib(m.shape, m.workload, calibration.layer_bytes[kind])
         assert predicted == pytest.approx(m.forward_activations_gib, rel=0.15), m
 
@@ -192,15 +198,15 @@ def test_ddp_and_fsdp_are_planned_compiled_and_zero3_eager_as_run_py_runs_them(g
 
 def test_profiles_are_planned_compiled_where_run_py_compiles_them():
     workload = Workload(8, 1024)
-    compiled = [profile for profile in PROFILES if compiled_for(profile, workload)]
+    compiled = [s.name for s in planned_strategies(None, 4) if compiled_for(s, workload)]
     assert compiled == ["ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp"]
 
 
 def test_largest_micro_batch_is_the_last_that_fits(gpt2_xl, calibration):
     workload = Workload(8, 1024)
-    largest = largest_micro_batch("zero3", gpt2_xl, workload, Hardware(4, 80), calibration)
+    largest = largest_micro_batch(ZERO3, gpt2_xl, workload, Hardware(4, 80), calibration)
     fits = [
-        estimate("zero3", gpt2_xl, Workload(b, 1024), 4, calibration).fits(80) for b in (largest, largest + 1)
+        estimate(ZERO3, gpt2_xl, Workload(b, 1024), 4, calibration).fits(80) for b in (largest, largest + 1)
     ]
     assert largest > 8
     assert fits == [True, False]
@@ -209,13 +215,13 @@ def test_largest_micro_batch_is_the_last_that_fits(gpt2_xl, calibration):
 def test_plan_command_names_the_largest_micro_batch_of_the_recommendation(capsys):
     assert cli_main(["plan", "--model", "gpt2-medium", "--gpus", "1", "--gpu_memory", "80"]) == 0
     out = capsys.readouterr().out
-    assert "largest micro batch predicted to fit with ddp: " in out
+    assert "largest micro batch predicted to fit with single: " in out
 
 
 def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
-    name, found = largest_model("zero3", Workload(8, 1024), Hardware(4, 80), calibration)
+    name, found = largest_model(ZERO3, Workload(8, 1024), Hardware(4, 80), calibration)
     ladder = list(MODEL_LADDER)
-    bigger = estimate("zero3", gpt2_shape(ladder[ladder.index(name) + 1]), Workload(8, 1024), 4, calibration)
+    bigger = estimate(ZERO3, gpt2_shape(ladder[ladder.index(name) + 1]), Workload(8, 1024), 4, calibration)
     assert found.fits(80)
     assert not bigger.fits(80)
 
@@ -223,15 +229,16 @@ def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
 def test_sharding_fits_a_larger_model_than_ddp(calibration):
     ladder = list(MODEL_LADDER)
     workload = Workload(1, 1024, gradient_checkpointing=True)
-    ddp, _ = largest_model("ddp", workload, Hardware(4, 80), calibration)
-    zero3, _ = largest_model("zero3", workload, Hardware(4, 80), calibration)
+    ddp, _ = largest_model(load_strategy("ddp"), workload, Hardware(4, 80), calibration)
+    zero3, _ = largest_model(ZERO3, workload, Hardware(4, 80), calibration)
     assert ladder.index(zero3) > ladder.index(ddp)
 
 
 def test_host_memory_limits_the_offload_profiles(calibration):
     workload = Workload(1, 1024, gradient_checkpointing=True)
-    unlimited, _ = largest_model("zero3_offload", workload, Hardware(4, 80), calibration)
-    name, found = largest_model("zero3_offload", workload, Hardware(4, 80, host_memory_gib=64), calibration)
+    offload = load_strategy("zero3_offload")
+    unlimited, _ = largest_model(offload, workload, Hardware(4, 80), calibration)
+    name, found = largest_model(offload, workload, Hardware(4, 80, host_memory_gib=64), calibration)
     assert list(MODEL_LADDER).index(name) < list(MODEL_LADDER).index(unlimited)
     assert 4 * found.host_per_gpu <= 64 * 0.9
 
@@ -246,7 +253,7 @@ def test_plan_largest_prints_a_row_per_profile_with_the_flags_to_run_it(capsys):
     out = capsys.readouterr().out
     assert "| zero3 | gpt-" in out
     assert "--model gpt2 --config_overrides n_layer=" in out
-    assert out.count("\n| ") == 1 + len(PROFILES)
+    assert out.count("\n| ") == 1 + len(planned_strategies(None, 4))
 
 
 @pytest.mark.parametrize(
@@ -268,3 +275,53 @@ def test_profile_auto_plans_the_runs_boolean_flags_as_run_py_reads_them(
     monkeypatch.setattr(finetune.planner, "choose_profile", lambda *a: planned.append(a[1]) or ("ddp", ""))
     auto_profile(["--model", "gpt2", *flags], 4)
     assert (planned[0].gradient_checkpointing, planned[0].compiled) == (checkpointing, compiled)
+
+
+def copy_of_zero3(tmp_path, capsys, name="my_zero3"):
+    """`finetune profiles --copy zero3`, renamed: (its YAML, its JSON)."""
+    assert cli_main(["profiles", "--copy", "zero3", str(tmp_path)]) == 0
+    capsys.readouterr()
+    yaml_path = (tmp_path / "zero3.yaml").rename(tmp_path / f"{name}.yaml")
+    return yaml_path, tmp_path / "zero3.json"
+
+
+def test_a_copied_profile_is_planned_beside_a_shipped_name(tmp_path, capsys):
+    yaml_path, _ = copy_of_zero3(tmp_path, capsys)
+    argv = ["plan", "--model", "gpt2-xl", "--gpus", "4", "--gpu_memory", "80"]
+    assert cli_main([*argv, "--profiles", f"ddp,{yaml_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "| ddp |" in out
+    assert "| my_zero3 | 0.73 | 0.73 | 4.35 |" in out  # what the shipped zero3 plans
+
+
+def test_an_edited_deepspeed_json_changes_the_plan(tmp_path, capsys, gpt2_xl, calibration):
+    yaml_path, json_path = copy_of_zero3(tmp_path, capsys)
+    config = json.loads(json_path.read_text())
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    json_path.write_text(json.dumps(config))
+    shipped, edited = plan(gpt2_xl, Workload(8, 1024), 4, calibration, ["zero3", str(yaml_path)])
+    assert shipped.optimizer > 0 and shipped.host_per_gpu == 0
+    assert edited.optimizer == 0
+    assert edited.host_per_gpu == pytest.approx((12 + 4) * GPT2_XL_PARAMETERS / 4 / GIB * 1.5)
+
+
+def test_profiles_are_planned_fastest_first_whatever_order_they_are_given_in(gpt2_xl, calibration):
+    estimates = plan(gpt2_xl, Workload(8, 1024), 4, calibration, ["zero3_offload", "fsdp", "ddp", "zero2"])
+    assert [e.profile for e in estimates] == ["ddp", "zero2", "fsdp", "zero3_offload"]
+
+
+def test_one_gpu_is_planned_with_the_single_profile_first(gpt2_xl):
+    assert [s.name for s in planned_strategies(None, 1)][:2] == ["single", "ddp"]
+    assert "single" not in [s.name for s in planned_strategies(None, 2)]
+    profile, _ = choose_profile(gpt2_xl, Workload(1, 1024), 1, 80)
+    assert profile == "single"
+
+
+def test_a_large_model_on_one_gpu_is_given_an_offload_profile(gpt2_xl):
+    profile, _ = choose_profile(gpt2_xl, Workload(1, 1024, gradient_checkpointing=True), 1, 24)
+    assert profile == "zero2_offload"
+
+
+def test_the_single_profile_is_not_planned_on_several_gpus():
+    with pytest.raises(FinetuneError, match="single runs one process: plan it with --gpus 1"):
+        planned_strategies(["ddp", "single"], 2)

@@ -10,8 +10,20 @@ import yaml
 from finetune.cli import main
 from finetune.errors import FinetuneError
 from finetune.launch import resolved_profile_file
-from finetune.profiles import available_profiles, fill_nvme_path, load_profile, needs_nvme_path
+from finetune.profiles import (
+    PROFILES_TABLE_MARKERS,
+    Strategy,
+    available_profiles,
+    fill_nvme_path,
+    launched_strategy,
+    load_profile,
+    load_strategy,
+    needs_nvme_path,
+    profiles_table,
+    shipped_strategies,
+)
 
+README = Path(__file__).resolve().parents[1] / "README.md"
 SHIPPED = available_profiles()
 SHIPPED_DEEPSPEED = [path for path in SHIPPED if "DEEPSPEED" in path.read_text()]
 
@@ -162,3 +174,109 @@ def test_resolved_profile_file_loads_as_the_same_profile(path, tmp_path):
     reloaded = load_profile(resolved_profile_file(profile, tmp_path))
     assert reloaded.distributed_type == profile.distributed_type
     assert reloaded.deepspeed_config == profile.deepspeed_config
+
+
+def test_shipped_profiles_are_ordered_fastest_first_by_what_they_shard_and_offload():
+    assert [strategy.name for strategy in shipped_strategies()] == [
+        "single",
+        "ddp",
+        "zero1",
+        "zero2",
+        "fsdp_grad_op",
+        "zero3",
+        "fsdp",
+        "zero2_offload",
+        "zero3_offload",
+        "zero3_nvme",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "framework", "sharded", "offloaded"),
+    [
+        ("single", "single", set(), {}),
+        ("ddp", "ddp", set(), {}),
+        ("zero1", "deepspeed", {"optimizer"}, {}),
+        ("fsdp_grad_op", "fsdp", {"optimizer", "gradients"}, {}),
+        ("fsdp", "fsdp", {"optimizer", "gradients", "parameters"}, {}),
+        ("zero2_offload", "deepspeed", {"optimizer", "gradients"}, {"optimizer": "cpu"}),
+        (
+            "zero3_nvme",
+            "deepspeed",
+            {"optimizer", "gradients", "parameters"},
+            {"optimizer": "nvme", "parameters": "nvme"},
+        ),
+    ],
+)
+def test_a_strategy_says_what_its_files_shard_and_offload(name, framework, sharded, offloaded):
+    strategy = load_strategy(name)
+    assert (strategy.framework, set(strategy.sharded), strategy.offloaded) == (framework, sharded, offloaded)
+
+
+def test_only_nvme_offload_to_the_placeholder_folder_needs_nvme_path():
+    assert [s.name for s in shipped_strategies() if s.needs_nvme_path] == ["zero3_nvme"]
+
+
+def test_zero3_and_offload_run_eager_by_default_and_the_rest_compiled():
+    eager = [s.name for s in shipped_strategies() if not s.compiled_by_default]
+    assert eager == ["zero3", "zero2_offload", "zero3_offload", "zero3_nvme"]
+
+
+def test_an_edited_deepspeed_json_changes_the_strategy(tmp_path):
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3})
+    assert load_strategy(path).offloaded == {} and not load_strategy(path).compiled_by_default
+    config = json.loads(json_path.read_text())
+    config["zero_optimization"] = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    json_path.write_text(json.dumps(config))
+    edited = load_strategy(path)
+    assert (edited.zero_stage, edited.offloaded) == (2, {"optimizer": "cpu"})
+    assert edited.speed_order > load_strategy("zero2").speed_order
+
+
+def facts(strategy: Strategy) -> tuple:
+    return (
+        strategy.framework,
+        strategy.sharded,
+        strategy.offloaded,
+        strategy.zero_stage,
+        strategy.needs_nvme_path,
+    )
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero3", "zero2_offload", "zero3_nvme"])
+def test_the_launched_deepspeed_strategy_is_the_profiles(name, monkeypatch):
+    profile = load_profile(name)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(profile.deepspeed_config_path))
+    launched = launched_strategy()
+    assert (launched.name, facts(launched)) == (name, facts(profile.strategy))
+
+
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_grad_op"])
+def test_the_launched_fsdp_strategy_is_the_profiles(name, monkeypatch):
+    settings = load_profile(name).settings["fsdp_config"]
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", str(settings["fsdp_reshard_after_forward"]).lower())
+    launched = launched_strategy()
+    assert (launched.name, facts(launched)) == (name, facts(load_strategy(name)))
+
+
+def test_the_launched_strategy_takes_the_name_finetune_run_gives_it(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert launched_strategy().name == "ddp"
+    monkeypatch.setenv("FINETUNE_PROFILE", "my_ddp")
+    assert launched_strategy().name == "my_ddp"
+
+
+def test_profiles_command_lists_strategies_fastest_first(capsys):
+    assert main(["profiles"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [s.name for s in shipped_strategies()]
+    assert lines[-1].startswith("zero3_nvme") and "moves optimizer states and parameters to" in lines[-1]
+
+
+def test_readme_holds_the_generated_profiles_table():
+    start, end = PROFILES_TABLE_MARKERS
+    text = README.read_text()
+    between = text[text.index(start) + len(start) : text.index(end)]
+    assert between.strip() == profiles_table(shipped_strategies())

@@ -1,8 +1,8 @@
-"""The README as a user reads it: generated tables equal their source, and its commands run as printed.
+"""The README and docs/ as a user reads them: their commands run as printed.
 
-Commands are the README's indented code blocks that start a command (`finetune`, `accelerate`,
-`python`, ...). Each command block is preceded by one marker line (an HTML comment, invisible when
-rendered) that says how this test checks it:
+Commands are the indented code blocks of README.md and docs/*.md that start a command (`finetune`,
+`accelerate`, `python`, `make`, ...). Each command block is preceded by one marker line (an HTML
+comment, invisible when rendered) that says how this test checks it:
 
     <!-- readme-test: run -->          run every line in a temporary copy of the project, with the
                                        documented offline set-up (../shared/data beside it); CPU, seconds
@@ -11,7 +11,8 @@ rendered) that says how this test checks it:
                                        (`[...]` optional parts and `|` alternatives are left out)
     <!-- readme-test: skip REASON -->  not a command of this project (pip, sbatch, tensorboard)
 
-A command block without a marker fails the test, so a new command is never left unchecked.
+A command block without a marker fails the test, so a new command is never left unchecked. The
+generated tables of docs/ are checked in tests/test_docs.py and tests/test_summary.py.
 """
 
 import os
@@ -35,14 +36,18 @@ COMMAND_WORDS = (
     "pip",
     "sbatch",
     "tensorboard",
+    "bash",
+    "make",
     "FINETUNE_DATA_DIR=",
 )
 RUN_TIMEOUT_S = 300
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def command_blocks() -> list[tuple[int, str, str]]:
-    """(line number, marker or '', the block's text) for every indented block that holds a command."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+def command_blocks(document: Path) -> list[tuple[str, str, str]]:
+    """('file:line', marker or '', the block's text) for every indented block that holds a command."""
+    lines = document.read_text().splitlines()
+    where = document.relative_to(ROOT)
     blocks, marker, number = [], "", 0
     while number < len(lines):
         line = lines[number]
@@ -55,7 +60,7 @@ def command_blocks() -> list[tuple[int, str, str]]:
                 number += 1
             text = "\n".join(lines[start:number]).strip("\n")
             if starts_a_command(text):
-                blocks.append((start + 1, marker, text))
+                blocks.append((f"{where}:{start + 1}", marker, text))
             marker = ""
             continue
         if line.strip() and not found:
@@ -115,16 +120,22 @@ def parse_command(argv: list[str]) -> None:
         parse_run_flags(launched.training_script_args)
 
 
-BLOCKS = command_blocks()
+BLOCKS = [block for document in DOCUMENTS for block in command_blocks(document)]
 
 
 def test_the_readme_has_command_blocks_of_every_kind():
-    assert {marker for _, marker, _ in BLOCKS} >= {"run", "parse", "skip"}
+    readme = command_blocks(ROOT / "README.md")
+    assert {marker for _, marker, _ in readme} >= {"run", "parse", "skip"}
 
 
-@pytest.mark.parametrize(("line", "marker", "block"), BLOCKS, ids=[f"line{b[0]}" for b in BLOCKS])
+def test_every_docs_page_is_read_for_commands():
+    documents = {Path(where.split(":")[0]).name for where, _, _ in BLOCKS}
+    assert documents >= {"README.md", "profiles.md", "planner.md"}
+
+
+@pytest.mark.parametrize(("line", "marker", "block"), BLOCKS, ids=[b[0] for b in BLOCKS])
 def test_every_command_block_is_marked(line, marker, block):
-    assert marker, f"README.md line {line}: mark the block with <!-- readme-test: run|parse|skip -->"
+    assert marker, f"{line}: mark the block with <!-- readme-test: run|parse|skip -->"
 
 
 PARSED = [
@@ -135,7 +146,7 @@ PARSED = [
 ]
 
 
-@pytest.mark.parametrize(("line", "argv"), PARSED, ids=[f"line{line}-{argv[0]}" for line, argv in PARSED])
+@pytest.mark.parametrize(("line", "argv"), PARSED, ids=[f"{line}-{argv[0]}" for line, argv in PARSED])
 def test_readme_command_flags_parse(line, argv):
     parse_command(argv)
 
@@ -157,23 +168,10 @@ RUNS = [(line, block) for line, marker, block in BLOCKS if marker == "run"]
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("line", "block"), RUNS, ids=[f"line{line}" for line, _ in RUNS])
+@pytest.mark.parametrize(("line", "block"), RUNS, ids=[line for line, _ in RUNS])
 def test_readme_cpu_commands_run_as_printed(project_copy, line, block):
     environment = {key: value for key, value in ENVIRONMENT.items() if key != "FINETUNE_DATA_DIR"}
     environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=project_copy, env=environment,
                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
-    assert result.returncode == 0, f"README.md line {line} failed:\n{result.stderr[-4000:]}"
-
-
-@pytest.mark.parametrize(
-    "sitting",
-    ["h200-2026-11-23b", "h200-2026-11-24", "h200x2-2026-11-24", "h200-2026-11-24d", "h200-2026-11-24e"],
-)
-def test_speed_table_is_the_one_generated_from_the_stored_results(sitting):
-    script = ROOT / "tests" / "gpu" / "speed_table.py"
-    results = ROOT / "tests" / "gpu" / "results" / sitting
-    table = subprocess.run(
-        [sys.executable, str(script), str(results)], capture_output=True, text=True, check=True
-    )
-    assert table.stdout.strip() in (ROOT / "README.md").read_text(), "stale: rerun tests/gpu/speed_table.py"
+    assert result.returncode == 0, f"{line} failed:\n{result.stderr[-4000:]}"

@@ -1,10 +1,11 @@
 """Kill a real 2-process run, resume it, and get the run that was never stopped.
 
-For each sharded profile: one uninterrupted run; one run whose rank 1 is SIGKILLed after its first
-checkpoint, then resumed; one run whose ranks all get SIGTERM (what SLURM sends), which saves,
-exits with the resumable code, and is resumed. On CPU the kernels and gloo's reductions are
-deterministic and the checkpoint restores model, optimizer, scheduler, RNG and data position, so
-the resumed runs must end with exactly the uninterrupted run's weights.
+For each sharded profile: the uninterrupted run is the profile's reference run (tests/runs.py); one
+run whose rank 1 is SIGKILLed after its first checkpoint, then resumed; one run whose ranks all get
+SIGTERM (what SLURM sends), which saves, exits with the resumable code, and is resumed. On CPU the
+kernels and gloo's reductions are deterministic and the checkpoint restores model, optimizer,
+scheduler, RNG and data position, so the resumed runs must end with exactly the uninterrupted run's
+weights.
 """
 
 from __future__ import annotations
@@ -21,23 +22,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from finetune import cli
 from finetune.checkpoint import MANIFEST
 from finetune.errors import RESUMABLE_EXIT_CODE
 from finetune.summary import read_summary
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, accelerate_launch, launch
+from runs import FLAGS, MAX_STEPS, SAVE_STEPS
 
 pytestmark = pytest.mark.integration
 
 PROFILES = ["ddp", "fsdp", "zero2", "zero3"]
-MAX_STEPS = 20
-SAVE_STEPS = 5
-FLAGS = [
-    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", str(MAX_STEPS),
-    "--batch_size", "4", "--learning_rate", "3e-3", "--max_eval_samples", "8",
-    "--save_steps", str(SAVE_STEPS), "--logging_steps", "5", "--report_to", "tensorboard",
-    "--disable_tqdm", "true",
-]  # fmt: skip
 
 
 def run(profile: str, output_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -80,10 +75,8 @@ def assert_same_weights(resumed: Path, straight: Path) -> None:
 
 
 @pytest.fixture(scope="module", params=PROFILES)
-def straight_run(request, tmp_path_factory) -> tuple[str, Path]:
-    output_dir = tmp_path_factory.mktemp(f"straight-{request.param}")
-    run(request.param, output_dir)
-    return request.param, output_dir
+def straight_run(request, reference_run) -> tuple[str, Path]:
+    return request.param, reference_run(request.param)
 
 
 def test_killed_rank_then_resume_ends_with_the_uninterrupted_weights(straight_run, tmp_path):
@@ -123,15 +116,15 @@ def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_we
     assert resumed["train_loss"] == read_summary(straight)["train_loss"]
 
 
-def test_export_of_the_final_checkpoint_gives_the_trained_models_logits(straight_run, tmp_path):
-    """Runs in a fresh process that never imports DeepSpeed: the export needs nothing but transformers."""
+def test_export_of_the_final_checkpoint_gives_the_trained_models_logits(
+    straight_run, tmp_path, in_process_commands
+):
+    """The exported model is compared in a fresh process that never imports DeepSpeed: using it needs
+    nothing but transformers."""
     _, straight = straight_run
     export = tmp_path / "export"
     checkpoint = straight / f"checkpoint-{MAX_STEPS}"
-    subprocess.run(
-        [sys.executable, "-m", "finetune", "export", str(checkpoint), str(export)],
-        cwd=PROJECT_ROOT, env=ENVIRONMENT, check=True, capture_output=True, timeout=LAUNCH_TIMEOUT_S,
-    )  # fmt: skip
+    assert cli.main(["export", str(checkpoint), str(export)]) == 0
     probe = (
         "import sys, torch; from transformers import AutoModelForCausalLM as M; "
         "x = torch.arange(100, 164).reshape(2, 32); "

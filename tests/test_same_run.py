@@ -2,21 +2,23 @@
 refused in one line before data and model are built, and a finished run is not trained further.
 
 The checkpoints here are manifests and trainer states only: refusing and finishing read nothing else,
-so `python finetune/run.py` answers in seconds. tests/test_resume.py resumes real checkpoints of
-every sharded profile (whose identities must then match) and checks train_loss across a resume.
+so `finetune.run.main` answers in seconds, in the pytest process (tests/test_bad_input.py checks that
+one-line errors reach the user through `python finetune/run.py` and the launchers).
+tests/test_resume.py resumes real checkpoints of every sharded profile (whose identities must then
+match) and checks train_loss across a resume.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from transformers import TrainerState
 
-from finetune.arguments import parse_arguments
+from finetune import run
+from finetune.arguments import apply_launch_environment, parse_arguments
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
 from finetune.resume import (
@@ -28,7 +30,7 @@ from finetune.resume import (
 )
 from finetune.summary import SUMMARY_FILE
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+from launching import PROJECT_ROOT, TINY_MODEL
 
 FLAGS = [
     *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "20",
@@ -39,6 +41,7 @@ FLAGS = [
 def identity_of(flags: list[str], **geometry: object) -> dict:
     """The identity a bare `python finetune/run.py FLAGS` computes, with some fields replaced."""
     model_args, data_args, training_args = parse_arguments([*flags, "--output_dir", "unused"])
+    apply_launch_environment(training_args)
     identity = run_identity(
         defining_flags(model_args, data_args, training_args), launched_strategy(training_args), training_args
     )
@@ -53,14 +56,31 @@ def make_checkpoint(output_dir: Path, step: int, identity: dict | None, max_step
     return checkpoint
 
 
-def run_py(output_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "finetune/run.py", *FLAGS, "--output_dir", str(output_dir), *extra],
-        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-    )  # fmt: skip
+@dataclass
+class Ended:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_a_checkpoint_of_another_profile_and_process_count_is_refused_in_one_line(tmp_path):
+@pytest.fixture
+def run_py(capsys, in_process_commands):
+    """run_py(output_dir, *flags): `python finetune/run.py FLAGS --output_dir OUTPUT_DIR` in this process."""
+
+    def run_main(output_dir: Path, *extra: str) -> Ended:
+        capsys.readouterr()
+        try:
+            run.main([*FLAGS, "--output_dir", str(output_dir), *extra])
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+        out, err = capsys.readouterr()
+        return Ended(code, out, err)
+
+    return run_main
+
+
+def test_a_checkpoint_of_another_profile_and_process_count_is_refused_in_one_line(tmp_path, run_py):
     zero2 = identity_of(FLAGS, strategy="zero2", distributed_type="DEEPSPEED", zero_stage=2, world_size=2)
     make_checkpoint(tmp_path / "out", 10, zero2)
     result = run_py(tmp_path / "out", "--resume")
@@ -75,7 +95,7 @@ def test_a_checkpoint_of_another_profile_and_process_count_is_refused_in_one_lin
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
-def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(tmp_path):
+def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(tmp_path, run_py):
     written = identity_of([*FLAGS, "--learning_rate", "1e-3"])
     make_checkpoint(tmp_path / "out", 10, written)
     result = run_py(tmp_path / "out", "--resume")
@@ -86,7 +106,7 @@ def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(t
     )
 
 
-def test_a_finished_checkpoint_is_not_trained_further_and_the_summary_is_untouched(tmp_path):
+def test_a_finished_checkpoint_is_not_trained_further_and_the_summary_is_untouched(tmp_path, run_py):
     output_dir = tmp_path / "out"
     make_checkpoint(output_dir, 20, identity_of(FLAGS))
     summary = output_dir / SUMMARY_FILE
@@ -104,7 +124,7 @@ def test_a_finished_checkpoint_is_not_trained_further_and_the_summary_is_untouch
     ]
 
 
-def test_resume_of_a_completed_run_without_checkpoints_does_nothing(tmp_path):
+def test_resume_of_a_completed_run_without_checkpoints_does_nothing(tmp_path, run_py):
     output_dir = tmp_path / "out"
     output_dir.mkdir()
     (output_dir / SUMMARY_FILE).write_text(json.dumps({"status": "completed"}))
@@ -174,7 +194,7 @@ def test_launched_strategy_names_a_zero2_launch_as_strategy_of_does(monkeypatch)
     }
 
 
-def test_a_last_step_checkpoint_of_a_run_that_did_not_complete_says_how_to_get_its_model(tmp_path):
+def test_a_last_step_checkpoint_of_a_run_that_did_not_complete_says_how_to_get_its_model(tmp_path, run_py):
     output_dir = tmp_path / "out"
     checkpoint = make_checkpoint(output_dir, 20, identity_of(FLAGS))
     (output_dir / SUMMARY_FILE).write_text(json.dumps({"status": "failed", "train_loss": 10.6}))

@@ -1,19 +1,21 @@
 """`--resume --allow_world_size_change`: a checkpoint continued on another number of processes ends
 where the uninterrupted run ends.
 
-Per profile, one 2-process run and one 1-process run (accumulation 2: the same global batch of 8),
-each saving half way; each checkpoint is copied into a fresh folder and resumed on the other number of
-processes. The model has no dropout, so the resumed steps compute the same function on the same
-samples at the same learning rates: the step losses and the final eval loss differ from the
-uninterrupted run's only by float32 rounding, since the gradients of the global batch are summed in
-another order (accumulated on one process instead of all-reduced over two). LOSS_RTOL bounds that;
-a restarted LR schedule, a lost optimizer state or a halved global batch moves the losses by far more.
+The uninterrupted run is the profile's 2-process reference run (tests/runs.py: global batch 8 = micro
+batch 4 x 2 processes, a checkpoint every 5 steps). 2 -> 1: its first checkpoint is copied into a fresh
+folder and resumed on 1 process (accumulation 2 keeps the global batch). 1 -> 2: a later checkpoint of
+that 1-process run, written by 1 process, is copied into another folder and resumed on 2 processes
+with the command a 1-process run is started with (accumulation 2). The model has no dropout, so the
+resumed steps compute the same function on the same samples at the same learning rates: the step
+losses and the final eval loss differ from the uninterrupted run's only by float32 rounding, since the
+gradients of the global batch are summed in another order (accumulated on one process instead of
+all-reduced over two). LOSS_RTOL bounds that; a restarted LR schedule, a lost optimizer state or a
+halved global batch moves the losses by far more.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -25,21 +27,15 @@ from finetune.reshard import Geometry, checkpoint_geometry, keep_global_batch
 from finetune.summary import read_summary
 
 from launching import accelerate_launch, launch
+from runs import CHECKPOINT_STEPS, FLAGS, MAX_STEPS, copy_checkpoint
 
 PROFILES = ["ddp", "zero2", "zero3", "fsdp"]
-MAX_STEPS = 10
-SAVE_STEPS = 5
-MICRO_BATCH = 4
 LOSS_RTOL = 1e-4
-FLAGS = [
-    "--model", "gpt2", "--from_scratch",
-    "--config_overrides", "n_layer=2,n_embd=64,n_head=2,resid_pdrop=0,embd_pdrop=0,attn_pdrop=0",
-    "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", str(MAX_STEPS),
-    "--batch_size", str(MICRO_BATCH), "--learning_rate", "3e-3", "--max_eval_samples", "8",
-    "--save_steps", str(SAVE_STEPS), "--logging_steps", "1", "--report_to", "none", "--disable_tqdm", "true",
-]  # fmt: skip
 # Both give the global batch 8 = micro batch 4 x accumulation x processes.
 ACCUMULATION = {2: 1, 1: 2}
+# The checkpoint each resume starts from, by the number of processes that saved it: the reference run's
+# first, and one the 1-process run wrote after it had resumed.
+RESUMED_FROM = {2: CHECKPOINT_STEPS[0], 1: CHECKPOINT_STEPS[1]}
 
 
 def run(
@@ -65,28 +61,26 @@ def profile(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def straight_runs(profile, tmp_path_factory) -> dict[int, Path]:
-    """The uninterrupted runs on 2 and on 1 process; their half-way checkpoints are resumed below."""
-    folders = {}
-    for processes in (2, 1):
-        folders[processes] = tmp_path_factory.mktemp(f"{profile}-{processes}")
-        run(profile, processes, ACCUMULATION[processes], folders[processes])
-    return folders
+def straight(profile, reference_run) -> Path:
+    return reference_run(profile)
 
 
 @pytest.fixture(scope="module")
-def resumed_runs(profile, straight_runs, tmp_path_factory) -> dict[int, tuple[Path, str]]:
-    """Each straight run's checkpoint, copied into a fresh folder and resumed on the other number of
-    processes: the folder and the run's stderr, by the number of processes that saved it."""
+def resumed_runs(profile, straight, tmp_path_factory) -> dict[int, tuple[Path, str]]:
+    """The folder and the stderr of each resumed run, by the number of processes that saved its checkpoint.
+
+    The reference's checkpoint is resumed on 1 process first, then one of that run's own checkpoints
+    on 2 processes."""
     resumed = {}
+    saved_in = {2: straight}
     for saved_on, resumed_on in ((2, 1), (1, 2)):
         output_dir = tmp_path_factory.mktemp(f"{profile}-{saved_on}-to-{resumed_on}")
-        name = f"checkpoint-{SAVE_STEPS}"
-        shutil.copytree(straight_runs[saved_on] / name, output_dir / name)
-        # the command that wrote the checkpoint, launched on another number of processes
+        copy_checkpoint(saved_in[saved_on], output_dir, RESUMED_FROM[saved_on])
+        # the command that started the run that saved it, launched on another number of processes
         flags = ("--resume", "--allow_world_size_change")
         result = run(profile, resumed_on, ACCUMULATION[saved_on], output_dir, *flags)
         resumed[saved_on] = output_dir, result.stderr
+        saved_in[resumed_on] = output_dir
     return resumed
 
 
@@ -106,23 +100,22 @@ def test_resume_keeps_the_global_batch_by_changing_the_accumulation(resumed_runs
 
 @pytest.mark.integration
 @SAVED_ON
-def test_resume_continues_the_step_count_and_the_lr_schedule(resumed_runs, straight_runs, saved_on):
+def test_resume_continues_the_step_count_and_the_lr_schedule(resumed_runs, straight, saved_on):
     output_dir, _ = resumed_runs[saved_on]
     summary = read_summary(output_dir)
-    assert (summary["resumed_from_step"], summary["steps"]) == (SAVE_STEPS, MAX_STEPS)
-    assert learning_rates(output_dir) == learning_rates(straight_runs[saved_on])
+    assert (summary["resumed_from_step"], summary["steps"]) == (RESUMED_FROM[saved_on], MAX_STEPS)
+    assert learning_rates(output_dir) == learning_rates(straight)
 
 
 @pytest.mark.integration
 @SAVED_ON
 def test_resumed_steps_see_the_uninterrupted_runs_samples_and_end_at_its_loss(
-    resumed_runs, straight_runs, saved_on
+    resumed_runs, straight, saved_on
 ):
     output_dir, _ = resumed_runs[saved_on]
-    straight = straight_runs[saved_on]
     resumed, expected = step_losses(output_dir), step_losses(straight)
     assert resumed.keys() == expected.keys()
-    for step in range(SAVE_STEPS + 1, MAX_STEPS + 1):
+    for step in range(RESUMED_FROM[saved_on] + 1, MAX_STEPS + 1):
         assert resumed[step] == pytest.approx(expected[step], rel=LOSS_RTOL), step
     assert read_summary(output_dir)["eval_loss"] == pytest.approx(
         read_summary(straight)["eval_loss"], rel=LOSS_RTOL
@@ -137,14 +130,13 @@ def test_zero_checkpoints_are_converted_beside_the_original_and_outside_the_rota
     if not profile.startswith("zero"):
         pytest.skip("only DeepSpeed checkpoints are converted")
     output_dir, stderr = resumed_runs[saved_on]
-    original = output_dir / f"checkpoint-{SAVE_STEPS}"
-    universal = output_dir / f"universal-checkpoint-{SAVE_STEPS}"
+    original = output_dir / f"checkpoint-{RESUMED_FROM[saved_on]}"
+    universal = output_dir / f"universal-checkpoint-{RESUMED_FROM[saved_on]}"
     assert checkpoint_problem(original) is None  # every byte as written
     assert checkpoint_problem(universal) is None
     assert (universal / "latest_universal").is_file() and not (original / "latest_universal").exists()
-    assert sorted(path.name for path in checkpoints_newest_first(output_dir)) == [
-        f"checkpoint-{MAX_STEPS}",
-        original.name,
+    assert [path.name for path in checkpoints_newest_first(output_dir)] == [
+        f"checkpoint-{step}" for step in reversed(CHECKPOINT_STEPS) if step >= RESUMED_FROM[saved_on]
     ]
     assert f"{universal} ({original.name} is unchanged; the copy is not rotated" in stderr
 

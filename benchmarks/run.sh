@@ -1,0 +1,41 @@
+#!/bin/bash
+# The one entry point of the GPU benchmarks: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
+# Runs from the project root wherever it is called from; every script writes its results under DIR
+# (the scripts read it as $OUT). benchmarks/README.md says what each command measures.
+set -uo pipefail
+usage() {
+  cat <<'USAGE'
+usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
+  speed MODEL BATCH STEPS VARIANT...   one GPU: plain Trainer baseline and/or run.py variants
+  cases STEPS CASE...                  one GPU: named profile cases (see benchmarks/scripts/cases.sh)
+  largest NPROC PROFILE SHAPE [STEPS]  train a `finetune plan --largest` shape beside its prediction
+  metrics NPROC PROFILE...             run metrics beside an independent memory sampler and nvidia-smi
+  resume NPROC PROFILE...              train, SIGTERM, resume, export, eval, generate
+  profile CASE...                      torch.profiler around steps 9-11 of run.py per PROFILE[:flags]
+  attention                            causal attention fwd+bwd per SDPA backend
+  levers MODEL_DIR                     output-layer matmuls and compiled/chunked loss variants
+  grad_check MODEL_DIR                 gradient norms of eager/compiled x own/chunked loss
+USAGE
+}
+COMMAND=${1:-help}
+[ $# -gt 0 ] && shift
+case $COMMAND in help|-h|--help) usage; exit 0 ;; esac
+if [ "${1:-}" != --out ] || [ -z "${2:-}" ]; then
+  echo "benchmarks/run.sh: $COMMAND needs --out DIR" >&2; usage >&2; exit 2
+fi
+mkdir -p "$2" && OUT=$(cd "$2" && pwd) && export OUT
+shift 2
+SCRIPTS=benchmarks/scripts
+cd "$(dirname "$0")/.."
+case $COMMAND in
+  speed) exec bash $SCRIPTS/speed.sh "$@" ;;
+  cases) exec bash $SCRIPTS/cases.sh "$@" ;;
+  largest) exec bash $SCRIPTS/largest.sh "$@" ;;
+  metrics) exec bash $SCRIPTS/check_metrics.sh "$@" ;;
+  resume) exec bash $SCRIPTS/check_resume.sh "$@" ;;
+  profile) exec bash $SCRIPTS/profile_cases.sh "$@" ;;
+  attention) exec python $SCRIPTS/attention.py "$OUT/attention.json" ;;
+  levers) exec python $SCRIPTS/levers.py "${1:?MODEL_DIR}" "$OUT" ;;
+  grad_check) exec python $SCRIPTS/grad_check.py "${1:?MODEL_DIR}" "$OUT/grad_check.json" ;;
+  *) echo "benchmarks/run.sh: unknown command '$COMMAND'" >&2; usage >&2; exit 2 ;;
+esac

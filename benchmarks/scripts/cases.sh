@@ -1,0 +1,40 @@
+#!/bin/bash
+# Issue 6, one GPU: named speed cases (gpt2-medium, micro batch 8 unless BATCH/MODEL say otherwise),
+# each one `speed.sh` run; results land in $OUT (tar them when more than 8 files).
+# usage: bash benchmarks/scripts/cases.sh STEPS CASE...
+#   plain                  benchmarks/scripts/plain_trainer.py, the baseline
+#   single, zero2, zero3, fsdp, fsdp_grad_op      the profile's defaults on one process
+#   fsdp-eager, fsdp_grad_op-eager       the same with --torch_compile false
+#   single-regional, zero2-regional      compiled block by block (accelerate's regional compilation,
+#                          the FSDP profiles' default)
+#   zero3-regional         the same, compile switched on
+#   zero3-auto-buckets     ZeRO-3 with transformers' "auto" bucket sizes (zero3.json's before 2026-11-24)
+#   zero3-deepcompile      ZeRO-3 with DeepSpeed's DeepCompile ("compile": {"deepcompile": true}), compiled;
+#                          its first 10 steps (compile, profiling, recompile) are left out of the rates
+STEPS=$1; shift
+MODEL=${MODEL:-gpt2-medium} BATCH=${BATCH:-8}
+AUTO='"auto"'
+python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_auto-buckets.json zero_optimization.reduce_bucket_size=$AUTO \
+  zero_optimization.stage3_prefetch_bucket_size=$AUTO zero_optimization.stage3_param_persistence_threshold=$AUTO
+python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_deepcompile.json compile='{"deepcompile": true}'
+REGIONAL=--dynamo_use_regional_compilation
+n=0
+run() { FIRST_INDEX=$((n-1)) RUN_TIMEOUT=${RUN_TIMEOUT:-400} bash benchmarks/scripts/speed.sh $MODEL $BATCH $STEPS "$@"; }
+for CASE in "$@"; do
+  n=$((n+1))
+  case $CASE in
+    plain) run plain ;;
+    single|zero2|zero3|fsdp|fsdp_grad_op) PROFILE=$CASE run finetune ;;
+    fsdp-eager|fsdp_grad_op-eager) PROFILE=${CASE%-eager} TAG=eager run finetune:--torch_compile,false ;;
+    single-regional) TAG=regional LAUNCH_FLAGS=$REGIONAL run finetune ;;
+    # accelerate's DeepSpeed launcher passes no dynamo flags: the variable reaches the ranks as it is
+    zero2-regional) ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=True PROFILE=zero2 TAG=regional run finetune ;;
+    zero3-regional) ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=True PROFILE=zero3 TAG=regional \
+                      run finetune:--torch_compile,true ;;
+    zero3-auto-buckets) PROFILE=zero3 TAG=auto-buckets LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_auto-buckets.json" \
+                          run finetune ;;
+    zero3-deepcompile) PROFILE=zero3 TAG=deepcompile LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_deepcompile.json" \
+                         run finetune:--torch_compile,true,--throughput_warmup_steps,10 ;;
+    *) echo "cases.sh: unknown case $CASE" >&2; exit 2 ;;
+  esac
+done

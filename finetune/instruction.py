@@ -1,0 +1,188 @@
+"""Instruction and chat data: which format a dataset is in, its text, and labels on the answers only.
+
+Every example becomes segments of text, each trained on or not: the prompt (system and user turns,
+the question, the instruction) is not, the answer (each assistant turn, the completion) is. Each
+segment is tokenized on its own and the ids are concatenated, so a label boundary is a token boundary
+and the labelled tokens decode to exactly the answer (the price: a word split across the boundary is
+tokenized as two pieces, as TRL's prompt-completion path does too).
+
+Chat data goes through the tokenizer's chat template, or --chat_template FILE, or, for tokenizers
+without one (GPT-2), `templates/default_chat.jinja`. The assistant turns are found by rendering the
+conversation up to each of them (with and without the generation prompt), which works with any
+template that renders a conversation as a prefix of its continuation; transformers'
+`return_assistant_tokens_mask` would need `{% generation %}` markers most published templates lack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from finetune.errors import FinetuneError
+
+IGNORE_INDEX = -100
+DEFAULT_CHAT_TEMPLATE = Path(__file__).with_name("templates") / "default_chat.jinja"
+# Between a non-chat prompt (question, instruction and input) and its answer.
+SEPARATOR = "\n"
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    name: str
+    columns: tuple[str, ...]  # the columns that identify it (an instruction's input is optional)
+    description: str
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        DataFormat("messages", ("messages",), "chat messages"),
+        DataFormat("prompt_completion", ("prompt", "completion"), "prompt/completion"),
+        DataFormat("instruction", ("instruction", "output"), "instruction/input/output"),
+        DataFormat("question_answer", ("question", "answer"), "question/answer"),
+        DataFormat("text", (), "plain text"),
+    )
+}
+DATA_FORMATS = ("auto", *FORMATS)
+
+
+def detect_format(columns: Iterable[str], text_column: str, requested: str = "auto") -> DataFormat:
+    """The one asked for, else the first of FORMATS whose columns are all there, else plain text."""
+    present = set(columns)
+    if requested != "auto":
+        chosen = FORMATS[requested]
+        needed = chosen.columns or (text_column,)
+        missing = [name for name in needed if name not in present]
+        if missing:
+            raise FinetuneError(
+                f"--data_format {requested} needs the column(s) {', '.join(missing)}; "
+                f"the dataset has: {', '.join(sorted(present))}"
+            )
+        return chosen
+    for candidate in FORMATS.values():
+        if candidate.columns and set(candidate.columns) <= present:
+            return candidate
+    if text_column in present:
+        return FORMATS["text"]
+    expected = "; ".join(" + ".join(f.columns) for f in FORMATS.values() if f.columns)
+    raise FinetuneError(
+        f"the dataset's columns match no data format (columns: {', '.join(sorted(present))}): expected "
+        f"'{text_column}' (plain text, --text_column), or {expected}"
+    )
+
+
+def chat_template_for(tokenizer: PreTrainedTokenizerBase, path: str | None) -> str:
+    """--chat_template, else the tokenizer's own template, else the project's default."""
+    if path:
+        try:
+            return Path(path).read_text()
+        except OSError as error:
+            raise FinetuneError(f"--chat_template {path}: cannot read it ({error.strerror})") from None
+    return tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE.read_text()
+
+
+def check_messages(messages: Any, row: int) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not messages:
+        raise FinetuneError(f"row {row}: 'messages' must be a non-empty list of {{role, content}}")
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise FinetuneError(
+                f"row {row}: every message needs a role among {', '.join(ROLES)}, got {message!r:.80}"
+            )
+        if not isinstance(message.get("content"), str):
+            raise FinetuneError(f"row {row}: a {message['role']} message's content must be text")
+    if not any(message["role"] == "assistant" for message in messages):
+        raise FinetuneError(f"row {row}: a conversation without an assistant message has nothing to learn")
+    return [{"role": message["role"], "content": message["content"]} for message in messages]
+
+
+def chat_segments(
+    messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase, template: str, row: int
+) -> list[tuple[str, bool]]:
+    """The rendered conversation cut at each assistant turn: (text, is an assistant turn)."""
+
+    def render(upto: int, generation_prompt: bool) -> str:
+        return tokenizer.apply_chat_template(
+            messages[:upto], chat_template=template, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    full = render(len(messages), False)
+    segments, done = [], 0
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, through = render(index, True), render(index + 1, False)
+        if not (full.startswith(through) and through.startswith(before) and len(before) >= done):
+            raise FinetuneError(
+                f"row {row}: the chat template does not render a conversation as the start of its "
+                "continuation, so the assistant turns cannot be found: give another --chat_template"
+            )
+        segments += [(full[done : len(before)], False), (full[len(before) : len(through)], True)]
+        done = len(through)
+    segments.append((full[done:], False))
+    return [(text, trained) for text, trained in segments if text]
+
+
+def text_segments(row: dict[str, Any], data_format: str, eos: str) -> list[tuple[str, bool]]:
+    """prompt/completion joined as given (TRL's convention: the split point is the dataset's); an
+    instruction, its input and a question are followed by SEPARATOR. Every answer ends with EOS."""
+    if data_format == "prompt_completion":
+        prompt, answer = row["prompt"], row["completion"]
+    elif data_format == "instruction":
+        given = row.get("input")
+        prompt = row["instruction"] + (f"{SEPARATOR}{SEPARATOR}{given}" if given else "") + SEPARATOR
+        answer = row["output"]
+    else:
+        prompt, answer = row["question"] + SEPARATOR, row["answer"]
+    return [(prompt or "", False), ((answer or "") + eos, True)]
+
+
+def encode(
+    dataset: Dataset,
+    data_format: str,
+    tokenizer: PreTrainedTokenizerBase,
+    template: str,
+    train_on_prompt: bool,
+    name: str,
+) -> Dataset:
+    """input_ids and labels per example; labels IGNORE_INDEX on the prompt (unless train_on_prompt)
+    and on each example's first token, which nothing before it in the example predicts, so that a
+    packed block never trains one example's first token from the end of another."""
+    eos = tokenizer.eos_token or ""
+
+    def encode_batch(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[list[int]]]:
+        rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+        if data_format == "messages":
+            examples = [
+                chat_segments(check_messages(row["messages"], index + 1), tokenizer, template, index + 1)
+                for row, index in zip(rows, indices, strict=True)
+            ]
+        else:
+            examples = [text_segments(row, data_format, eos) for row in rows]
+        texts = [text for segments in examples for text, _ in segments]
+        pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])
+        out: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
+        for segments in examples:
+            ids: list[int] = []
+            labels: list[int] = []
+            for _, trained in segments:
+                piece = next(pieces)
+                ids += piece
+                labels += piece if trained or train_on_prompt else [IGNORE_INDEX] * len(piece)
+            out["input_ids"].append(ids)
+            out["labels"].append([IGNORE_INDEX, *labels[1:]] if labels else [])
+        return out
+
+    return dataset.map(
+        encode_batch,
+        batched=True,
+        with_indices=True,
+        remove_columns=dataset.column_names,
+        desc=f"tokenize {name} ({FORMATS[data_format].description})",
+    )

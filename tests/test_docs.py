@@ -1,0 +1,105 @@
+"""docs/ and benchmarks/: every figure a page shows is generated from a stored result, and every
+pointer to a benchmarks/ folder leads to one.
+
+A speed table in docs/ is preceded by the line `<!-- speed table: python benchmarks/scripts/
+speed_table.py benchmarks/FOLDER -->`; the table must be what that command prints, so a table is
+changed by rerunning the command, never by hand.
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from finetune.summary import format_report
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEED_PAGE = ROOT / "docs" / "speed.md"
+SPEED_TABLE = re.compile(r"<!-- speed table: python (\S+/speed_table\.py) (benchmarks/\S+) -->")
+REPORT_SUMMARY = "benchmarks/h200-2026-11-24e/finetune.gpt2-medium.b8.run1.json"
+
+
+def speed_tables() -> list[tuple[str, str, str]]:
+    """(script, folder, the table that follows the marker) for every speed table of docs/speed.md."""
+    text = SPEED_PAGE.read_text()
+    tables = []
+    for found in SPEED_TABLE.finditer(text):
+        following = text[found.end() :].lstrip("\n").split("\n\n")[0]
+        tables.append((found.group(1), found.group(2), following.strip()))
+    return tables
+
+
+TABLES = speed_tables()
+
+
+def test_docs_speed_page_has_its_generated_tables():
+    assert len(TABLES) == 5
+
+
+@pytest.mark.parametrize(("script", "folder", "table"), TABLES, ids=[folder for _, folder, _ in TABLES])
+def test_speed_table_is_the_one_generated_from_the_stored_results(script, folder, table):
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / script), str(ROOT / folder)], capture_output=True, text=True, check=True
+    )
+    assert printed.stdout.strip() == table, f"stale: rerun python {script} {folder}"
+
+
+def test_the_measurements_page_end_of_run_block_is_a_stored_summary_formatted():
+    report = format_report(json.loads((ROOT / REPORT_SUMMARY).read_text()))
+    block = "\n".join(f"    {line}" for line in report.splitlines())
+    assert block in (ROOT / "docs" / "measurements.md").read_text()
+
+
+def test_every_benchmarks_folder_the_docs_and_code_name_exists():
+    sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "finetune").glob("*.py")]
+    sources.append(ROOT / "finetune" / "calibration.json")
+    named = {
+        name
+        for source in sources
+        for name in re.findall(r"benchmarks/([\w.-]+)", source.read_text())
+        if name not in ("README.md", "run.sh", "scripts")
+    }
+    assert named, "no benchmarks/ folder is named: the pattern is wrong"
+    assert sorted(name for name in named if not (ROOT / "benchmarks" / name).is_dir()) == []
+
+
+def test_no_file_points_at_the_former_gpu_folder_under_tests():
+    sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "finetune").glob("*.py")]
+    sources += [ROOT / "finetune" / "calibration.json", *(ROOT / "notebooks").glob("*.ipynb")]
+    assert [source.name for source in sources if "tests/gpu" in source.read_text()] == []
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    command = readme.split("<!-- readme-test: skip the test suite itself -->")[1].strip().splitlines()[0]
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
+    assert [re.sub(r"^([A-Z_]+=\S+ )+", "", line) for line in ci_lines] == [command.strip()]
+
+
+def test_makefile_test_target_runs_the_readme_test_command():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\ntest:\n\tpython -m pytest tests\n" in makefile
+
+
+def benchmark(*args: str) -> subprocess.CompletedProcess[str]:
+    entry_point = ROOT / "benchmarks" / "run.sh"
+    return subprocess.run(["bash", str(entry_point), *args], capture_output=True, text=True)
+
+
+def test_benchmark_entry_point_refuses_a_command_without_out():
+    result = benchmark("speed", "gpt2-medium", "8", "20", "plain")
+    assert result.returncode == 2 and "needs --out DIR" in result.stderr
+
+
+def test_benchmark_entry_point_refuses_an_unknown_command(tmp_path):
+    result = benchmark("fastest", "--out", str(tmp_path))
+    assert result.returncode == 2 and "unknown command 'fastest'" in result.stderr
+
+
+def test_every_benchmark_script_the_entry_point_names_exists():
+    scripts = set(re.findall(r"\$SCRIPTS/(\S+?\.(?:sh|py))", (ROOT / "benchmarks" / "run.sh").read_text()))
+    assert len(scripts) == 9
+    assert sorted(name for name in scripts if not (ROOT / "benchmarks" / "scripts" / name).is_file()) == []

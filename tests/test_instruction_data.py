@@ -1,0 +1,196 @@
+"""Instruction and chat data: the format detected from the columns, templates, loss on the answers only."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from finetune.arguments import DataArguments
+from finetune.data import IGNORE_INDEX, build_datasets
+from finetune.errors import FinetuneError
+from finetune.instruction import DEFAULT_CHAT_TEMPLATE, detect_format
+from finetune.run import main
+from finetune.summary import read_summary
+
+CHAT = [
+    {"role": "system", "content": "Answer in one word."},
+    {"role": "user", "content": "Capital of France?"},
+    {"role": "assistant", "content": "Paris"},
+    {"role": "user", "content": "And of Italy?"},
+    {"role": "assistant", "content": "Rome"},
+]
+
+
+@pytest.fixture
+def tokenizer(data_dir):
+    """A fresh GPT-2 tokenizer (build_datasets sets its chat template)."""
+    loaded = AutoTokenizer.from_pretrained(data_dir / "gpt2")
+    loaded.pad_token = loaded.eos_token
+    return loaded
+
+
+def prepare(path, tokenizer, block_size=128, **options):
+    args = DataArguments(dataset=str(path), block_size=block_size, **options)
+    return build_datasets(args, tokenizer, block_size, seed=0)
+
+
+def labelled_spans(tokenizer, sample):
+    """Each run of labelled tokens, decoded token by token and joined."""
+    spans, current = [], []
+    for token, label in zip(sample["input_ids"], sample["labels"], strict=True):
+        if label != IGNORE_INDEX:
+            assert label == token
+            current.append(tokenizer.decode([token]))
+        elif current:
+            spans.append("".join(current))
+            current = []
+    if current:
+        spans.append("".join(current))
+    return spans
+
+
+def all_spans(tokenizer, dataset):
+    return sorted(span for sample in dataset for span in labelled_spans(tokenizer, sample))
+
+
+@pytest.mark.parametrize(
+    ("columns", "expected"),
+    [
+        (["text"], "text"),
+        (["prompt", "completion"], "prompt_completion"),
+        (["instruction", "input", "output"], "instruction"),
+        (["instruction", "output"], "instruction"),
+        (["question", "answer"], "question_answer"),
+        (["messages", "id"], "messages"),
+    ],
+)
+def test_the_format_is_detected_from_the_columns(columns, expected):
+    assert detect_format(columns, "text").name == expected
+
+
+def test_data_format_overrides_detection():
+    assert detect_format(["text", "question", "answer"], "text", "text").name == "text"
+
+
+def test_a_requested_format_whose_columns_are_missing_names_them():
+    with pytest.raises(FinetuneError, match=r"needs the column\(s\) messages; the dataset has: text"):
+        detect_format(["text"], "text", "messages")
+
+
+def test_columns_that_match_no_format_are_one_error_naming_them(make_jsonl_file, tokenizer):
+    path = make_jsonl_file("odd.jsonl", [{"query": "a", "reply": "b"}] * 4)
+    with pytest.raises(FinetuneError, match=r"columns match no data format \(columns: query, reply\)"):
+        prepare(path, tokenizer)
+
+
+def test_the_detected_format_is_logged_in_the_notes(make_jsonl_file, tokenizer):
+    path = make_jsonl_file("qa.jsonl", [{"question": "1+1?", "answer": "2"}] * 4)
+    notes = prepare(path, tokenizer).summary.notes
+    assert notes[0] == "data format: question/answer (--data_format question_answer)"
+
+
+def test_question_answer_trains_on_exactly_each_answer_and_its_eos(make_jsonl_file, tokenizer):
+    rows = [
+        {"question": f"What is {n} plus {n}?", "answer": f"It is {2 * n}.\n#### {2 * n}"} for n in range(20)
+    ]
+    data = prepare(make_jsonl_file("qa.jsonl", rows), tokenizer)
+    spans = sorted(all_spans(tokenizer, data.train) + all_spans(tokenizer, data.evaluation))
+    assert spans == sorted(row["answer"] + "<|endoftext|>" for row in rows)
+
+
+def test_instruction_and_input_are_the_prompt(make_jsonl_file, tokenizer):
+    rows = [
+        {"instruction": "Reverse the word.", "input": f"word{n}", "output": f"{n}drow"} for n in range(10)
+    ]
+    data = prepare(make_jsonl_file("alpaca.jsonl", rows), tokenizer)
+    spans = sorted(all_spans(tokenizer, data.train) + all_spans(tokenizer, data.evaluation))
+    assert spans == sorted(row["output"] + "<|endoftext|>" for row in rows)
+
+
+def test_prompt_and_completion_are_joined_as_given(make_jsonl_file, tokenizer):
+    rows = [{"prompt": "The sky is", "completion": " blue."}] * 4
+    sample = prepare(make_jsonl_file("pc.jsonl", rows), tokenizer, packing=False).train[0]
+    assert tokenizer.decode(sample["input_ids"]) == "The sky is blue.<|endoftext|>"
+    assert labelled_spans(tokenizer, sample) == [" blue.<|endoftext|>"]
+
+
+def test_chat_trains_on_every_assistant_turn_and_nothing_else(make_jsonl_file, tokenizer):
+    data = prepare(make_jsonl_file("chat.jsonl", [{"messages": CHAT}] * 4), tokenizer, packing=False)
+    assert labelled_spans(tokenizer, data.train[0]) == ["Paris<|endoftext|>", "Rome<|endoftext|>"]
+
+
+def test_train_on_prompt_labels_every_token_but_the_first(make_jsonl_file, tokenizer):
+    rows = [{"question": "Why?", "answer": "Because."}] * 4
+    sample = prepare(make_jsonl_file("qa.jsonl", rows), tokenizer, packing=False, train_on_prompt=True).train[
+        0
+    ]
+    assert sample["labels"][0] == IGNORE_INDEX
+    assert sample["labels"][1:] == sample["input_ids"][1:]
+
+
+def test_a_tokenizer_without_a_chat_template_gets_the_default_and_saves_it(
+    make_jsonl_file, tokenizer, tmp_path
+):
+    assert tokenizer.chat_template is None
+    prepare(make_jsonl_file("chat.jsonl", [{"messages": CHAT}] * 4), tokenizer)
+    tokenizer.save_pretrained(tmp_path / "saved")
+    reloaded = AutoTokenizer.from_pretrained(tmp_path / "saved")
+    assert reloaded.chat_template == DEFAULT_CHAT_TEMPLATE.read_text()
+    assert reloaded.apply_chat_template(CHAT[:2], tokenize=False, add_generation_prompt=True) == (
+        "<|system|>\nAnswer in one word.<|endoftext|><|user|>\nCapital of France?<|endoftext|><|assistant|>\n"
+    )
+
+
+def test_chat_template_file_renders_the_conversation(make_jsonl_file, make_text_file, tokenizer):
+    template = make_text_file(
+        "template.jinja",
+        "{% for m in messages %}{{ m['role'].upper() }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}ASSISTANT: {% endif %}",
+    )
+    path = make_jsonl_file("chat.jsonl", [{"messages": CHAT[1:3]}] * 4)
+    sample = prepare(path, tokenizer, packing=False, chat_template=str(template)).train[0]
+    assert tokenizer.decode(sample["input_ids"]) == "USER: Capital of France?\nASSISTANT: Paris\n"
+    assert labelled_spans(tokenizer, sample) == ["Paris\n"]
+
+
+def test_a_message_without_a_known_role_is_a_user_error(make_jsonl_file, tokenizer):
+    rows = [{"messages": [{"role": "wizard", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 4
+    with pytest.raises(FinetuneError, match="role among system, user, assistant"):
+        prepare(make_jsonl_file("chat.jsonl", rows), tokenizer)
+
+
+def test_the_summary_counts_trained_and_masked_tokens(make_jsonl_file, tokenizer):
+    rows = [{"question": "one two three", "answer": "four five"}] * 20
+    summary = prepare(make_jsonl_file("qa.jsonl", rows), tokenizer, packing=False).summary
+    prompt = len(tokenizer("one two three\n")["input_ids"])
+    answer = len(tokenizer("four five<|endoftext|>")["input_ids"])
+    assert (summary.train_tokens, summary.masked_tokens) == (
+        summary.train_samples * answer,
+        summary.train_samples * prompt,
+    )
+
+
+def test_over_long_examples_are_truncated_and_counted(make_jsonl_file, tokenizer):
+    rows = [{"question": "q", "answer": "word " * 100}] * 3 + [{"question": "q", "answer": "short"}] * 5
+    make_jsonl_file("qa/validation.jsonl", rows[-2:])
+    data = prepare(make_jsonl_file("qa/train.jsonl", rows).parent, tokenizer, block_size=32, packing=False)
+    assert data.summary.truncated_examples == 3
+    assert [len(sample["input_ids"]) for sample in data.train][:3] == [32, 32, 32]
+    assert "3 train examples longer than 32 tokens were truncated" in data.summary.notes
+
+
+def test_a_run_on_instruction_data_trains_and_records_the_data_fields(
+    make_jsonl_file, tiny_gpt2_dir, output_flags
+):
+    rows = [{"question": f"{n} plus {n}?", "answer": f"#### {2 * n}"} for n in range(40)]
+    path = make_jsonl_file("qa.jsonl", rows)
+    main(
+        [
+            *("--model", str(tiny_gpt2_dir), "--dataset", str(path), "--block_size", "64"),
+            *("--max_steps", "2", "--batch_size", "2", "--use_cpu", "--save_strategy", "no", *output_flags),
+        ]
+    )
+    summary = read_summary(output_flags[output_flags.index("--output_dir") + 1])
+    assert summary["status"] == "completed"
+    assert summary["data_format"] == "question_answer"
+    assert summary["train_tokens"] > 0 and summary["masked_tokens"] > 0
+    assert 0 < summary["packing_efficiency"] <= 1
+    assert summary["truncated_examples"] == 0
