@@ -11,6 +11,8 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   largest NPROC PROFILE SHAPE [STEPS]  train a `finetune plan --largest` shape beside its prediction
   metrics NPROC PROFILE...             run metrics beside an independent memory sampler and nvidia-smi
   resume NPROC PROFILE...              train, SIGTERM, resume, export, eval, generate
+  resume_matches NPROC PROFILE...      uninterrupted vs SIGTERM+resume vs resumed on NPROC-1 (loss table)
+  calibrate NPROC MODELS PROFILES BATCHES [STEPS]  planner calibration rows beside the planner's predictions
   profile CASE...                      torch.profiler around steps 9-11 of run.py per PROFILE[:flags]
   attention                            causal attention fwd+bwd per SDPA backend
   levers MODEL_DIR                     output-layer matmuls and compiled/chunked loss variants
@@ -33,6 +35,8 @@ case $COMMAND in
   largest) exec bash $SCRIPTS/largest.sh "$@" ;;
   metrics) exec bash $SCRIPTS/check_metrics.sh "$@" ;;
   resume) exec bash $SCRIPTS/check_resume.sh "$@" ;;
+  resume_matches) exec bash $SCRIPTS/resume_matches.sh "$@" ;;
+  calibrate) exec bash $SCRIPTS/calibrate.sh "$@" ;;
   profile) exec bash $SCRIPTS/profile_cases.sh "$@" ;;
   attention) exec python $SCRIPTS/attention.py "$OUT/attention.json" ;;
   levers) exec python $SCRIPTS/levers.py "${1:?MODEL_DIR}" "$OUT" ;;

@@ -19,6 +19,7 @@ import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
+from finetune.adapters import ALL_LINEAR, PEFT_METHODS, target_modules
 from finetune.devices import adapt_arguments_to_cpu
 from finetune.errors import FinetuneError
 from finetune.instruction import DATA_FORMATS
@@ -58,6 +59,41 @@ class ModelArguments:
     attn_implementation: str = field(
         default="sdpa", metadata={"help": "Attention kernel: sdpa (PyTorch scaled-dot-product), eager, ..."}
     )
+    peft: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train adapters instead of every weight (docs/lora.md): lora, or dora (weight-decomposed "
+            "LoRA). The base model is frozen; checkpoints and the saved model hold only the adapters.",
+            "choices": list(PEFT_METHODS),
+        },
+    )
+    lora_rank: int = field(default=16, metadata={"help": "--peft: rank r of each adapter."})
+    lora_alpha: float = field(
+        default=32, metadata={"help": "--peft: scaling numerator; the update is scaled by alpha / rank."}
+    )
+    lora_dropout: float = field(default=0.05, metadata={"help": "--peft: dropout on the adapters' input."})
+    lora_target_modules: str = field(
+        default=ALL_LINEAR,
+        metadata={
+            "help": "--peft: all-linear (every linear and GPT-2 Conv1D layer but the output layer) or "
+            "comma-separated module names, e.g. q_proj,v_proj or c_attn."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if not self.peft:
+            return
+        if self.from_scratch:
+            raise FinetuneError(
+                f"--peft {self.peft} trains adapters on top of loaded weights, and --from_scratch has none "
+                "to load (nor saves them): save the initialised model first and pass its folder as --model"
+            )
+        if self.lora_rank < 1:
+            raise FinetuneError(f"--lora_rank must be at least 1, got {self.lora_rank}")
+        if not 0 <= self.lora_dropout < 1:
+            raise FinetuneError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not target_modules(self.lora_target_modules):
+            raise FinetuneError("--lora_target_modules is empty: give all-linear or module names")
 
 
 @dataclass
@@ -263,6 +299,26 @@ class FinetuneTrainingArguments(TrainingArguments):
             "optimizer step)."
         },
     )
+    global_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Samples per optimizer step over all processes. The micro batch becomes the largest that "
+            "divides it per process and is predicted to fit the profile on the GPUs (finetune plan's memory "
+            "model, docs/planner.md), the accumulation the rest. With --batch_size or "
+            "--gradient_accumulation_steps those are kept and must make it exactly."
+        },
+    )
+    gpu_memory_gib: float | None = field(
+        default=None,
+        metadata={
+            "help": "GiB per GPU that --global_batch_size plans the micro batch for (default: the visible "
+            "GPU's; without a GPU the micro batch is at most 8, the default --batch_size)."
+        },
+    )
+    # Set by parse_arguments and planner.apply_global_batch, not flags: which batch flags the command
+    # line gave (a flag given at its default value still fixes it), and why the batch is what it is.
+    batch_flags_given: frozenset[str] = field(default=frozenset(), init=False, repr=False)
+    batch_choice: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         """Check the values and fill the defaults that depend on nothing else; finish nothing.
@@ -279,6 +335,12 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise FinetuneError(f"--peak_tflops must be positive, got {self.peak_tflops}")
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            raise FinetuneError(f"--global_batch_size must be at least 1, got {self.global_batch_size}")
+        if self.gpu_memory_gib is not None and self.gpu_memory_gib <= 0:
+            raise FinetuneError(f"--gpu_memory_gib must be positive, got {self.gpu_memory_gib}")
+        if self.gpu_memory_gib is not None and self.global_batch_size is None:
+            raise FinetuneError("--gpu_memory_gib is only used with --global_batch_size")
         if self.gradient_accumulation_steps < 1:
             raise FinetuneError(
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
@@ -449,9 +511,44 @@ def parse_arguments(
     argv = expand_recipe(list(argv) if argv is not None else sys.argv[1:])
     parser = make_parser()
     try:
-        return parser.parse_args_into_dataclasses(args=argv)
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:
         raise FinetuneError(str(error).splitlines()[0]) from None
+    if training_args.global_batch_size is not None:
+        training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
+    return model_args, data_args, training_args
+
+
+BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def flags_given(argv: list[str], names: tuple[str, ...]) -> frozenset[str]:
+    """Which of `names` the command line or its recipe set, whatever the value: a flag given at its
+    default still fixes it. argparse does not tell, so a second parser whose defaults for them are a
+    marker no flag can give reads the same arguments."""
+    unset = object()
+    probe = make_parser()
+    probe.set_defaults(**dict.fromkeys(names, unset))
+    given, _ = probe.parse_known_args(argv)
+    return frozenset(name for name in names if getattr(given, name) is not unset)
+
+
+def set_batch_geometry(training_args: FinetuneTrainingArguments, micro_batch: int, accumulation: int) -> None:
+    """Change the micro batch and accumulation after `apply_launch_environment`.
+
+    A DeepSpeed JSON given to TrainingArguments (the NVMe profile's, filled in) had its "auto"
+    batch sizes filled from the old values there: it is filled again as transformers' own
+    hyperparameter search does, or DeepSpeed would train the old batch.
+    """
+    training_args.per_device_train_batch_size = micro_batch
+    training_args.gradient_accumulation_steps = accumulation
+    if getattr(training_args, "hf_deepspeed_config", None) is not None:
+        from accelerate.utils import DeepSpeedPlugin
+        from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+        training_args.hf_deepspeed_config = HfTrainerDeepSpeedConfig(training_args.deepspeed)
+        training_args.hf_deepspeed_config.trainer_config_process(training_args)
+        training_args.deepspeed_plugin = DeepSpeedPlugin(hf_ds_config=training_args.hf_deepspeed_config)
 
 
 def as_record(*arguments: Any) -> dict[str, Any]:

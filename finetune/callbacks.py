@@ -1,4 +1,4 @@
-"""Trainer callbacks that measure a run (memory per rank, steady-state throughput) and print it.
+"""Trainer callbacks that measure a run (memory per rank, steady-state throughput, start-up) and print it.
 
 Each callback measures on its own rank. `log_scalars()` (every logging step) and `on_train_end`
 gather across ranks, so they are collective: the Trainer calls both on every rank at the same point
@@ -181,13 +181,36 @@ class MemoryCallback(TrainerCallback):
 # Throughput
 
 
+def packed_padding(position_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Padding tokens of blocks packed by finetune/packing.py, which carry no attention mask.
+
+    A block's padding is its tail after the last position-id restart, told apart from a last
+    example by having no label: every packed example has at least one (finetune.data drops those
+    without)."""
+    length = position_ids.shape[-1]
+    index = torch.arange(length, device=position_ids.device)
+    last_start = torch.where(position_ids == 0, index, 0).amax(dim=-1)
+    tail = index >= last_start[:, None]
+    labelled_tail = ((labels != IGNORE_INDEX) & tail).any(dim=-1)
+    return torch.where(labelled_tail, 0, length - last_start).sum()
+
+
 def tokens_in(batch: dict[str, Any]) -> torch.Tensor | int:
-    """Real tokens of a batch: labelled tokens (padding carries IGNORE_INDEX), else unmasked inputs."""
-    if batch.get("labels") is not None:
-        return (batch["labels"] != IGNORE_INDEX).sum()
+    """Real input tokens of a batch, padding excluded: those the attention mask keeps (padded text and
+    examples), every token of a packed block but its padding tail, every token of a full text block."""
     if batch.get("attention_mask") is not None:
         return batch["attention_mask"].sum()
+    if batch.get("position_ids") is not None and batch.get("labels") is not None:
+        return batch["input_ids"].numel() - packed_padding(batch["position_ids"], batch["labels"])
     return batch["input_ids"].numel()
+
+
+def trained_tokens_in(batch: dict[str, Any]) -> torch.Tensor | int:
+    """Tokens the loss is on: labels other than IGNORE_INDEX after each row's first, which the model's
+    shift leaves without a prediction (instruction data: the answer tokens)."""
+    if batch.get("labels") is None:
+        return 0
+    return (batch["labels"][..., 1:] != IGNORE_INDEX).sum()
 
 
 def samples_in(batch: dict[str, Any]) -> int:
@@ -238,7 +261,8 @@ class ThroughputCallback(TrainerCallback):
     Left out: the first `warmup_steps` steps, any interval that contained an evaluation or a
     checkpoint save, and everything before the first step. Tokens and samples are counted by a
     forward pre-hook on the model in training mode, so they are exactly what entered the model
-    on this rank, padding excluded. Steps are marked with CUDA events on GPUs (see CudaEventClock)
+    on this rank, padding excluded, beside the tokens the loss is on (on instruction data, the
+    answers: `trained_tokens_per_second`). Steps are marked with CUDA events on GPUs (see CudaEventClock)
     and resolved into times and counts at logging steps and at the end.
     """
 
@@ -256,12 +280,14 @@ class ThroughputCallback(TrainerCallback):
         self.steps = 0
         self.step_times: list[float] = []
         self.step_tokens: list[int] = []
+        self.step_trained_tokens: list[int] = []
         self.step_samples: list[int] = []
         self.ranks: list[dict[str, Any]] = []
         self.run_rates: dict[str, float] = {}
         self._logged_upto = 0
-        self._unresolved: list[tuple[Any, Any, torch.Tensor | int, int]] = []
+        self._unresolved: list[tuple[Any, Any, torch.Tensor | int, torch.Tensor | int, int]] = []
         self._pending_tokens: torch.Tensor | int = 0
+        self._pending_trained_tokens: torch.Tensor | int = 0
         self._pending_samples = 0
         self._last_mark: Any = None
         self._interrupted = False
@@ -269,6 +295,7 @@ class ThroughputCallback(TrainerCallback):
 
     def count_batch(self, batch: dict[str, Any]) -> None:
         self._pending_tokens = self._pending_tokens + tokens_in(batch)
+        self._pending_trained_tokens = self._pending_trained_tokens + trained_tokens_in(batch)
         self._pending_samples += samples_in(batch)
 
     def _count_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -304,16 +331,25 @@ class ThroughputCallback(TrainerCallback):
         now = self.stopwatch.mark()
         self.steps += 1
         if self.steps > self.warmup_steps and not self._interrupted and self._last_mark is not None:
-            self._unresolved.append((self._last_mark, now, self._pending_tokens, self._pending_samples))
-        self._pending_tokens, self._pending_samples = 0, 0
+            self._unresolved.append(
+                (
+                    self._last_mark,
+                    now,
+                    self._pending_tokens,
+                    self._pending_trained_tokens,
+                    self._pending_samples,
+                )
+            )
+        self._pending_tokens, self._pending_trained_tokens, self._pending_samples = 0, 0, 0
         self._interrupted = False
         self._last_mark = now
 
     def _resolve(self) -> None:
         """Turn the marked steps into times and counts (waits for the GPU to reach the last mark)."""
-        for start, end, tokens, samples in self._unresolved:
+        for start, end, tokens, trained, samples in self._unresolved:
             self.step_times.append(self.stopwatch.seconds(start, end))
             self.step_tokens.append(int(tokens))
+            self.step_trained_tokens.append(int(trained))
             self.step_samples.append(samples)
         self._unresolved.clear()
 
@@ -328,12 +364,14 @@ class ThroughputCallback(TrainerCallback):
             return {}
         world_size = len(windows)
         tokens_per_second = sum(window["tokens"] for window in windows) / seconds
+        trained_tokens_per_second = sum(window["trained_tokens"] for window in windows) / seconds
         samples_per_second = sum(window["samples"] for window in windows) / seconds
         rates = {
             "samples_per_second": samples_per_second,
             "samples_per_second_per_device": samples_per_second / world_size,
             "tokens_per_second": tokens_per_second,
             "tokens_per_second_per_device": tokens_per_second / world_size,
+            "trained_tokens_per_second": trained_tokens_per_second,
         }
         if self.token_flops is not None:
             rates["achieved_tflops_per_device"] = (
@@ -346,6 +384,7 @@ class ThroughputCallback(TrainerCallback):
         return {
             "seconds": sum(self.step_times[start:]),
             "tokens": sum(self.step_tokens[start:]),
+            "trained_tokens": sum(self.step_trained_tokens[start:]),
             "samples": sum(self.step_samples[start:]),
         }
 
@@ -380,6 +419,44 @@ class ThroughputCallback(TrainerCallback):
             fields["step_time_median_s"] = statistics.median(self.step_times)
             fields["step_time_p90_s"] = percentile(self.step_times, 90)
         return fields
+
+
+def process_start_time() -> float:
+    """When this process started, on the wall clock: imports and library set-up count too."""
+    return psutil.Process().create_time()
+
+
+class StartupCallback(TrainerCallback):
+    """Seconds from the process's start to the end of its first optimizer step: imports, data, model,
+    wrapping, compilation and that step, what a user waits before training runs at speed.
+
+    On a GPU the first step's end waits for the GPU once, so the time is the step's, not its queueing.
+    A resumed run counts its own start-up (loading the checkpoint included).
+    """
+
+    def __init__(
+        self,
+        started_at: float | None = None,
+        clock: Callable[[], float] = time.time,
+        on_gpu: bool | None = None,
+    ):
+        self.started_at = process_start_time() if started_at is None else started_at
+        self.clock = clock
+        self.on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+        self.seconds: float | None = None
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.seconds is not None:
+            return
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        self.seconds = self.clock() - self.started_at
+
+    def summary(self) -> dict[str, Any]:
+        """Run-summary fields (see summary.FIELDS); null before the first step ended."""
+        return {"time_to_first_step_s": self.seconds}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -50,11 +50,20 @@ def file_records(checkpoint: Path) -> dict[str, dict[str, Any]]:
 
 
 def write_manifest(checkpoint: Path, step: int, run_name: str, run: dict[str, Any] | None = None) -> None:
-    """`run` is the identity of the run that wrote the checkpoint (finetune/resume.py), checked on resume."""
+    """`run` is the identity of the run that wrote the checkpoint (finetune/resume.py), checked on resume.
+
+    A `--peft` run's checkpoint says that it holds the adapters only, and names the base they need.
+    """
     files = file_records(checkpoint)
-    manifest = {"step": step, "run_name": run_name, "files": files}
+    manifest: dict[str, Any] = {"step": step, "run_name": run_name, "files": files}
     if run is not None:
         manifest["run"] = run
+        flags = run.get("flags", {})
+        if flags.get("peft"):
+            manifest["weights"] = (
+                f"{flags['peft']} adapters only: the frozen base model, {flags['model']}, is not in this "
+                "checkpoint (finetune export writes the adapters, or with --merge the merged model)"
+            )
     (checkpoint / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
@@ -178,7 +187,9 @@ class SaveAndStopOnSignal(TrainerCallback):
     """On SIGTERM or SIGUSR1, save a checkpoint at the next step boundary on all ranks, then stop.
 
     The signal may reach only some ranks, so at every step end the ranks agree (one all-reduce of
-    a flag) before any of them acts. A second signal stops at once (KeyboardInterrupt).
+    a flag) before any of them acts. A repeated stop signal is the same request: SLURM signals every
+    process of a job, launcher included, and the launcher forwards its SIGTERM to the ranks, so each
+    rank gets two at once. Ctrl-C (SIGINT, not handled here) still stops at once.
 
     Once the checkpoint is saved the ranks exit 75, and the first to go makes the launcher send
     SIGTERM to the others; a rank still on its way out would die of it (-15, or an abort in
@@ -191,10 +202,8 @@ class SaveAndStopOnSignal(TrainerCallback):
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: object) -> None:
-        name = signal.Signals(signum).name
-        if self.received is not None:
-            raise KeyboardInterrupt(f"second signal {name}")
-        self.received = name
+        if self.received is None:
+            self.received = signal.Signals(signum).name
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from finetune.adapters import PEFT_METHODS
 from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import (
@@ -123,16 +124,27 @@ def export_command(options: argparse.Namespace) -> int:
 
     check_export_folder(Path(options.checkpoint), Path(options.output_dir), options.overwrite)
     load_weights_only()
-    folder = export_checkpoint(options.checkpoint, options.output_dir, options.dtype)
+    folder = export_checkpoint(options.checkpoint, options.output_dir, options.dtype, options.merge)
     print(f"finetune: exported {options.checkpoint} to {folder} ({options.dtype})")
     return 0
 
 
 def eval_command(options: argparse.Namespace) -> int:
     from finetune.arguments import DataArguments
-    from finetune.evaluation import evaluate_saved_model
+    from finetune.evaluation import AnswerCheck, evaluate_saved_model
+    from finetune.instruction import DATA_FORMATS
 
-    data_args = DataArguments(dataset=options.dataset, text_column=options.text_column)
+    if options.data_format not in DATA_FORMATS:
+        raise FinetuneError(
+            f"--data_format must be one of {', '.join(DATA_FORMATS)}, got {options.data_format}"
+        )
+    if not options.generate and (options.answer_pattern is not None or options.max_new_tokens is not None):
+        raise FinetuneError("--answer_pattern and --max_new_tokens score generated answers: add --generate")
+    max_new_tokens = 256 if options.max_new_tokens is None else options.max_new_tokens
+    answers = AnswerCheck(options.answer_pattern, max_new_tokens) if options.generate else None
+    data_args = DataArguments(
+        dataset=options.dataset, text_column=options.text_column, data_format=options.data_format
+    )
     result = evaluate_saved_model(
         options.model,
         data_args,
@@ -141,6 +153,8 @@ def eval_command(options: argparse.Namespace) -> int:
         options.stride,
         options.batch_size,
         options.max_tokens,
+        answers,
+        options.max_examples,
     )
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))
@@ -181,6 +195,8 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
         planned_dtype(training_args),
         training_args.gradient_checkpointing,
         training_args.torch_compile,  # None until the run applies its launch: planned per profile
+        model_args.peft,
+        model_args.lora_rank,
     )
     return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
 
@@ -197,7 +213,15 @@ def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
 
     compiled = {"true": True, "false": False}.get(options.torch_compile)
     checkpointing = options.gradient_checkpointing
-    return Workload(options.batch_size, block_size, options.precision, checkpointing, compiled)
+    return Workload(
+        options.batch_size,
+        block_size,
+        options.precision,
+        checkpointing,
+        compiled,
+        options.peft,
+        options.lora_rank,
+    )
 
 
 def plan_command(options: argparse.Namespace) -> int:
@@ -245,10 +269,12 @@ def plan_command(options: argparse.Namespace) -> int:
 
 def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
     from finetune.arguments import expand_recipe
-    from finetune.compare import compare, default_profiles
+    from finetune.compare import compare, default_profiles, training_variants, variant_flags
 
-    parse_run_flags(run_args)
     run_args = expand_recipe(run_args)  # every run's own flags are added around these
+    variants = training_variants(options.peft, run_args)
+    for variant in variants:
+        parse_run_flags([*run_args, *variant_flags(variant)])
     profiles = options.profiles.split(",") if options.profiles else default_profiles(run_args)
     for name in profiles:
         load_profile(name)
@@ -260,6 +286,7 @@ def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
         Path(options.output_dir),
         options.timeout,
         command_line,
+        **({"variants": tuple(variants)} if options.peft else {}),
     )
     print((Path(options.output_dir) / "comparison.md").read_text())
     return 0 if any(row.status == "completed" for row in rows) else 1
@@ -363,6 +390,13 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     planning.add_argument("--gradient_checkpointing", action="store_true")
     planning.add_argument(
+        "--peft",
+        choices=list(PEFT_METHODS),
+        help="plan adapter training (finetune run --peft): gradients and optimizer states for the adapters "
+        "only, the base frozen in --precision",
+    )
+    planning.add_argument("--lora_rank", type=int, default=16, help="--peft: adapter rank")
+    planning.add_argument(
         "--torch_compile",
         choices=["true", "false"],
         help="plan compiled or eager runs (default: as run.py does: "
@@ -399,6 +433,11 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
         "--output_dir", default="outputs/compare", help="a new folder per run in it; earlier ones are kept"
     )
     comparing.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
+    comparing.add_argument(
+        "--peft",
+        help="training variants each profile runs in, comma-separated: full (every weight), lora, dora; e.g. "
+        "full,lora to answer full or LoRA, on which profile (default: as the run flags say)",
+    )
 
 
 def add_export_parser(commands: argparse._SubParsersAction) -> None:
@@ -411,20 +450,45 @@ def add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument(
         "--overwrite", action="store_true", help="export into a folder that already holds files"
     )
+    export.add_argument(
+        "--merge",
+        action="store_true",
+        help="a --peft run's checkpoint: merge the adapters into the base model and write a plain model "
+        "(default: the adapter folder, for PeftModel.from_pretrained)",
+    )
 
 
 def add_eval_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser(
-        "eval", help="perplexity of a saved model on a dataset split (sliding window)"
+        "eval",
+        help="perplexity of a saved model on a dataset split (sliding window); on instruction data the "
+        "answer-only loss and, with --generate, exact match of generated answers",
     )
     evaluate.add_argument("model", help="a model folder (a run's output_dir, an export) or a name")
     evaluate.add_argument("--dataset", default="wikitext-2-raw-v1", help="as finetune/run.py --dataset")
     evaluate.add_argument("--text_column", default="text", help="column that holds the text")
+    evaluate.add_argument("--data_format", default="auto", help="as finetune/run.py --data_format")
     evaluate.add_argument("--split", default="validation", choices=["train", "validation", "test"])
     evaluate.add_argument("--block_size", type=int, help="window length (default: the model's context)")
     evaluate.add_argument("--stride", type=int, help="window step (default: the block size, no overlap)")
     evaluate.add_argument("--batch_size", type=int, default=8, help="windows per forward")
     evaluate.add_argument("--max_tokens", type=int, help="evaluate only the split's first N tokens")
+    evaluate.add_argument(
+        "--generate",
+        action="store_true",
+        help="instruction data: complete each prompt greedily and score exact match of the answers",
+    )
+    evaluate.add_argument(
+        "--answer_pattern",
+        help="regular expression that finds the answer in completion and reference, its first group if "
+        "it has one (GSM8K: '#### (.+)'; default: the whole stripped text)",
+    )
+    evaluate.add_argument(
+        "--max_new_tokens", type=int, help="tokens generated per prompt at most (default 256)"
+    )
+    evaluate.add_argument(
+        "--max_examples", type=int, help="instruction data: evaluate only the split's first N examples"
+    )
     evaluate.add_argument("--output", help="also write the result to this JSON file")
 
 

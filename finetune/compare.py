@@ -40,6 +40,7 @@ class Row:
     profile: str
     status: str
     reason: str = ""
+    training: str = ""  # full, lora or dora (--peft)
     world_size: int | None = None
     compiled: bool | None = None
     memory_kind: str = ""
@@ -60,6 +61,7 @@ def row_from_summary(profile: str, summary: dict[str, Any]) -> Row:
         profile=profile,
         status=summary["status"],
         reason=summary["error"] or "",
+        training=summary.get("peft") or FULL,
         world_size=summary["world_size"],
         compiled=summary["torch_compile"],
         memory_kind=memory_kind,
@@ -157,6 +159,7 @@ def default_profiles(run_args: list[str]) -> list[str]:
 COLUMNS = {
     "profile": "profile",
     "status": "status",
+    "training": "training",
     "world_size": "devices",
     "compiled": "compiled",
     "peak_memory_gib": "peak memory / device (GiB)",
@@ -225,10 +228,35 @@ def read_rows(output_dir: Path) -> list[Row]:
 
 
 def merge_rows(earlier: list[Row], new: list[Row]) -> list[Row]:
-    """Earlier rows then new ones; a row of the same profile and run time is the same run, once."""
-    merged = {(row.profile, row.started_at): row for row in earlier}
-    merged.update({(row.profile, row.started_at): row for row in new})
+    """Earlier rows then new ones; a row of the same profile, training and run time is the same run, once."""
+    merged = {(row.profile, row.training, row.started_at): row for row in earlier}
+    merged.update({(row.profile, row.training, row.started_at): row for row in new})
     return list(merged.values())
+
+
+FULL = "full"
+
+
+def training_variants(peft: str | None, run_args: list[str]) -> list[str]:
+    """`--peft full,lora` as the variants each profile runs in: full fine-tuning, or `--peft METHOD` added
+    to its run flags. Without it, one run per profile as its run flags say ("")."""
+    if not peft:
+        return [""]
+    from finetune.adapters import PEFT_METHODS
+
+    variants = [name.strip() for name in peft.split(",") if name.strip()]
+    unknown = [name for name in variants if name not in (FULL, *PEFT_METHODS)]
+    if unknown or not variants:
+        raise FinetuneError(f"--peft {peft}: give {FULL}, {', '.join(PEFT_METHODS)}, comma-separated")
+    if "--peft" in run_args:
+        raise FinetuneError(
+            "give --peft once: as compare's variants (--peft full,lora), not also in run flags"
+        )
+    return variants
+
+
+def variant_flags(variant: str) -> list[str]:
+    return [] if variant in ("", FULL) else ["--peft", variant]
 
 
 def write_markdown(rows: list[Row], path: Path, header: list[str]) -> None:
@@ -298,9 +326,11 @@ def compare(
     output_dir: Path,
     timeout_s: float,
     command_line: str,
+    variants: tuple[str, ...] = ("",),
 ) -> list[Row]:
-    """Run the profiles in turn; the files in output_dir are rewritten after every profile, with the
-    rows of an earlier comparison there kept. Returns this comparison's rows."""
+    """Run the profiles in turn, each once per training variant (`training_variants`); the files in
+    output_dir are rewritten after every run, with the rows of an earlier comparison there kept.
+    Returns this comparison's rows."""
     if output_dir.exists() and not output_dir.is_dir():
         raise FinetuneError(f"--output_dir {output_dir} is a file, not a folder")
     earlier = read_rows(output_dir)
@@ -323,19 +353,23 @@ def compare(
         write_results(merge_rows(earlier, rows), output_dir, header)
 
     for name in profiles:
-        print(f"finetune compare: {name}", file=sys.stderr, flush=True)
-        started = time.localtime()
-        profile = load_profile(name).name  # a YAML file's rows and folders are named by its stem
-        run_dir = new_run_dir(output_dir, profile, started)
-        ran = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S", started), "run_dir": run_dir.name}
-        try:
-            row = run_profile(name, placement, run_args, run_dir, timeout_s)
-        except KeyboardInterrupt:
-            rows.append(Row(profile, "interrupted", "stopped by Ctrl-C", **ran))
+        for variant in variants:
+            label = f"{name} ({variant})" if variant else name
+            print(f"finetune compare: {label}", file=sys.stderr, flush=True)
+            started = time.localtime()
+            profile = load_profile(name).name  # a YAML file's rows and folders are named by its stem
+            run_dir = new_run_dir(output_dir, f"{profile}-{variant}" if variant else profile, started)
+            ran = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S", started), "run_dir": run_dir.name}
+            if variant:
+                ran["training"] = variant
+            try:
+                row = run_profile(name, placement, [*run_args, *variant_flags(variant)], run_dir, timeout_s)
+            except KeyboardInterrupt:
+                rows.append(Row(profile, "interrupted", "stopped by Ctrl-C", **ran))
+                save()
+                raise
+            rows.append(dataclasses.replace(row, **ran))
             save()
-            raise
-        rows.append(dataclasses.replace(row, **ran))
-        save()
     return rows
 
 

@@ -11,6 +11,7 @@ last batch) and `token_weighted_loss` divides the totals.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +20,24 @@ import torch
 import torch.nn.functional as F
 from accelerate import PartialState
 from accelerate.utils import gather_object
-from transformers import EvalPrediction
+from datasets import Dataset, DatasetDict
+from transformers import DataCollatorForSeq2Seq, EvalPrediction, PreTrainedModel, PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments, ModelArguments
 from finetune.checkpoint import load_weights_only
-from finetune.data import IGNORE_INDEX, split_tokens
+from finetune.data import IGNORE_INDEX, arrange_splits, load_raw, split_tokens
 from finetune.errors import FinetuneError
-from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
+from finetune.generate import complete_greedily
+from finetune.instruction import chat_template_for, detect_format, encode
+from finetune.models import (
+    build_model,
+    choose_block_size,
+    context_length,
+    load_config,
+    load_tokenizer,
+    resolve_model,
+)
+from finetune.packing import truncate
 
 
 def loss_sums_per_sample(
@@ -128,8 +140,11 @@ def evaluate_saved_model(
     stride: int | None,
     batch_size: int,
     max_tokens: int | None,
+    answers: AnswerCheck | None = None,
+    max_examples: int | None = None,
 ) -> dict[str, Any]:
-    """Perplexity of a saved model folder on one split. Split over processes under accelerate launch.
+    """Perplexity of a saved model folder on one split; on instruction data, the answer-only loss and
+    with `answers` the exact match of generated answers. Split over processes under accelerate launch.
 
     The folder's pickles are read weights-only and its custom code never runs (no --trust_remote_code here).
     """
@@ -138,11 +153,37 @@ def evaluate_saved_model(
         raise FinetuneError(f"--batch_size must be at least 1, got {batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise FinetuneError(f"--max_tokens must be at least 1, got {max_tokens}")
+    if max_examples is not None and max_examples < 1:
+        raise FinetuneError(f"--max_examples must be at least 1, got {max_examples}")
     state = PartialState()
     location = resolve_model(model_path)
     model_args = ModelArguments(model=model_path)
     config = load_config(model_args, location)
     block_size = choose_block_size(block_size, config)
+    with state.main_process_first():
+        raw, _ = load_raw(data_args)
+    data_format = detect_format(
+        next(iter(raw.values())).column_names, data_args.text_column, data_args.data_format
+    )
+    if data_format.name != "text":
+        if stride is not None or max_tokens is not None:
+            raise FinetuneError(
+                "--stride and --max_tokens are for plain text; instruction data is evaluated example by "
+                "example (--max_examples)"
+            )
+        examples = named_split(raw, data_args, split, seed=42)
+        examples = examples.select(range(min(max_examples, len(examples)))) if max_examples else examples
+        tokenizer = load_tokenizer(model_args, location)
+        model = build_model(model_args, config, location).to(state.device).eval()
+        result = evaluate_examples(
+            model, tokenizer, examples, data_format.name, data_args, block_size, batch_size, answers
+        )
+        return {"model": model_path, "dataset": data_args.dataset, "split": split, **result}
+    if answers is not None or max_examples is not None:
+        raise FinetuneError(
+            f"--generate and --max_examples need prompts and answers; dataset '{data_args.dataset}' is "
+            "plain text (docs/instruction-data.md lists the formats)"
+        )
     stride = block_size if stride is None else stride
     if not 0 < stride <= block_size:
         raise FinetuneError(f"--stride must be between 1 and the block size ({block_size}), got {stride}")
@@ -170,3 +211,148 @@ def evaluate_saved_model(
         "loss": loss,
         "perplexity": perplexity(loss),
     }
+
+
+# `finetune eval` on instruction data: the loss over the answer tokens of each example alone, and with
+# --generate each prompt completed greedily and its answer compared with the reference's.
+
+
+@dataclass(frozen=True)
+class AnswerCheck:
+    """--generate: the answer is what `pattern` (its first group, else its whole match) finds in the
+    text; without a pattern, the whole text. Both are stripped of surrounding whitespace."""
+
+    pattern: str | None
+    max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise FinetuneError(f"--max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as error:
+                raise FinetuneError(
+                    f"--answer_pattern {self.pattern!r}: not a regular expression ({error})"
+                ) from None
+
+    def extract(self, text: str) -> str | None:
+        if self.pattern is None:
+            return text.strip()
+        found = re.search(self.pattern, text)
+        if found is None:
+            return None
+        return (found.group(1) if found.re.groups else found.group(0)).strip()
+
+
+def named_split(raw: DatasetDict, data_args: DataArguments, split: str, seed: int) -> Dataset:
+    """The split of that name, as found, or training's carved validation share of a train-only dataset
+    (the rule `finetune.data.split_tokens` applies to text)."""
+    if split in raw:
+        return raw[split]
+    if split == "validation" and set(raw) == {"train"}:
+        return arrange_splits(raw, data_args.validation_split_percentage, seed)[0]["validation"]
+    raise FinetuneError(f"dataset '{data_args.dataset}' has no {split} split (it has: {', '.join(raw)})")
+
+
+def last_answer(labels: list[int]) -> tuple[int, int]:
+    """Where the example's last run of labelled tokens (its last answer) begins and ends."""
+    end = max(index for index, label in enumerate(labels) if label != IGNORE_INDEX) + 1
+    begin = end
+    while begin > 0 and labels[begin - 1] != IGNORE_INDEX:
+        begin -= 1
+    return begin, end
+
+
+def prompts_and_references(
+    encoded: Dataset, tokenizer: PreTrainedTokenizerBase, room: int
+) -> tuple[list[list[int]], list[str], int]:
+    """Each example's tokens before its last answer, cut to their last `room`; that answer decoded as
+    a completion is (special tokens dropped); and how many prompts were cut."""
+    prompts, references, truncated = [], [], 0
+    for ids, labels in zip(encoded["input_ids"], encoded["labels"], strict=True):
+        begin, end = last_answer(labels)
+        prompts.append(ids[max(begin - room, 0) : begin])
+        references.append(tokenizer.decode(ids[begin:end], skip_special_tokens=True))
+        truncated += begin > room
+    return prompts, references, truncated
+
+
+@torch.no_grad()
+def example_loss(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Dataset, batch_size: int
+) -> tuple[float, int]:
+    """Summed loss and count of the labelled tokens, each example alone (right-padded in its batch)."""
+    device = next(model.parameters()).device
+    collate = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, return_tensors="pt")
+    loss_sum, count = 0.0, 0
+    for start in range(0, len(examples), batch_size):
+        batch = collate([examples[index] for index in range(start, min(start + batch_size, len(examples)))])
+        batch = {name: tensor.to(device) for name, tensor in batch.items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        sums = loss_sums_per_sample(logits, batch["labels"])
+        loss_sum += float(sums[:, 0].sum())
+        count += int(sums[:, 1].sum())
+    return loss_sum, count
+
+
+def evaluate_examples(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Dataset,
+    data_format: str,
+    data_args: DataArguments,
+    block_size: int,
+    batch_size: int,
+    answers: AnswerCheck | None,
+) -> dict[str, Any]:
+    """Loss (and exact match) over the examples, tokenized exactly as training tokenizes them.
+
+    A prompt is the example's tokens before its last answer (for chat: the conversation up to the last
+    assistant turn, with the generation prompt); the reference is that answer's tokens decoded as a
+    completion is (special tokens dropped). A prompt longer than the context leaves for the answer
+    is cut to its last tokens, and counted.
+    """
+    state = PartialState()
+    template = chat_template_for(tokenizer, data_args.chat_template) if data_format == "messages" else ""
+    encoded = encode(rows, data_format, tokenizer, template, False, "evaluation")
+    encoded = encoded.filter(lambda row: any(label != IGNORE_INDEX for label in row["labels"]))
+    if not len(encoded):
+        raise FinetuneError(f"dataset '{data_args.dataset}' has no example with an answer to evaluate")
+    result: dict[str, Any] = {"data_format": data_format, "examples": len(encoded), "block_size": block_size}
+    with state.split_between_processes(list(range(len(encoded)))) as mine:
+        local = example_loss(model, tokenizer, truncate(encoded.select(mine), block_size)[0], batch_size)
+    totals = gather_object([local])
+    loss = sum(part[0] for part in totals) / sum(part[1] for part in totals)
+    result.update(tokens=sum(part[1] for part in totals), loss=loss, perplexity=perplexity(loss))
+    if answers is None:
+        return result
+
+    room = (context_length(model.config) or block_size) - answers.max_new_tokens
+    if room < 1:
+        raise FinetuneError(
+            f"--max_new_tokens {answers.max_new_tokens} leaves no room for a prompt in the model's context"
+        )
+    prompts, references, truncated = prompts_and_references(encoded, tokenizer, room)
+    expected = [answers.extract(reference) for reference in references]
+    unmatched = [index for index, answer in enumerate(expected) if answer is None]
+    if unmatched:
+        raise FinetuneError(
+            f"--answer_pattern {answers.pattern!r} finds no answer in {len(unmatched)} of {len(expected)} "
+            f"references (the first: example {unmatched[0] + 1}, {references[unmatched[0]][-80:]!r})"
+        )
+    with state.split_between_processes(list(range(len(prompts)))) as mine:
+        local = complete_greedily(
+            model, tokenizer, [prompts[index] for index in mine], answers.max_new_tokens, batch_size
+        )
+    completions = [text for part in gather_object([local]) for text in part]
+    correct = sum(answers.extract(text) == answer for text, answer in zip(completions, expected, strict=True))
+    result.update(
+        answer_pattern=answers.pattern,
+        max_new_tokens=answers.max_new_tokens,
+        prompts_truncated=truncated,
+        exact_match_correct=correct,
+        exact_match_total=len(expected),
+        exact_match=correct / len(expected),
+    )
+    return result

@@ -1,9 +1,15 @@
-"""Consolidated Hugging Face model folders from any strategy's (possibly sharded) training state."""
+"""Consolidated Hugging Face model folders from any strategy's (possibly sharded) training state.
+
+A checkpoint of a `--peft` run holds only the adapters: its export is peft's adapter folder (for
+`PeftModel.from_pretrained` on the base model), or with `merge` the base with the adapters merged
+in by peft's `merge_and_unload`, a plain model folder.
+"""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -11,9 +17,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Traine
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune import safe_unpickling
-from finetune.checkpoint import checkpoint_problem, load_weights_only
+from finetune.adapters import adapter_config
+from finetune.arguments import ModelArguments
+from finetune.checkpoint import checkpoint_problem, load_weights_only, read_manifest
 from finetune.errors import FinetuneError
-from finetune.models import first_line
+from finetune.models import first_line, load_config, resolve_model
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def save_consolidated_model(
@@ -54,7 +64,7 @@ def checkpoint_kind(checkpoint: Path) -> str:
         return "deepspeed"
     if any(checkpoint.glob("pytorch_model_fsdp_*")):
         return "fsdp"
-    if any(checkpoint.glob("model*.safetensors")):
+    if any(checkpoint.glob("model*.safetensors")) or (checkpoint / ADAPTER_WEIGHTS).is_file():
         return "hf"
     raise FinetuneError(
         f"{checkpoint} holds no model weights this tool knows (DeepSpeed, FSDP or safetensors)"
@@ -84,16 +94,19 @@ def full_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
     state_dict: dict[str, torch.Tensor] = {}
-    for shard in sorted(folder.glob("model*.safetensors")):
+    for shard in sorted([*folder.glob("model*.safetensors"), *folder.glob(ADAPTER_WEIGHTS)]):
         state_dict.update(load_file(shard))
     return state_dict
 
 
-def export_checkpoint(checkpoint: str | Path, output_dir: str | Path, dtype: str = "fp32") -> Path:
+def export_checkpoint(
+    checkpoint: str | Path, output_dir: str | Path, dtype: str = "fp32", merge: bool = False
+) -> Path:
     """A checkpoint of any profile as a plain Hugging Face model folder (config, tokenizer, safetensors).
 
     Only a checkpoint whose files match its manifest is read, and never with code it brings along:
     no custom config, model or tokenizer code, pickles restricted (finetune.checkpoint.load_weights_only).
+    A `--peft` run's checkpoint gives its adapter folder, or with `merge` the merged model.
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     if not (checkpoint / "config.json").is_file():
@@ -103,6 +116,13 @@ def export_checkpoint(checkpoint: str | Path, output_dir: str | Path, dtype: str
         raise FinetuneError(f"{checkpoint}: {problem}")
     safe_unpickling.check_metadata_files(checkpoint)
     load_weights_only()
+    flags = (read_manifest(checkpoint).get("run") or {}).get("flags", {})
+    if flags.get("peft"):
+        return export_adapters(checkpoint, output_dir, flags, dtype, merge)
+    if merge:
+        raise FinetuneError(
+            f"{checkpoint} is not from a --peft run: it holds the whole model, there are no adapters to merge"
+        )
     try:
         config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=False)
         with torch.device("meta"):
@@ -122,5 +142,50 @@ def export_checkpoint(checkpoint: str | Path, output_dir: str | Path, dtype: str
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
     model.to(DTYPES[dtype]).save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def export_adapters(
+    checkpoint: Path, output_dir: Path, flags: dict[str, Any], dtype: str, merge: bool
+) -> Path:
+    """The adapters of a `--peft` checkpoint on the base model its run started from (its manifest's
+    flags name both), saved as peft's adapter folder or, with `merge`, merged into a plain model.
+
+    Every profile's checkpoint holds the adapters under other names (peft's adapter file, FSDP's
+    adapter-only distributed checkpoint, DeepSpeed's trainable-only fp32 masters): peft's own
+    `get_peft_model_state_dict` and `set_peft_model_state_dict` map each onto the rebuilt model.
+    """
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+    model_args = ModelArguments(model=flags["model"], config_overrides=flags.get("config_overrides"))
+    location = resolve_model(model_args.model)
+    try:
+        config = load_config(model_args, location)
+        base = AutoModelForCausalLM.from_pretrained(
+            location, config=config, dtype=torch.float32, trust_remote_code=False
+        )
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise FinetuneError(
+            f"{checkpoint}: cannot load its base model {flags['model']} from {location}: {first_line(error)}"
+        ) from None
+    model = get_peft_model(base, adapter_config(flags, base))
+    adapters = get_peft_model_state_dict(
+        model, state_dict=without_compile_prefix(full_state_dict(checkpoint))
+    )
+    expected = get_peft_model_state_dict(model)
+    missing = sorted(set(expected) - set(adapters))
+    if missing or not adapters:
+        raise FinetuneError(
+            f"{checkpoint}: its adapters do not match --peft {flags['peft']} with rank {flags['lora_rank']} "
+            f"on {flags['model']} (missing {missing[:3]})"
+        )
+    set_peft_model_state_dict(model, adapters)
+    if merge:
+        merged = model.merge_and_unload()
+        merged.to(DTYPES[dtype]).save_pretrained(output_dir, safe_serialization=True)
+    else:
+        model.to(DTYPES[dtype]).save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     return output_dir

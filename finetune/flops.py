@@ -9,6 +9,11 @@ with N the parameters that take part in a matrix multiply (every parameter excep
 lookups, plus the output projection when it is tied to the input embedding), L layers, H the hidden
 size and T the sequence length. Activation recomputation (gradient checkpointing) is hardware work,
 not model work, and is not counted.
+
+A frozen weight (the base model under LoRA/DoRA, finetune/adapters.py) costs 4 FLOPs per token, not
+6: 2 forward and 2 for the gradient of its input, which the layers below it need, but none for
+its own gradient. So with F of the N frozen: 6·(N - F) + 4·F + 12·L·H·T. The attention term has no
+weights and is unchanged.
 """
 
 from __future__ import annotations
@@ -20,18 +25,19 @@ from torch import nn
 from transformers import PretrainedConfig
 
 
-def matmul_parameters(model: nn.Module) -> int:
-    """N of 6·N: parameters that enter a matrix multiply once per token.
+def matmul_parameters(model: nn.Module, frozen_only: bool = False) -> int:
+    """N of 6·N: parameters that enter a matrix multiply once per token (`frozen_only`: those of them
+    that are not trained).
 
     Embedding tables (token, position) are lookups, not multiplies. A tied LM head multiplies by
     the token embedding table, so that table counts once. Under ZeRO-3 `ds_numel` holds a
     partitioned parameter's full size.
     """
     embedding_tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    unique = {id(p): p for p in model.parameters()}
+    unique = {id(p): p for p in model.parameters() if not (frozen_only and p.requires_grad)}
     count = sum(_numel(p) for key, p in unique.items() if key not in embedding_tables)
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if output is not None and id(output.weight) in embedding_tables:
+    if output is not None and id(output.weight) in embedding_tables and id(output.weight) in unique:
         count += _numel(output.weight)
     return count
 
@@ -40,14 +46,22 @@ def _numel(parameter: torch.Tensor) -> int:
     return getattr(parameter, "ds_numel", parameter.numel())
 
 
-def flops_per_token(matmul_params: int, num_layers: int, hidden_size: int, sequence_length: int) -> int:
-    """Training (forward + backward) model FLOPs per token: 6·N for the weights, 12·L·H·T for attention."""
-    return 6 * matmul_params + 12 * num_layers * hidden_size * sequence_length
+def flops_per_token(
+    matmul_params: int, num_layers: int, hidden_size: int, sequence_length: int, frozen_matmul_params: int = 0
+) -> int:
+    """Training (forward + backward) model FLOPs per token: 6 per trained and 4 per frozen matmul weight
+    (`frozen_matmul_params` of the `matmul_params`), 12·L·H·T for attention."""
+    trained = matmul_params - frozen_matmul_params
+    return 6 * trained + 4 * frozen_matmul_params + 12 * num_layers * hidden_size * sequence_length
 
 
 def model_flops_per_token(model: nn.Module, config: PretrainedConfig, sequence_length: int) -> int:
     return flops_per_token(
-        matmul_parameters(model), config.num_hidden_layers, config.hidden_size, sequence_length
+        matmul_parameters(model),
+        config.num_hidden_layers,
+        config.hidden_size,
+        sequence_length,
+        matmul_parameters(model, frozen_only=True),
     )
 
 

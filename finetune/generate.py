@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, set_seed
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
 from finetune.arguments import ModelArguments
 from finetune.checkpoint import load_weights_only
@@ -87,4 +87,39 @@ def generate(model_path: str, prompts: list[str], sampling: Sampling) -> list[st
         completions.append(
             tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         )
+    return completions
+
+
+@torch.no_grad()
+def complete_greedily(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int,
+) -> list[str]:
+    """The greedy completion of each tokenized prompt (the generated text only), up to the tokenizer's
+    EOS, which training ends every answer with.
+
+    Prompts of similar length are batched together and left-padded: a decoder-only model continues
+    from the last position of each row, so the padding must come before the prompt (transformers
+    derives the position ids from the attention mask).
+    """
+    device = next(model.parameters()).device
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    order = sorted(range(len(prompts)), key=lambda index: len(prompts[index]))
+    completions = [""] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        inputs = tokenizer.pad(
+            {"input_ids": [prompts[index] for index in chosen]}, padding_side="left", return_tensors="pt"
+        ).to(device)
+        output = model.generate(**inputs, generation_config=config)
+        for index, generated in zip(chosen, output[:, inputs["input_ids"].shape[1] :], strict=True):
+            completions[index] = tokenizer.decode(generated, skip_special_tokens=True)
     return completions

@@ -1,5 +1,7 @@
 """`finetune plan`: predicted memory per GPU for every profile, before anything is launched.
 
+The same model gives a run launched with `--global_batch_size` its micro batch (`apply_global_batch`).
+
 Model states (bytes per parameter Ψ) follow what each framework keeps:
 
 - DeepSpeed with bf16/fp16, the ZeRO paper's mixed-precision Adam: 2Ψ parameters, 2Ψ gradients,
@@ -15,6 +17,12 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   `estimate_zero*_model_states_mem_needs` count). Host RAM gets DeepSpeed's buffer factor of 1.5
   on top: without it a zero3_offload run predicted to fit was killed for host memory
   (benchmarks/h200-2026-11-24).
+- With `--peft lora|dora` (finetune/adapters.py) only the adapters train: gradients and optimizer
+  states (and, under DeepSpeed, fp32 masters) are those of the adapter parameters A, counted from
+  the layers peft's "all-linear" adapts (r·(in + out) each, DoRA one magnitude per output more).
+  The frozen base keeps no master copy: Ψ parameters in the compute dtype (2 bytes in bf16/fp16),
+  plus the adapters at the framework's bytes per parameter. Activations are counted as for full
+  fine-tuning: the frozen layers still keep their inputs for the gradient that flows through them.
 - Host RAM is also taken while the model is built: every process builds the whole fp32 model
   (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
   layer as it is created. Host RAM per GPU is the larger of the two.
@@ -43,9 +51,20 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers.utils import logging
 
+from finetune.adapters import adapted_layer_sizes
 from finetune.errors import FinetuneError
-from finetune.profiles import OFFLOAD_DEVICES, Strategy, fastest_first, load_strategy, shipped_strategies
+from finetune.profiles import (
+    OFFLOAD_DEVICES,
+    Strategy,
+    fastest_first,
+    launched_strategy,
+    load_strategy,
+    shipped_strategies,
+)
+
+logger = logging.get_logger("finetune")
 
 GIB = 2**30
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
@@ -59,6 +78,7 @@ MAX_MICRO_BATCH = 4096
 OFFLOADED_GRADIENT_BYTES = 4
 HOST_BUFFER_FACTOR = 1.5
 BUILD_BYTES = 4
+FROZEN_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a frozen weight in the compute dtype, no master copy
 STATE_BYTES = {
     "deepspeed": {"parameters": 2, "gradients": 2, "optimizer": 12},
     "torch": {"parameters": 4, "gradients": 4, "optimizer": 8},
@@ -73,6 +93,8 @@ class ModelShape:
     layers: int
     hidden: int
     vocab: int
+    adapted_in_out: int = 0  # sum of in + out features over the layers "all-linear" adapts
+    adapted_out: int = 0  # sum of their out features (DoRA's magnitudes)
 
     @classmethod
     def from_config(cls, name: str, config: PretrainedConfig) -> ModelShape:
@@ -80,7 +102,14 @@ class ModelShape:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        return cls(name, parameters, config.num_hidden_layers, config.hidden_size, config.vocab_size)
+        in_out, out = adapted_layer_sizes(model)
+        return cls(
+            name, parameters, config.num_hidden_layers, config.hidden_size, config.vocab_size, in_out, out
+        )
+
+    def adapter_parameters(self, peft: str, rank: int) -> int:
+        """What `--peft` adds and trains with the default targets (all-linear)."""
+        return rank * self.adapted_in_out + (self.adapted_out if peft == "dora" else 0)
 
 
 @dataclass(frozen=True)
@@ -90,6 +119,8 @@ class Workload:
     dtype: str = "bf16"
     gradient_checkpointing: bool = False
     compiled: bool | None = None  # None: as run.py decides per strategy (compiled_by_default)
+    peft: str | None = None  # lora or dora: adapters trained on a frozen base; None: every weight
+    lora_rank: int = 16
 
 
 @dataclass(frozen=True)
@@ -229,6 +260,29 @@ def activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) ->
     )
 
 
+def trained_parameters(shape: ModelShape, workload: Workload) -> int:
+    """Parameters with gradients and optimizer states: all, or with --peft the adapters only."""
+    return (
+        shape.parameters
+        if workload.peft is None
+        else shape.adapter_parameters(workload.peft, workload.lora_rank)
+    )
+
+
+def state_bytes(framework: str, shape: ModelShape, workload: Workload) -> dict[str, float]:
+    """Bytes of each model state over the whole model, before sharding or offload."""
+    per_parameter = STATE_BYTES[framework]
+    if workload.peft is None:
+        return {kind: shape.parameters * size for kind, size in per_parameter.items()}
+    adapters = trained_parameters(shape, workload)
+    frozen = shape.parameters * FROZEN_BYTES[workload.dtype]
+    return {
+        "parameters": frozen + adapters * per_parameter["parameters"],
+        "gradients": adapters * per_parameter["gradients"],
+        "optimizer": adapters * per_parameter["optimizer"],
+    }
+
+
 def estimate(
     strategy: Strategy, shape: ModelShape, workload: Workload, gpus: int, calibration: Calibration
 ) -> Estimate:
@@ -236,14 +290,15 @@ def estimate(
     offloaded = strategy.offloaded
     states = {}
     moved = dict.fromkeys(OFFLOAD_DEVICES, 0.0)  # GiB per GPU, by where it goes
-    for kind, per_parameter in STATE_BYTES[framework].items():
-        gib = shape.parameters * per_parameter / GIB / (gpus if kind in strategy.sharded else 1)
+    for kind, size in state_bytes(framework, shape, workload).items():
+        gib = size / GIB / (gpus if kind in strategy.sharded else 1)
         if kind in offloaded:
             moved[offloaded[kind]] += gib
             gib = 0.0
         states[kind] = gib
     if "optimizer" in offloaded:
-        moved[offloaded["optimizer"]] += shape.parameters * OFFLOADED_GRADIENT_BYTES / GIB / gpus
+        trained = trained_parameters(shape, workload)
+        moved[offloaded["optimizer"]] += trained * OFFLOADED_GRADIENT_BYTES / GIB / gpus
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
     kind = calibration_kind(strategy, workload)
@@ -364,7 +419,8 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
         f"finetune plan: {shape.name} ({shape.parameters:,} parameters), {hardware.gpus} GPU(s) of "
         f"{hardware.gpu_memory_gib:g} GiB, micro batch {workload.micro_batch} x {workload.block_size} "
         f"tokens, {workload.dtype}{', gradient checkpointing' if workload.gradient_checkpointing else ''}, "
-        f"{describe_compilation(workload, [e.strategy for e in estimates])}",
+        f"{describe_compilation(workload, [e.strategy for e in estimates])}"
+        f"{describe_training(shape, workload)}",
         "",
         "| profile | parameters | gradients | optimizer | activations | total / GPU | fits "
         "| host RAM / node | NVMe |",
@@ -383,6 +439,16 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
     lines.append("")
     lines.append(f"GiB; fits means total <= {100 * (1 - hardware.margin):.0f}% of the GPU's memory.")
     return "\n".join(lines)
+
+
+def describe_training(shape: ModelShape, workload: Workload) -> str:
+    if workload.peft is None:
+        return ""
+    adapters = trained_parameters(shape, workload)
+    return (
+        f", --peft {workload.peft} rank {workload.lora_rank} on all linear layers: {adapters:,} trained "
+        f"parameters, the base frozen in {workload.dtype}"
+    )
 
 
 def describe_compilation(workload: Workload, strategies: list[Strategy]) -> str:
@@ -406,6 +472,137 @@ def visible_gpu_memory_gib() -> float | None:
     if not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+MICRO_BATCH_WITHOUT_GPU = 8  # --batch_size's default: what a CPU run takes when no memory model applies
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """How `--global_batch_size` is made: micro batch x accumulation x processes, and why."""
+
+    global_batch_size: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    processes: int
+    reason: str
+
+    def describe(self) -> str:
+        processes = f"{self.processes} process{'es' if self.processes != 1 else ''}"
+        return (
+            f"global batch {self.global_batch_size} = micro batch {self.micro_batch_size} x accumulation "
+            f"{self.gradient_accumulation_steps} x {processes}: {self.reason}"
+        )
+
+
+def split_global_batch(
+    global_batch: int,
+    processes: int,
+    micro_batch: int | None = None,
+    accumulation: int | None = None,
+    largest: tuple[int, str] | None = None,
+) -> BatchChoice:
+    """The micro batch and accumulation that make `global_batch` exactly on `processes`.
+
+    A micro batch or accumulation the user gave is kept. Otherwise the micro batch is the largest
+    that divides each process's share and is at most `largest` (a micro batch and why it is the
+    limit): a larger micro batch keeps the GPU busier (benchmarks/h200-2026-11-23b), accumulation
+    only repeats it. Written by hand: the Trainer and DeepSpeed take the three numbers as given.
+    """
+    s = "es" if processes != 1 else ""
+    per_process, rest = divmod(global_batch, processes)
+    if rest:
+        raise FinetuneError(
+            f"--global_batch_size {global_batch} is not a multiple of the {processes} process{s}: "
+            "each process takes an equal share"
+        )
+    given = {"--batch_size": micro_batch, "--gradient_accumulation_steps": accumulation}
+    given = {flag: value for flag, value in given.items() if value is not None}
+    if micro_batch is not None and accumulation is not None:
+        if micro_batch * accumulation != per_process:
+            raise FinetuneError(
+                f"--global_batch_size {global_batch} disagrees with --batch_size {micro_batch} x "
+                f"--gradient_accumulation_steps {accumulation} x {processes} process{s} = "
+                f"{micro_batch * accumulation * processes}: leave out one of them, or both to have the "
+                "micro batch planned"
+            )
+        reason = "--batch_size and --gradient_accumulation_steps as given"
+    elif given:
+        ((flag, value),) = given.items()
+        if per_process % value:
+            raise FinetuneError(
+                f"--global_batch_size {global_batch} is not a multiple of {flag} {value} x {processes} "
+                f"process{s}: leave out {flag} to have the micro batch planned"
+            )
+        micro_batch, accumulation = micro_batch or per_process // value, accumulation or per_process // value
+        reason = f"{flag} as given"
+    else:
+        if largest is None:
+            raise ValueError("split_global_batch needs the largest micro batch when no batch flag is given")
+        limit, why = largest
+        micro_batch = max(size for size in range(1, min(limit, per_process) + 1) if per_process % size == 0)
+        accumulation = per_process // micro_batch
+        reason = f"the largest micro batch that divides {per_process} per process and is {why}"
+    return BatchChoice(global_batch, micro_batch, accumulation, processes, reason)
+
+
+def largest_micro_batch_for_run(model_args: Any, data_args: Any, training_args: Any) -> tuple[int, str]:
+    """The largest micro batch the run's model, block, precision and profile are predicted to fit on
+    its GPUs, and in words why. Without a GPU (and without --gpu_memory_gib) the memory model,
+    calibrated on GPU peaks, does not apply: a CPU run takes at most --batch_size's default."""
+    memory = training_args.gpu_memory_gib
+    if memory is None and not training_args.use_cpu:
+        memory = visible_gpu_memory_gib()
+    if memory is None:
+        return MICRO_BATCH_WITHOUT_GPU, (
+            f"at most {MICRO_BATCH_WITHOUT_GPU}, --batch_size's default: no GPU is visible to plan for "
+            "(--gpu_memory_gib plans for one)"
+        )
+    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
+    dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    workload = Workload(
+        1,
+        data_args.block_size or default_block,
+        dtype,
+        training_args.gradient_checkpointing,
+        training_args.torch_compile,
+    )
+    strategy = launched_strategy()
+    hardware = Hardware(training_args.world_size, memory)
+    largest = largest_micro_batch(strategy, shape, workload, hardware, Calibration.measured())
+    where = f"{strategy.name} on {hardware.gpus} x {memory:g} GiB"
+    if largest < 1:
+        raise FinetuneError(
+            f"--global_batch_size: not even micro batch 1 of {shape.name} is predicted to fit {where} "
+            "(`finetune plan` shows what would)"
+        )
+    return largest, f"predicted to fit {where} (at most {largest}; finetune plan's memory model)"
+
+
+def apply_global_batch(model_args: Any, data_args: Any, training_args: Any) -> BatchChoice | None:
+    """`--global_batch_size` made into the run's micro batch and accumulation, logged once.
+
+    Runs after `apply_launch_environment`, when the processes, precision and compile default are
+    known, and before anything reads the batch: the resume check, the run name, the summary.
+    """
+    from finetune.arguments import set_batch_geometry
+
+    if training_args.global_batch_size is None:
+        return None
+    given = training_args.batch_flags_given
+    micro = training_args.per_device_train_batch_size if "per_device_train_batch_size" in given else None
+    steps = training_args.gradient_accumulation_steps if "gradient_accumulation_steps" in given else None
+    largest = None
+    if micro is None and steps is None:
+        largest = largest_micro_batch_for_run(model_args, data_args, training_args)
+    choice = split_global_batch(
+        training_args.global_batch_size, training_args.world_size, micro, steps, largest
+    )
+    set_batch_geometry(training_args, choice.micro_batch_size, choice.gradient_accumulation_steps)
+    training_args.batch_choice = choice.reason
+    if training_args.process_index == 0:
+        logger.warning(f"finetune: {choice.describe()}")
+    return choice
 
 
 def choose_profile(

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainingArguments
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
@@ -194,3 +195,45 @@ def continue_on_this_world_size(checkpoint: Path | None, training_args: Training
         )
     load_universal_checkpoint(training_args)
     return converted
+
+
+def innermost_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer under accelerate's and DeepSpeed's wrappers (each keeps it as `.optimizer`)."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def place_step_counters(optimizer: Any) -> None:
+    """Put each Adam `step` counter where torch would have created it: beside its parameter for the
+    fused and capturable implementations, on the CPU otherwise.
+
+    DeepSpeed's ZeRO-3 universal-checkpoint loader reads the optimizer state without a map_location,
+    so on GPUs the counters arrive on the CPU and torch's fused AdamW stops at the first step.
+    """
+    optimizer = innermost_optimizer(optimizer)
+    if not getattr(optimizer, "param_groups", None):
+        return
+    group = optimizer.param_groups[0]
+    beside_the_parameter = bool(group.get("fused") or group.get("capturable"))
+    for parameter, state in optimizer.state.items():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            device = parameter.device if beside_the_parameter else torch.device("cpu")
+            if step.device != device:
+                state["step"] = step.to(device)
+
+
+class StepCountersOnTheirDevice(TrainerCallback):
+    """Runs `place_step_counters` once the Trainer has loaded a checkpoint (before the first step)."""
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if optimizer is not None:
+            place_step_counters(optimizer)

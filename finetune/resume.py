@@ -45,6 +45,9 @@ DATA_FLAGS = (
     "text_column",
     "block_size",
     "packing",
+    "data_format",
+    "train_on_prompt",
+    "chat_template",
     "validation_split_percentage",
     "max_train_samples",
 )
@@ -186,11 +189,18 @@ def describe_differences(
 
 
 def refuse_another_run(
-    checkpoint: Path, current: dict[str, Any], allow_world_size_change: bool, is_main_process: bool
+    checkpoint: Path,
+    current: dict[str, Any],
+    allow_world_size_change: bool,
+    is_main_process: bool,
+    global_batch_size: int | None = None,
 ) -> None:
     """Raise FinetuneError unless `current` continues the run that wrote `checkpoint`.
 
     A checkpoint written before identities were recorded resumes with a warning: nothing to compare.
+    A `--global_batch_size` must be the checkpoint's global batch, however either was made up: under
+    `--allow_world_size_change` the accumulation is otherwise free, and finetune/reshard.py would
+    quietly keep the checkpoint's global batch instead of the one asked for.
     """
     recorded = read_manifest(checkpoint).get("run")
     if recorded is None:
@@ -200,6 +210,13 @@ def refuse_another_run(
                 "resuming without checking that profile, processes and flags match"
             )
         return
+    written = recorded.get("global_batch_size")
+    if global_batch_size is not None and written is not None and written != global_batch_size:
+        raise FinetuneError(
+            f"{checkpoint.name} was written with global batch {written}; this run asks for "
+            f"--global_batch_size {global_batch_size}: resume with --global_batch_size {written}, or start "
+            "a new run in another --output_dir"
+        )
     differences = run_differences(recorded, current)
     if allow_world_size_change:
         differences = [d for d in differences if d.field not in WORLD_SIZE_CHANGE_FIELDS]
@@ -247,6 +264,10 @@ def check_resume(checkpoint: Path | None, flags: dict[str, Any], training_args: 
     if checkpoint is not None:
         current = run_identity(flags, launched_strategy(training_args), training_args)
         refuse_another_run(
-            checkpoint, current, training_args.allow_world_size_change, training_args.process_index == 0
+            checkpoint,
+            current,
+            training_args.allow_world_size_change,
+            training_args.process_index == 0,
+            training_args.global_batch_size,
         )
     return finished_run(training_args.output_dir, checkpoint, training_args.resume)

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a file by accelerate launch: import the package, not its siblings
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -20,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
+from finetune.adapters import adapter_flags, add_adapters
 from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
@@ -28,7 +30,7 @@ from finetune.arguments import (
     check_run_name,
     parse_arguments,
 )
-from finetune.callbacks import MemoryCallback, ThroughputCallback
+from finetune.callbacks import MemoryCallback, StartupCallback, ThroughputCallback
 from finetune.checkpoint import (
     SaveAndStopOnSignal,
     checkpoint_to_resume,
@@ -45,9 +47,10 @@ from finetune.generate import Sampling, generate
 from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
 from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
 from finetune.outputs import claim_output_dir
+from finetune.planner import apply_global_batch
 from finetune.profiles import launched_strategy, strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
-from finetune.reshard import continue_on_this_world_size
+from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
 from finetune.resume import check_resume, defining_flags, refuse_another_run, run_identity
 from finetune.summary import (
     RunRecord,
@@ -90,6 +93,14 @@ def name_deepspeeds_cpu_accelerator() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+def run_defining_flags(
+    model_args: ModelArguments, data_args: DataArguments, training_args: FinetuneTrainingArguments
+) -> dict[str, Any]:
+    """The flags a checkpoint records and a resume must match, the adapter's among them: a LoRA
+    checkpoint continued as full fine-tuning (or with another rank) would not continue that run."""
+    return {**defining_flags(model_args, data_args, training_args), **adapter_flags(model_args)}
+
+
 def train_and_measure(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -126,12 +137,15 @@ def train_and_measure(
             logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
     if training_args.align_output_matmul:
         align_output_matmul(model)
+    if model_args.peft:
+        model = add_adapters(model, adapter_flags(model_args), record.fields["dtype"])
     memory.mark_phase("model loaded")
     token_flops = model_flops_per_token(model, config, block_size)
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)
     record.update(model_fields(model, config, token_flops, peak))
     throughput = ThroughputCallback(training_args.throughput_warmup_steps, token_flops, peak)
     stop = SaveAndStopOnSignal()
+    startup = StartupCallback()
 
     promote_cpu_fsdp()
     trainer = FinetuneTrainer(
@@ -143,8 +157,8 @@ def train_and_measure(
         data_collator=data.collator,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
-        callbacks=[memory, throughput, stop],
-        run_flags=defining_flags(model_args, data_args, training_args),
+        callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice()],
+        run_flags=run_defining_flags(model_args, data_args, training_args),
     )
     strategy = strategy_of(trainer.accelerator)
     if resume_from is not None:  # checked before from the launcher's environment; the Accelerator decides
@@ -159,6 +173,7 @@ def train_and_measure(
 
     train_metrics = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics
     record.update(training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput))
+    record.update(startup.summary())
     if stop.received:
         raise StoppedForResume(
             f"stopped by {stop.received} at step {stop.stopped_at_step} with checkpoint "
@@ -188,11 +203,12 @@ def main(argv: list[str] | None = None) -> None:
     with exit_on_user_error():
         model_args, data_args, training_args = parse_arguments(argv)
         apply_launch_environment(training_args)
+        apply_global_batch(model_args, data_args, training_args)
         claim_output_dir(training_args)
         resume_from = checkpoint_to_resume(
             training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
         )
-        flags = defining_flags(model_args, data_args, training_args)
+        flags = run_defining_flags(model_args, data_args, training_args)
         finished = check_resume(resume_from, flags, training_args)
         if finished:
             if training_args.process_index == 0:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from finetune.adapters import trainable_parameters
 from finetune.arguments import as_record
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import checkpoints_newest_first, read_manifest
@@ -51,14 +52,23 @@ FIELDS: dict[str, tuple[str, str]] = {
     "model": ("str?", "--model as given"),
     "model_location": ("str?", "the folder or Hub name it resolved to"),
     "from_scratch": ("bool?", "random weights from the config instead of loaded weights"),
-    "parameters": ("int?", "unique parameters (tied embeddings once)"),
+    "peft": (
+        "str?",
+        "lora or dora: adapters trained on a frozen base, and checkpoints and the saved model hold only "
+        "the adapters (docs/lora.md); null: every weight trained",
+    ),
+    "parameters": ("int?", "unique parameters (tied embeddings once), adapters included"),
+    "trainable_parameters": ("int?", "parameters the optimizer updates (with --peft: the adapters only)"),
     "matmul_parameters": (
         "int?",
         "N of 6·N: parameters in matrix multiplies (no embedding lookups; tied LM head once)",
     ),
     "num_layers": ("int?", "transformer blocks, L"),
     "hidden_size": ("int?", "model width, H"),
-    "flops_per_token": ("int?", "model FLOPs per trained token, 6·N + 12·L·H·T with T = block_size"),
+    "flops_per_token": (
+        "int?",
+        "model FLOPs per trained token, 6·N + 12·L·H·T with T = block_size (a frozen weight counts 4, not 6)",
+    ),
     "gradient_checkpointing": ("bool?", "activations recomputed in backward (not in flops_per_token)"),
     "torch_compile": ("bool?", "model compiled by torch.compile (default with CUDA but ZeRO-3 and offload)"),
     "torch_compile_regional": (
@@ -87,6 +97,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "micro_batch_size": ("int?", "samples per device per forward"),
     "gradient_accumulation_steps": ("int?", "forwards per optimizer step"),
     "global_batch_size": ("int?", "samples per optimizer step over all ranks"),
+    "batch_choice": (
+        "str?",
+        "with --global_batch_size: why micro_batch_size and gradient_accumulation_steps are what they are "
+        "(the planner's largest fitting micro batch, or the batch flags given); null without it",
+    ),
     "learning_rate": ("float?", "peak learning rate"),
     "seed": ("int?", "random seed"),
     "device_name": ("str?", "GPU model (torch.cuda.get_device_name) or cpu"),
@@ -105,12 +120,24 @@ FIELDS: dict[str, tuple[str, str]] = {
     "train_loss": ("float?", "Trainer's mean training loss over all steps"),
     "final_loss": ("float?", "last logged training loss"),
     "train_runtime_s": ("float?", "Trainer's train_runtime: the whole train() call"),
+    "time_to_first_step_s": (
+        "float?",
+        "seconds from rank 0's process start to the end of its first optimizer step: imports, data, "
+        "model, wrapping, compilation and that step (GPU figures: benchmarks/)",
+    ),
     "throughput_warmup_steps": ("int?", "first steps left out of the throughput"),
     "throughput_steps": ("int?", "steps the throughput is measured over (no warm-up, evaluation or saving)"),
     "samples_per_second": ("float?", "training samples per second, all ranks"),
     "samples_per_second_per_device": ("float?", "samples_per_second / world_size"),
-    "tokens_per_second": ("float?", "real (non-padding) training tokens per second, all ranks"),
+    "tokens_per_second": (
+        "float?",
+        "real (non-padding) input tokens per second, all ranks; packed examples count all their tokens",
+    ),
     "tokens_per_second_per_device": ("float?", "tokens_per_second / world_size"),
+    "trained_tokens_per_second": (
+        "float?",
+        "tokens the loss is on per second, all ranks (instruction data: answer tokens)",
+    ),
     "step_time_median_s": ("float?", "median optimizer-step time on rank 0"),
     "step_time_p90_s": ("float?", "90th percentile optimizer-step time on rank 0"),
     "peak_tflops": ("float?", "peak dense TFLOP/s per device in dtype (null: unknown device)"),
@@ -211,6 +238,7 @@ def configuration_fields(model_args: Any, data_args: Any, training_args: Any) ->
         "profile": os.environ.get("FINETUNE_PROFILE"),
         "model": model_args.model,
         "from_scratch": model_args.from_scratch,
+        "peft": model_args.peft,
         "dataset": data_args.dataset,
         "packing": data_args.packing,
         "gradient_checkpointing": training_args.gradient_checkpointing,
@@ -220,6 +248,7 @@ def configuration_fields(model_args: Any, data_args: Any, training_args: Any) ->
         "global_batch_size": training_args.per_device_train_batch_size
         * training_args.gradient_accumulation_steps
         * training_args.world_size,
+        "batch_choice": training_args.batch_choice,
         "learning_rate": training_args.learning_rate,
         "seed": training_args.seed,
         "dtype": training_dtype(training_args.bf16, training_args.fp16, tf32_matmuls()),
@@ -248,6 +277,7 @@ def data_fields(location: str, block_size: int, data: DataSummary) -> dict[str, 
 def model_fields(model: Any, config: Any, token_flops: int, peak: PeakFlops | None) -> dict[str, Any]:
     return {
         "parameters": count_parameters(model),
+        "trainable_parameters": trainable_parameters(model),
         "matmul_parameters": matmul_parameters(model),
         "num_layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
@@ -435,6 +465,15 @@ def format_report(fields: dict[str, Any]) -> str:
         f"({number(fields['achieved_tflops_per_device'], '.1f')} of "
         f"{number(fields['peak_tflops'], '.1f')} TFLOP/s per device)",
     ]
+    if fields.get("batch_choice"):  # .get: summaries stored before the field existed are reported too
+        lines.insert(
+            2,
+            f"  batch       micro batch {fields['micro_batch_size']} x accumulation "
+            f"{fields['gradient_accumulation_steps']} x {fields['world_size']} process(es): "
+            f"{fields['batch_choice']}",
+        )
+    if fields.get("time_to_first_step_s") is not None:
+        lines.append(f"  start-up    {fields['time_to_first_step_s']:.1f} s to the first optimizer step")
     if fields["memory_device"] == "cuda":
         lines.append(
             f"  GPU memory  peak {number(fields['memory_peak_allocated_gib_max'], '.2f', ' GiB')} allocated "

@@ -2,10 +2,19 @@
 
 import pytest
 import torch
+from datasets import Dataset
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from finetune.callbacks import MemoryCallback, ThroughputCallback, WallClock, across_ranks, tokens_in
+from finetune.callbacks import (
+    MemoryCallback,
+    ThroughputCallback,
+    WallClock,
+    across_ranks,
+    tokens_in,
+    trained_tokens_in,
+)
 from finetune.flops import PeakFlops
+from finetune.packing import pack_examples, packed_collator
 
 
 class FakeClock:
@@ -24,10 +33,27 @@ def events(tmp_path):
 
 
 def batch(samples, length, padding=0):
+    """Text samples right-padded as finetune.data pads them: masked out of attention and of the loss."""
     labels = torch.ones(samples, length, dtype=torch.long)
+    mask = torch.ones(samples, length, dtype=torch.long)
     if padding:
         labels[:, length - padding :] = -100
-    return {"input_ids": torch.ones(samples, length, dtype=torch.long), "labels": labels}
+        mask[:, length - padding :] = 0
+    return {
+        "input_ids": torch.ones(samples, length, dtype=torch.long),
+        "attention_mask": mask,
+        "labels": labels,
+    }
+
+
+def packed_batch(examples, block_size):
+    """Instruction examples [(prompt length, answer length)] packed as finetune.data packs them."""
+    rows = {"input_ids": [], "labels": []}
+    for prompt, answer in examples:
+        rows["input_ids"].append([7] * (prompt + answer))
+        rows["labels"].append([-100] * prompt + [7] * answer)
+    blocks, _ = pack_examples(Dataset.from_dict(rows), block_size, pad_token_id=0)
+    return packed_collator([blocks[i] for i in range(len(blocks))])
 
 
 def run_steps(callback, events, clock, durations, micro_batches, between=None):
@@ -46,6 +72,37 @@ def run_steps(callback, events, clock, durations, micro_batches, between=None):
 
 def test_real_tokens_exclude_padding():
     assert int(tokens_in(batch(2, 10, padding=3))) == 2 * 7
+
+
+def test_every_token_of_a_text_block_is_real():
+    text = {"input_ids": torch.ones(2, 10, dtype=torch.long), "labels": torch.ones(2, 10, dtype=torch.long)}
+    assert int(tokens_in(text)) == 2 * 10
+
+
+def test_a_packed_blocks_real_tokens_are_its_examples_prompts_included():
+    packed = packed_batch([(3, 2), (4, 1), (2, 2)], block_size=9)  # blocks of 5 + 4 and 4 (+ 5 padding)
+    assert packed["input_ids"].shape == (2, 9)
+    assert int(tokens_in(packed)) == 5 + 5 + 4
+
+
+def test_a_full_packed_block_has_no_padding():
+    assert int(tokens_in(packed_batch([(3, 2), (2, 2)], block_size=9))) == 9
+
+
+def test_trained_tokens_are_the_answer_tokens():
+    assert int(trained_tokens_in(packed_batch([(3, 2), (4, 1), (2, 2)], block_size=9))) == 2 + 1 + 2
+
+
+def test_trained_tokens_of_text_leave_out_each_samples_first_token():
+    assert int(trained_tokens_in(batch(2, 10, padding=3))) == 2 * 6
+
+
+def test_the_rates_report_real_and_trained_tokens_apart(events):
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
+    run_steps(callback, events, clock, [2.0], [packed_batch([(3, 2), (4, 1), (2, 2)], block_size=9)])
+    summary = callback.summary()
+    assert (summary["tokens_per_second"], summary["trained_tokens_per_second"]) == (14 / 2, 5 / 2)
 
 
 def test_warm_up_steps_are_left_out(events):
@@ -134,7 +191,7 @@ def test_each_log_reports_only_the_steps_since_the_previous_log(events):
 
 def test_training_forwards_are_counted_and_evaluation_forwards_are_not(events):
     model = torch.nn.Module()
-    model.forward = lambda input_ids, labels: None
+    model.forward = lambda input_ids, attention_mask, labels: None
     callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock())
     callback.on_train_begin(*events, model=model)
     callback.on_step_begin(*events)

@@ -191,15 +191,20 @@ def test_signal_saves_and_stops_at_the_next_step_end(events):
     assert (callback.received, callback.stopped_at_step) == ("SIGUSR1", 7)
 
 
-def test_second_signal_stops_at_once(events):
+def test_a_repeated_stop_signal_still_saves_at_the_next_step_end(events):
+    """What a rank gets when SLURM signals the whole job: its own SIGTERM and the launcher's."""
+    _, state, control = events
     callback = SaveAndStopOnSignal()
     callback.on_train_begin(*events)
     try:
         os.kill(os.getpid(), signal.SIGTERM)
-        with pytest.raises(KeyboardInterrupt, match="second signal SIGTERM"):
-            os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        state.global_step = 3
+        callback.on_step_end(*events)
     finally:
         callback.on_train_end(*events)
+    assert (control.should_save, control.should_training_stop) == (True, True)
+    assert (callback.received, callback.stopped_at_step) == ("SIGTERM", 3)
 
 
 def test_handlers_are_restored_when_training_ends(events):

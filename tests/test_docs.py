@@ -101,5 +101,5 @@ def test_benchmark_entry_point_refuses_an_unknown_command(tmp_path):
 
 def test_every_benchmark_script_the_entry_point_names_exists():
     scripts = set(re.findall(r"\$SCRIPTS/(\S+?\.(?:sh|py))", (ROOT / "benchmarks" / "run.sh").read_text()))
-    assert len(scripts) == 9
+    assert scripts, "benchmarks/run.sh names no script"
     assert sorted(name for name in scripts if not (ROOT / "benchmarks" / "scripts" / name).is_file()) == []

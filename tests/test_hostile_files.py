@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from finetune import cli
-from finetune.checkpoint import MANIFEST, file_records
+from finetune.checkpoint import MANIFEST, file_records, load_weights_only
+from finetune.errors import FinetuneError
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, accelerate_launch
 from runs import CHECKPOINT_STEPS, FLAGS, copy_checkpoint
@@ -107,10 +110,34 @@ RESUME_READERS = [
     ("ddp", "scheduler.pt"),
     ("ddp", "rng_state_1.pth"),
 ]
+# One file per framework's reader through a real 2-rank --resume: the others go through the same
+# readers (torch.load made weights-only, DCP's metadata read restricted), checked in this process.
+RESUMED_FOR_REAL = [RESUME_READERS[0], RESUME_READERS[2], RESUME_READERS[4]]
+
+
+def read_as_a_resume_does(path: Path) -> None:
+    """The two ways checkpoint files are read: DCP's metadata reader, and torch.load asked for a full
+    unpickling (what DeepSpeed asks for) that the installed guard must refuse anyway."""
+    if path.name == ".metadata":
+        FileSystemReader(str(path.parent)).read_metadata()
+    else:
+        torch.load(path, weights_only=False)
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("profile", "name"), RESUME_READERS, ids=[f"{p}-{n}" for p, n in RESUME_READERS])
+def test_every_file_a_resume_reads_is_refused_by_the_installed_readers_without_running(
+    reference_run, tmp_path, marker, profile, name
+):
+    checkpoint = copy_checkpoint(reference_run(profile), tmp_path / "out", FIRST)
+    plant_pickle(checkpoint / name, marker)
+    load_weights_only()
+    with pytest.raises(FinetuneError, match=re.escape(name)):
+        read_as_a_resume_does(checkpoint / name)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("profile", "name"), RESUMED_FOR_REAL, ids=[f"{p}-{n}" for p, n in RESUMED_FOR_REAL])
 def test_resume_refuses_a_hostile_pickle_in_one_line_without_running_it(
     reference_run, tmp_path, marker, profile, name
 ):

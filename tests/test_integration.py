@@ -130,9 +130,10 @@ def test_tensorboard_log_holds_the_runs_measurements(finished_run):
     assert events.Scalars("train/loss")[-1].step == MAX_STEPS
 
 
-@pytest.mark.parametrize("finished_run", ["fsdp", "zero2"], indirect=True)
+@pytest.mark.parametrize("finished_run", ["zero2"], indirect=True)
 def test_chunked_loss_trains_like_the_models_own_loss(finished_run, tmp_path):
-    """Same losses and evaluation with --chunked_loss, under FSDP2's and DeepSpeed's own backward."""
+    """Same losses and evaluation with --chunked_loss, under DeepSpeed's own backward (the chunks'
+    custom backward under the others is checked in-process by tests/test_losses.py)."""
     profile, output_dir = finished_run
     launch(accelerate_launch(profile), tmp_path, [*FLAGS, *NO_CHECKPOINTS, "--chunked_loss", "true"])
     own, chunked = read_summary(output_dir), read_summary(tmp_path)
@@ -143,10 +144,10 @@ def test_chunked_loss_trains_like_the_models_own_loss(finished_run, tmp_path):
     assert chunked["eval_loss"] == pytest.approx(own["eval_loss"], rel=1e-3)
 
 
-@pytest.mark.parametrize("finished_run", ["ddp", "fsdp"], indirect=True)
+@pytest.mark.parametrize("finished_run", ["fsdp"], indirect=True)
 def test_compiled_run_trains_like_the_eager_run(finished_run, tmp_path):
-    """Compiled by default on GPUs: DDP as one graph (split at its gradient buckets), FSDP2 block by
-    block as its profile asks (FSDP's hooks run between the compiled blocks)."""
+    """Compiled by default on GPUs: FSDP2 block by block as its profile asks (FSDP's hooks run between
+    the compiled blocks), the hardest case; DDP's one graph is the GPU benchmarks' default."""
     profile, output_dir = finished_run
     launch(accelerate_launch(profile), tmp_path, [*FLAGS, *NO_CHECKPOINTS, "--torch_compile", "true"])
     eager, compiled = read_summary(output_dir), read_summary(tmp_path)

@@ -1,11 +1,11 @@
-"""Kill a real 2-process run, resume it, and get the run that was never stopped.
+"""Stop a real 2-process run, resume it, and get the run that was never stopped.
 
-For each sharded profile: the uninterrupted run is the profile's reference run (tests/runs.py); one
-run whose rank 1 is SIGKILLed after its first checkpoint, then resumed; one run whose ranks all get
-SIGTERM (what SLURM sends), which saves, exits with the resumable code, and is resumed. On CPU the
-kernels and gloo's reductions are deterministic and the checkpoint restores model, optimizer,
-scheduler, RNG and data position, so the resumed runs must end with exactly the uninterrupted run's
-weights.
+The uninterrupted run is the profile's reference run (tests/runs.py). Under each sharded profile a
+copy of one of its middle checkpoints is resumed; under zero3 a run whose ranks all get SIGTERM (what
+SLURM sends) saves, exits with the resumable code, and is resumed; under ddp a run whose rank 1 is
+SIGKILLed after its first checkpoint is resumed. On CPU the kernels and gloo's reductions are
+deterministic and the checkpoint restores model, optimizer, scheduler, RNG, data position and the
+loss sum, so every resumed run must end with exactly the uninterrupted run's weights and train_loss.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from finetune.errors import RESUMABLE_EXIT_CODE
 from finetune.summary import read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, accelerate_launch, launch
-from runs import FLAGS, MAX_STEPS, SAVE_STEPS
+from runs import CHECKPOINT_STEPS, FLAGS, MAX_STEPS, SAVE_STEPS, copy_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -74,33 +74,47 @@ def assert_same_weights(resumed: Path, straight: Path) -> None:
         torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
 
 
-@pytest.fixture(scope="module", params=PROFILES)
-def straight_run(request, reference_run) -> tuple[str, Path]:
-    return request.param, reference_run(request.param)
+def assert_ends_as_the_uninterrupted_run(output_dir: Path, straight: Path) -> None:
+    summary, expected = read_summary(output_dir), read_summary(straight)
+    assert (summary["status"], summary["steps"]) == ("completed", MAX_STEPS)
+    assert_same_weights(output_dir, straight)
+    assert summary["eval_loss"] == expected["eval_loss"]
+    assert summary["train_loss"] == expected["train_loss"]
 
 
-def test_killed_rank_then_resume_ends_with_the_uninterrupted_weights(straight_run, tmp_path):
-    profile, straight = straight_run
+@pytest.mark.parametrize("profile", ["fsdp", "zero2"])
+def test_resume_from_a_middle_checkpoint_ends_with_the_uninterrupted_weights(
+    profile, reference_run, tmp_path
+):
+    """zero3 and ddp resume below, after a stop."""
+    straight = reference_run(profile)
     output_dir = tmp_path / "out"
-    launcher = start_and_wait_for_a_checkpoint(profile, output_dir, tmp_path / "killed.log")
+    copy_checkpoint(straight, output_dir, CHECKPOINT_STEPS[1])
+    run(profile, output_dir, "--resume")
+    assert read_summary(output_dir)["resumed_from_step"] == CHECKPOINT_STEPS[1]
+    assert_ends_as_the_uninterrupted_run(output_dir, straight)
+
+
+def test_killed_rank_then_resume_ends_with_the_uninterrupted_weights(reference_run, tmp_path):
+    output_dir = tmp_path / "out"
+    launcher = start_and_wait_for_a_checkpoint("ddp", output_dir, tmp_path / "killed.log")
     workers(launcher)[1].kill()
     assert launcher.wait(timeout=LAUNCH_TIMEOUT_S) != 0
-    run(profile, output_dir, "--resume")
-    summary = read_summary(output_dir)
-    assert summary["status"] == "completed"
-    assert summary["resumed_from_step"] >= SAVE_STEPS
-    assert summary["steps"] == MAX_STEPS
-    assert_same_weights(output_dir, straight)
-    assert summary["eval_loss"] == read_summary(straight)["eval_loss"]
-    assert summary["train_loss"] == read_summary(straight)["train_loss"]
+    run("ddp", output_dir, "--resume")
+    assert read_summary(output_dir)["resumed_from_step"] >= SAVE_STEPS
+    assert_ends_as_the_uninterrupted_run(output_dir, reference_run("ddp"))
 
 
-def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_weights(straight_run, tmp_path):
-    profile, straight = straight_run
+def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_weights(
+    reference_run, tmp_path
+):
+    """Every rank gets SIGTERM twice, as when SLURM signals the job's processes and the launcher
+    forwards its own: one save, one stop."""
     output_dir = tmp_path / "out"
     log = tmp_path / "stopped.log"
-    launcher = start_and_wait_for_a_checkpoint(profile, output_dir, log)
+    launcher = start_and_wait_for_a_checkpoint("zero3", output_dir, log)
     for rank in workers(launcher):
+        rank.send_signal(signal.SIGTERM)
         rank.send_signal(signal.SIGTERM)
     launcher.wait(timeout=LAUNCH_TIMEOUT_S)
     stopped = read_summary(output_dir)
@@ -109,19 +123,18 @@ def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_we
     assert stopped["status"] == "interrupted"
     assert stopped["error"].startswith("stopped by SIGTERM")
     assert stopped["checkpoint"] == str(output_dir / f"checkpoint-{stopped['steps']}")
-    run(profile, output_dir, "--resume")
-    resumed = read_summary(output_dir)
-    assert resumed["resumed_from_step"] == stopped["steps"]
-    assert_same_weights(output_dir, straight)
-    assert resumed["train_loss"] == read_summary(straight)["train_loss"]
+    run("zero3", output_dir, "--resume")
+    assert read_summary(output_dir)["resumed_from_step"] == stopped["steps"]
+    assert_ends_as_the_uninterrupted_run(output_dir, reference_run("zero3"))
 
 
+@pytest.mark.parametrize("profile", PROFILES)
 def test_export_of_the_final_checkpoint_gives_the_trained_models_logits(
-    straight_run, tmp_path, in_process_commands
+    profile, reference_run, tmp_path, in_process_commands
 ):
     """The exported model is compared in a fresh process that never imports DeepSpeed: using it needs
     nothing but transformers."""
-    _, straight = straight_run
+    straight = reference_run(profile)
     export = tmp_path / "export"
     checkpoint = straight / f"checkpoint-{MAX_STEPS}"
     assert cli.main(["export", str(checkpoint), str(export)]) == 0

@@ -106,6 +106,22 @@ def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(t
     )
 
 
+@pytest.mark.parametrize(
+    ("flag", "written", "shown"),
+    [
+        ("--data_format", "question_answer", "question_answer; this run has --data_format auto"),
+        ("--train_on_prompt", "true", "true; this run has --train_on_prompt false"),
+        ("--chat_template", "chat.jinja", "chat.jinja; this run has --chat_template unset"),
+        ("--packing", "false", "false; this run has --packing true"),
+    ],
+)
+def test_a_checkpoint_with_other_instruction_data_flags_is_refused(tmp_path, run_py, flag, written, shown):
+    make_checkpoint(tmp_path / "out", 10, identity_of([*FLAGS, flag, written]))
+    result = run_py(tmp_path / "out", "--resume")
+    assert result.returncode == 2
+    assert f"checkpoint-10 was written with {flag} {shown}" in result.stderr
+
+
 def test_a_finished_checkpoint_is_not_trained_further_and_the_summary_is_untouched(tmp_path, run_py):
     output_dir = tmp_path / "out"
     make_checkpoint(output_dir, 20, identity_of(FLAGS))

@@ -236,14 +236,32 @@ def job_state(job: str) -> str:
     )
 
 
-@pytest.mark.integration
-def test_generated_job_trains_on_slurm(slurm_cluster, tmp_path):
-    output_dir = tmp_path / "out"
-    script = write_script(tmp_path, output_dir, *RUN_FLAGS, "--max_steps", "8", **JOB_SIZE)
-    submit(script)
+@pytest.fixture(scope="module")
+def finished_job(slurm_cluster, tmp_path_factory) -> tuple[Path, str, Path]:
+    """One generated job run to its end: its output_dir, its generation prompt (shell syntax that a
+    script passing arguments through `bash -c` would run) and the marker that running it would create."""
+    folder = tmp_path_factory.mktemp("slurm-job")
+    output_dir, marker = folder / "out", folder / "X"
+    prompt = HOSTILE_PROMPT.format(marker=marker)
+    flags = [*RUN_FLAGS, "--max_steps", "8", "--generation_prompt", prompt]
+    submit(write_script(folder, output_dir, *flags, **JOB_SIZE))
     wait_for(lambda: summary_status(output_dir) == "completed", 600, "the job to complete")
+    return output_dir, prompt, marker
+
+
+@pytest.mark.integration
+def test_generated_job_trains_on_slurm(finished_job):
+    output_dir, _, _ = finished_job
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert (summary["world_size"], summary["steps"]) == (2, 8)
+
+
+@pytest.mark.integration
+def test_job_passes_shell_syntax_in_run_arguments_to_the_run_literally(finished_job):
+    output_dir, prompt, marker = finished_job
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert [generation["prompt"] for generation in summary["generations"]] == [prompt]
+    assert not marker.exists()
 
 
 @pytest.mark.integration
@@ -267,17 +285,6 @@ def test_signalled_job_saves_requeues_and_resumes(slurm_cluster, tmp_path):
     resumed = json.loads((output_dir / "run_summary.json").read_text())
     assert resumed["resumed_from_step"] == stopped["steps"]
     assert resumed["steps"] == 80
-
-
-@pytest.mark.integration
-def test_job_passes_shell_syntax_in_run_arguments_to_the_run_literally(slurm_cluster, tmp_path):
-    output_dir, prompt = tmp_path / "out", HOSTILE_PROMPT.format(marker=tmp_path / "X")
-    flags = [*RUN_FLAGS, "--max_steps", "2", "--generation_prompt", prompt]
-    submit(write_script(tmp_path, output_dir, *flags, **JOB_SIZE))
-    wait_for(lambda: summary_status(output_dir) == "completed", 600, "the job to complete")
-    summary = json.loads((output_dir / "run_summary.json").read_text())
-    assert [generation["prompt"] for generation in summary["generations"]] == [prompt]
-    assert not (tmp_path / "X").exists()
 
 
 @pytest.mark.integration

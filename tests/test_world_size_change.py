@@ -9,8 +9,11 @@ with the command a 1-process run is started with (accumulation 2). The model has
 resumed steps compute the same function on the same samples at the same learning rates: the step
 losses and the final eval loss differ from the uninterrupted run's only by float32 rounding, since the
 gradients of the global batch are summed in another order (accumulated on one process instead of
-all-reduced over two). LOSS_RTOL bounds that; a restarted LR schedule, a lost optimizer state or a
-halved global batch moves the losses by far more.
+all-reduced over two). Adam divides by the root of the squared gradients, so rounding in small
+gradients grows over the steps: ZeRO-3, whose reduce-scatter sums in yet another order, ends furthest
+apart (1.7e-4 relative by step 8 on this suite's CPU, against 1e-7 to 1e-6 under the others).
+LOSS_RTOL bounds that with room for other CPUs; a lost optimizer state or a halved global batch moves
+the losses by far more, and the learning rates are checked to be the same exactly.
 """
 
 from __future__ import annotations
@@ -18,19 +21,21 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from finetune.checkpoint import checkpoint_problem, checkpoints_newest_first
 from finetune.errors import FinetuneError
-from finetune.reshard import Geometry, checkpoint_geometry, keep_global_batch
+from finetune.reshard import Geometry, checkpoint_geometry, keep_global_batch, place_step_counters
 from finetune.summary import read_summary
 
 from launching import accelerate_launch, launch
 from runs import CHECKPOINT_STEPS, FLAGS, MAX_STEPS, copy_checkpoint
 
 PROFILES = ["ddp", "zero2", "zero3", "fsdp"]
-LOSS_RTOL = 1e-4
+LOSS_RTOL = 1e-3
 # Both give the global batch 8 = micro batch 4 x accumulation x processes.
 ACCUMULATION = {2: 1, 1: 2}
 # The checkpoint each resume starts from, by the number of processes that saved it: the reference run's
@@ -162,3 +167,33 @@ def test_geometry_of_a_checkpoint_without_a_run_entry_comes_from_its_files(tmp_p
     for rank in range(3):
         (checkpoint / f"rng_state_{rank}.pth").touch()
     assert checkpoint_geometry(checkpoint, current_accumulation=2) == Geometry(3, 4, 2)
+
+
+class Wrapped:
+    """accelerate's and DeepSpeed's optimizer wrappers keep the torch optimizer as `.optimizer`."""
+
+    def __init__(self, optimizer: object) -> None:
+        self.optimizer = optimizer
+
+
+def optimizer_state(fused: bool, parameter: torch.Tensor, step: torch.Tensor) -> object:
+    """The two attributes place_step_counters reads, as DeepSpeed's universal loader leaves them."""
+
+    return SimpleNamespace(
+        param_groups=[{"fused": fused, "capturable": False, "params": []}],
+        state={parameter: {"step": step, "exp_avg": torch.zeros(2)}},
+    )
+
+
+def test_a_fused_adams_step_counters_loaded_on_the_cpu_move_beside_their_parameters():
+    parameter = torch.empty(2, device="meta")
+    inner = optimizer_state(True, parameter, torch.tensor(20.0))
+    place_step_counters(Wrapped(Wrapped(inner)))
+    assert inner.state[parameter]["step"].device == parameter.device
+
+
+def test_an_unfused_adams_step_counters_stay_on_the_cpu():
+    parameter = torch.empty(2, device="meta")
+    inner = optimizer_state(False, parameter, torch.tensor(20.0))
+    place_step_counters(Wrapped(inner))
+    assert inner.state[parameter]["step"].device == torch.device("cpu")

@@ -1,0 +1,71 @@
+"""Rows for finetune/calibration.json from the summaries `calibrate.sh` left, each beside the planner's
+prediction for it. usage: python benchmarks/scripts/calibration_rows.py DIR
+
+Writes DIR/calibration_rows.json (rows in calibration.json's form) and prints a table of measured
+against predicted training peaks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from transformers import AutoConfig
+
+from finetune.models import resolve_model
+from finetune.planner import Calibration, Measurement, estimate_for
+from finetune.profiles import load_profile
+
+
+def row(summary: dict, profile: str, command: str, versions: str) -> dict:
+    arguments = summary["arguments"]
+    return {
+        "model": summary["model"],
+        "profile": summary["profile"] or profile,
+        "framework": {"DEEPSPEED": "deepspeed", "FSDP": "fsdp"}.get(summary["distributed_type"], "torch"),
+        "gpus": summary["world_size"],
+        "micro_batch": summary["micro_batch_size"],
+        "block_size": arguments["block_size"],
+        "dtype": "bf16",
+        "gradient_checkpointing": bool(arguments.get("gradient_checkpointing")),
+        "peak_allocated_gib": round(summary["memory_peak_allocated_gib_max"], 3),
+        "device": summary["device_name"],
+        "versions": versions,
+        "command": command,
+        "date": datetime.date.today().isoformat(),
+        "parameters": summary["parameters"],
+        "layers": summary["num_layers"],
+        "hidden": summary["hidden_size"],
+        "vocab": AutoConfig.from_pretrained(resolve_model(summary["model"])).vocab_size,
+    }
+
+
+def main(folder: Path) -> None:
+    versions = (folder / "versions.txt").read_text().strip() if (folder / "versions.txt").exists() else ""
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        if path.name == "calibration_rows.json":
+            continue
+        summary = json.loads(path.read_text())
+        if summary.get("status") != "completed":
+            continue
+        command = path.with_suffix(".command").read_text().strip()
+        rows.append(row(summary, path.name.split(".")[1], command, versions))
+    (folder / "calibration_rows.json").write_text(json.dumps(rows, indent=2) + "\n")
+    calibration = Calibration.measured()
+    print("| model | profile | GPUs | micro batch | measured GiB | predicted GiB | predicted/measured |")
+    print("|---|---|---|---|---|---|---|")
+    for values in rows:
+        measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
+        predicted = estimate_for(measurement, calibration).total
+        measured = values["peak_allocated_gib"]
+        print(
+            f"| {values['model']} | {values['profile']} | {values['gpus']} | {values['micro_batch']} | "
+            f"{measured:.2f} | {predicted:.2f} | {predicted / measured:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

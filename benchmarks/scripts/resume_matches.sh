@@ -1,0 +1,36 @@
+#!/bin/bash
+# Resume on GPUs ends where the uninterrupted run ends. usage: bash benchmarks/scripts/resume_matches.sh NPROC PROFILE...
+# Per profile, gpt2 (124M) from scratch, 40 steps, a checkpoint every 20, eager (compilation is not what
+# is checked, and it would dominate the time): the uninterrupted run; a run whose ranks get SIGTERM after
+# checkpoint-20, then `--resume`; and that checkpoint resumed on NPROC-1 processes with
+# --allow_world_size_change. Summaries and logs to $OUT; `resume_table.py` compares the loss curves.
+N=$1; shift
+FLAGS="--model gpt2 --from_scratch --max_steps 40 --save_steps 20 --batch_size 8 --block_size 512
+ --logging_steps 5 --max_eval_samples 64 --report_to none --disable_tqdm true --torch_compile false
+ --config_overrides resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"
+launch() {  # PROFILE NPROC OUTPUT_DIR LOG [FLAGS...]
+  local P=$1 NP=$2 O=$3 LOG=$4; shift 4
+  FINETUNE_PROFILE=$P accelerate launch --config_file accelerate_configs/$P.yaml --num_processes $NP \
+    finetune/run.py $FLAGS --output_dir $O "$@" > $LOG 2>&1
+}
+for P in "$@"; do
+  echo "== $P: uninterrupted"
+  launch $P $N /tmp/rm_${P}_straight $OUT/$P.straight.log; echo "rc $?"
+  cp /tmp/rm_${P}_straight/run_summary.json $OUT/$P.straight.json
+  echo "== $P: SIGTERM after checkpoint-20, then --resume"
+  O=/tmp/rm_${P}_stopped
+  launch $P $N $O $OUT/$P.stopped.log & LAUNCHER=$!
+  until [ -f $O/checkpoint-20/finetune_checkpoint.json ] || ! kill -0 $LAUNCHER 2>/dev/null; do sleep 0.2; done
+  pkill -TERM -f "finetune/run.py.*--output_dir $O( |$)"
+  wait $LAUNCHER; echo "stopped launcher rc $?"
+  cp $O/run_summary.json $OUT/$P.stopped.json
+  mkdir -p /tmp/rm_${P}_smaller && cp -r $O/checkpoint-20 /tmp/rm_${P}_smaller/
+  launch $P $N $O $OUT/$P.resumed.log --resume; echo "resume rc $?"
+  cp $O/run_summary.json $OUT/$P.resumed.json
+  echo "== $P: checkpoint-20 resumed on $((N - 1)) process(es)"
+  launch $P $((N - 1)) /tmp/rm_${P}_smaller $OUT/$P.smaller.log --resume --allow_world_size_change
+  echo "smaller rc $?"
+  cp /tmp/rm_${P}_smaller/run_summary.json $OUT/$P.smaller.json
+  rm -rf /tmp/rm_${P}_*
+done
+python benchmarks/scripts/resume_table.py $OUT "$@" | tee $OUT/resume_table.md

@@ -1,0 +1,114 @@
+"""LoRA and DoRA adapters through peft: the adapter config a run's flags ask for, and what it trains.
+
+Everything here is peft's own (`LoraConfig(use_dora=...)`, `get_peft_model`); this module only turns
+the run's flags into that config, records them with each checkpoint (so a resume with another
+adapter is refused and `finetune export` can rebuild the adapted model from any profile's
+checkpoint) and counts what is trained.
+
+The default targets are peft's "all-linear": every `nn.Linear` and transformers `Conv1D` (GPT-2's
+projections) except the output layer, so the same default serves GPT-2 and Llama-style models.
+GPT-2's Conv1D stores its weight transposed; `fan_in_fan_out` says so to peft, which would otherwise
+set it itself with a warning on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+from transformers.integrations import is_deepspeed_zero3_enabled
+from transformers.pytorch_utils import Conv1D
+
+PEFT_METHODS = ("lora", "dora")
+ALL_LINEAR = "all-linear"
+ADAPTER_FLAGS = ("peft", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def target_modules(value: str) -> str | list[str]:
+    """`all-linear`, or a comma-separated list of module names (peft matches their name's end)."""
+    if value.strip().lower() == ALL_LINEAR:
+        return ALL_LINEAR
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def adapter_config(flags: dict[str, Any], model: torch.nn.Module | None = None) -> Any:
+    """peft's LoraConfig for the adapter flags (ADAPTER_FLAGS, as `adapter_flags` records them).
+
+    `model` decides fan_in_fan_out (transposed Conv1D weights); without it, as for GPT-2, when the
+    flags alone cannot tell, peft sets it itself.
+    """
+    from peft import LoraConfig, TaskType
+
+    transposed = model is not None and any(isinstance(module, Conv1D) for module in model.modules())
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=flags["lora_rank"],
+        lora_alpha=flags["lora_alpha"],
+        lora_dropout=flags["lora_dropout"],
+        target_modules=target_modules(flags["lora_target_modules"]),
+        use_dora=flags["peft"] == "dora",
+        fan_in_fan_out=transposed,
+    )
+
+
+def adapter_flags(model_args: Any) -> dict[str, Any]:
+    """The adapter flags that define a run, for its identity (finetune/resume.py) and its checkpoints.
+
+    `peft` is always there (None for full fine-tuning), so a resume that adds or drops `--peft`
+    is refused; the LoRA settings only when there is an adapter, so full fine-tuning's identity
+    holds nothing it does not use.
+    """
+    if not model_args.peft:
+        return {"peft": None}
+    return {name: getattr(model_args, name) for name in ADAPTER_FLAGS}
+
+
+def add_adapters(model: PreTrainedModel, flags: dict[str, Any], compute_dtype: str) -> Any:
+    """The model wrapped by peft with fresh adapters, its base frozen and kept in the compute dtype.
+
+    The frozen base needs no fp32 master copy, so under bf16/fp16 it is cast to that dtype (DeepSpeed
+    casts it anyway); the adapters stay fp32 (peft's default), as the optimizer's weights must. Under
+    ZeRO-3 the base is already partitioned in DeepSpeed's own dtype handling and is left as it is.
+    """
+    from peft import get_peft_model
+
+    dtype = COMPUTE_DTYPES.get(compute_dtype)
+    if dtype is not None and not is_deepspeed_zero3_enabled():
+        model.to(dtype)
+    return get_peft_model(model, adapter_config(flags, model))
+
+
+def is_adapted(model: torch.nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def trainable_parameters(model: torch.nn.Module) -> int:
+    """Parameters the optimizer updates. Under ZeRO-3 `ds_numel` holds a partitioned one's full size."""
+    unique = {id(p): p for p in model.parameters() if p.requires_grad}.values()
+    return sum(getattr(p, "ds_numel", p.numel()) for p in unique)
+
+
+def adapted_layer_sizes(model: torch.nn.Module) -> tuple[int, int]:
+    """(sum of in + out features, sum of out features) over the layers "all-linear" adapts.
+
+    LoRA of rank r adds r·(in + out) parameters per layer, DoRA also one magnitude per output: the
+    planner counts adapters from these two sums without building them. Mirrors peft's choice
+    (`_maybe_include_all_linear_layers`): Linear and Conv1D layers except the output layer.
+    """
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    in_out = outputs = 0
+    for module in model.modules():
+        if module is output:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            in_out += module.in_features + module.out_features
+            outputs += module.out_features
+        elif isinstance(module, Conv1D):
+            features_in, features_out = module.weight.shape
+            in_out += features_in + features_out
+            outputs += features_out
+    return in_out, outputs

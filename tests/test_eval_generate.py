@@ -1,0 +1,173 @@
+"""`finetune eval --generate`: each test prompt, rendered as in training without its answer, completed
+greedily, and the extracted answer compared with the reference's; reported beside the answer-only loss."""
+
+import json
+import random
+
+import pytest
+from datasets import load_dataset
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, PreTrainedTokenizerFast
+
+from finetune import cli
+from finetune.errors import FinetuneError
+from finetune.evaluation import AnswerCheck, prompts_and_references
+from finetune.generate import complete_greedily
+from finetune.instruction import DEFAULT_CHAT_TEMPLATE, encode
+from finetune.run import main
+
+CHAT = [
+    {"role": "user", "content": "Capital of France?"},
+    {"role": "assistant", "content": "Paris"},
+    {"role": "user", "content": "And of Italy?"},
+    {"role": "assistant", "content": "Rome"},
+]
+
+
+@pytest.fixture
+def tokenizer(data_dir):
+    loaded = AutoTokenizer.from_pretrained(data_dir / "gpt2")
+    loaded.pad_token = loaded.eos_token
+    return loaded
+
+
+def load_rows(path):
+    return load_dataset("json", data_files=str(path))["train"]
+
+
+def eval_line(capsys, *flags):
+    """The JSON line `finetune eval FLAGS` prints."""
+    capsys.readouterr()
+    assert cli.main(["eval", *flags]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_the_pattern_extracts_its_first_group():
+    assert AnswerCheck("#### (.+)", 8).extract("6 + 6 = 12.\n#### 12 \n") == "12"
+
+
+def test_without_a_pattern_the_answer_is_the_whole_stripped_text():
+    assert AnswerCheck(None, 8).extract("  Paris\n") == "Paris"
+
+
+def test_a_completion_the_pattern_does_not_match_has_no_answer():
+    assert AnswerCheck("#### (.+)", 8).extract("twelve") is None
+
+
+def test_an_invalid_pattern_is_a_user_error():
+    with pytest.raises(FinetuneError, match="not a regular expression"):
+        AnswerCheck("#### (.+", 8)
+
+
+def test_the_prompt_is_the_question_as_trained_and_the_reference_its_answer(make_jsonl_file, tokenizer):
+    rows = make_jsonl_file("qa.jsonl", [{"question": "What is 6 + 6?", "answer": "6 + 6 = 12.\n#### 12"}])
+    encoded = encode(load_rows(rows), "question_answer", tokenizer, "", False, "test")
+    prompts, references, truncated = prompts_and_references(encoded, tokenizer, room=100)
+    assert prompts[0] == tokenizer("What is 6 + 6?\n")["input_ids"]
+    assert (references, truncated) == (["6 + 6 = 12.\n#### 12"], 0)
+
+
+def test_a_chat_prompt_is_the_conversation_up_to_the_last_assistant_turn(make_jsonl_file, tokenizer):
+    rows = make_jsonl_file("chat.jsonl", [{"messages": CHAT}])
+    encoded = encode(load_rows(rows), "messages", tokenizer, DEFAULT_CHAT_TEMPLATE.read_text(), False, "test")
+    prompts, references, _ = prompts_and_references(encoded, tokenizer, room=100)
+    assert tokenizer.decode(prompts[0]) == (
+        "<|user|>\nCapital of France?<|endoftext|><|assistant|>\nParis<|endoftext|>"
+        "<|user|>\nAnd of Italy?<|endoftext|><|assistant|>\n"
+    )
+    assert references == ["Rome"]
+
+
+def test_a_prompt_longer_than_the_room_keeps_its_end_and_is_counted(make_jsonl_file, tokenizer):
+    rows = make_jsonl_file("qa.jsonl", [{"question": "one two three four", "answer": "five"}])
+    encoded = encode(load_rows(rows), "question_answer", tokenizer, "", False, "test")
+    prompts, _, truncated = prompts_and_references(encoded, tokenizer, room=2)
+    assert (tokenizer.decode(prompts[0]), truncated) == (" four\n", 1)
+
+
+def test_batched_left_padded_completions_equal_one_prompt_at_a_time(tiny_gpt2_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
+    prompts = [tokenizer(text)["input_ids"] for text in ("Hello", "The cat sat on the", "One two three four")]
+    alone = [complete_greedily(model, tokenizer, [prompt], 6, batch_size=1)[0] for prompt in prompts]
+    assert complete_greedily(model, tokenizer, prompts, 6, batch_size=3) == alone
+
+
+def test_generate_on_plain_text_is_a_user_error(tiny_gpt2_dir, make_text_file):
+    data = make_text_file("text/train.txt", "some text\n" * 50)
+    make_text_file("text/validation.txt", "more text\n" * 10)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["eval", str(tiny_gpt2_dir), "--dataset", str(data.parent), "--generate"])
+    assert stopped.value.code == 2
+
+
+def test_answer_pattern_without_generate_is_a_user_error(tiny_gpt2_dir, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["eval", str(tiny_gpt2_dir), "--answer_pattern", "#### (.+)"])
+    assert stopped.value.code == 2
+    assert "add --generate" in capsys.readouterr().err
+
+
+def test_a_reference_the_pattern_does_not_match_is_a_user_error(tiny_gpt2_dir, make_jsonl_file, capsys):
+    path = make_jsonl_file("qa/test.jsonl", [{"question": "1 + 1?", "answer": "2"}] * 3)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(
+            [
+                *("eval", str(tiny_gpt2_dir), "--dataset", str(path), "--split", "train", "--generate"),
+                *("--answer_pattern", "#### (.+)", "--max_new_tokens", "8"),
+            ]
+        )
+    assert stopped.value.code == 2
+    assert "finds no answer in 3 of 3 references" in capsys.readouterr().err
+
+
+def character_tokenizer():
+    """One token per character of the digit task: a GPT-2 head over 14 tokens instead of 50,257
+    keeps the training below in seconds on a CPU."""
+    vocabulary = ["<|endoftext|>", "\n", " ", "#", *"0123456789"]
+    model = models.WordLevel({token: index for index, token in enumerate(vocabulary)}, unk_token="#")
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+
+
+def digit_reversals(count, seed):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        digits = [str(rng.randrange(10)) for _ in range(3)]
+        rows.append({"question": " ".join(digits), "answer": "#### " + " ".join(reversed(digits))})
+    return rows
+
+
+def test_a_tiny_model_trained_to_reverse_digits_answers_well_above_chance(
+    tmp_path, make_jsonl_file, output_flags, capsys, in_process_commands
+):
+    """Three random digits, reversed after '#### ': a guess is right with chance 1/1000; the trained
+    model must get at least half of 50 unseen prompts exactly right."""
+    model = tmp_path / "model"
+    character_tokenizer().save_pretrained(model)
+    GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=14, bos_token_id=0, eos_token_id=0
+    ).save_pretrained(model)
+    make_jsonl_file("digits/train.jsonl", digit_reversals(2000, seed=0))
+    make_jsonl_file("digits/validation.jsonl", digit_reversals(20, seed=1))
+    data = make_jsonl_file("digits/test.jsonl", digit_reversals(50, seed=2)).parent
+    main(
+        [
+            *("--model", str(model), "--from_scratch", "--dataset", str(data), "--block_size", "64"),
+            *("--max_steps", "300", "--batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "10"),
+            *("--use_cpu", "--save_strategy", "no", "--eval_strategy", "no", "--disable_tqdm", "true"),
+            *output_flags,
+        ]
+    )
+    output_dir = output_flags[output_flags.index("--output_dir") + 1]
+    result = eval_line(
+        capsys,
+        *(output_dir, "--dataset", str(data), "--split", "test", "--generate"),
+        *("--answer_pattern", "#### (.+)", "--max_new_tokens", "12"),
+    )
+    assert (result["data_format"], result["exact_match_total"]) == ("question_answer", 50)
+    assert result["exact_match"] >= 0.5, result
+    assert result["exact_match_correct"] == round(result["exact_match"] * 50)
+    assert result["loss"] < 1.0

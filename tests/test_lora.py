@@ -1,0 +1,320 @@
+"""LoRA and DoRA through peft (`--peft`): what is adapted and trained, what checkpoints hold, export,
+resume, the planner's and MFU's account of frozen weights, and one real 2-rank run per profile.
+
+The in-process runs train a saved tiny GPT-2 (adapters need loaded weights) on one CPU process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig
+
+from finetune import run
+from finetune.adapters import adapter_config, adapter_flags, add_adapters, trainable_parameters
+from finetune.arguments import parse_arguments
+from finetune.checkpoint import read_manifest
+from finetune.compare import training_variants, variant_flags
+from finetune.errors import FinetuneError
+from finetune.export import export_checkpoint
+from finetune.flops import flops_per_token, model_flops_per_token
+from finetune.planner import Calibration, ModelShape, Workload, estimate
+from finetune.profiles import load_strategy
+from finetune.summary import read_summary
+
+from launching import accelerate_launch, launch
+
+RANK = 4
+STEPS = 4
+GIB = 2**30
+
+
+def gpt2(layers: int = 2, width: int = 64) -> AutoModelForCausalLM:
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=2, n_positions=128, vocab_size=50257)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def lora_flags(*extra: str) -> dict:
+    model_args, _, _ = parse_arguments(["--peft", "lora", "--lora_rank", str(RANK), *extra])
+    return adapter_flags(model_args)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory, data_dir):
+    """A saved tiny GPT-2 (random weights, no dropout): the base every run here adapts."""
+    folder = tmp_path_factory.mktemp("lora-base")
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, n_positions=128, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(data_dir / "gpt2").save_pretrained(folder)
+    return folder
+
+
+def run_flags(base: Path, text: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--model", str(base), "--peft", "lora", "--lora_rank", str(RANK), "--lora_dropout", "0",
+        "--dataset", str(text), "--block_size", "64", "--max_steps", str(STEPS), "--batch_size", "4",
+        "--learning_rate", "3e-3", "--max_eval_samples", "8", "--logging_steps", "1", "--report_to", "none",
+        "--disable_tqdm", "true", "--output_dir", str(output_dir), *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lora-data") / "train.txt"
+    path.write_text("\n".join(f"line {i} of a small corpus that the adapters learn." for i in range(400)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, base_dir, corpus):
+    """One finished single-process LoRA run with checkpoints at steps 2 and 4; read, never written."""
+    import torch.distributed.checkpoint as dcp
+
+    output_dir = tmp_path_factory.mktemp("lora-run") / "out"
+    with pytest.MonkeyPatch.context() as patch:  # what the run installs process-wide stays in it
+        patch.setattr(torch, "load", torch.load)
+        patch.setattr(dcp.FileSystemReader, "read_metadata", dcp.FileSystemReader.read_metadata)
+        patch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
+        run.main(run_flags(base_dir, corpus, output_dir, "--save_steps", "2"))
+    return output_dir
+
+
+def test_adapter_defaults_are_rank_16_lora_on_all_linear_layers():
+    model_args, _, _ = parse_arguments(["--peft", "lora"])
+    config = adapter_config(adapter_flags(model_args))
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (16, 32, 0.05)
+    assert config.target_modules == "all-linear"
+    assert not config.use_dora
+
+
+def test_dora_is_lora_with_weight_decomposition():
+    model_args, _, _ = parse_arguments(["--peft", "dora"])
+    assert adapter_config(adapter_flags(model_args)).use_dora
+
+
+def test_full_fine_tuning_records_no_adapter():
+    model_args, _, _ = parse_arguments([])
+    assert adapter_flags(model_args) == {"peft": None}
+
+
+def test_peft_from_scratch_is_refused():
+    with pytest.raises(FinetuneError, match="--from_scratch"):
+        parse_arguments(["--peft", "lora", "--from_scratch"])
+
+
+def test_default_targets_every_gpt2_conv1d_layer_but_not_the_output_layer():
+    model = add_adapters(gpt2(), lora_flags(), "fp32")
+    adapted = {
+        name.split("base_model.model.")[1] for name, m in model.named_modules() if hasattr(m, "lora_A")
+    }
+    expected = {f"transformer.h.{i}.{layer}" for i in range(2) for layer in ("attn.c_attn", "attn.c_proj")}
+    expected |= {f"transformer.h.{i}.{layer}" for i in range(2) for layer in ("mlp.c_fc", "mlp.c_proj")}
+    assert adapted == expected
+
+
+def test_default_targets_every_llama_projection_but_not_the_output_layer():
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128
+    )
+    model = add_adapters(AutoModelForCausalLM.from_config(config), lora_flags(), "fp32")
+    adapted = {name.rsplit(".", 1)[1] for name, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def test_only_the_adapters_are_trainable():
+    model = add_adapters(gpt2(layers=2, width=64), lora_flags(), "fp32")
+    in_out_per_layer = (
+        (64 + 192) + (64 + 64) + (64 + 256) + (256 + 64)
+    )  # c_attn, attn c_proj, c_fc, mlp c_proj
+    assert trainable_parameters(model) == RANK * in_out_per_layer * 2
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert all("lora_" in name for name in trained)
+
+
+def test_frozen_base_is_kept_in_the_compute_dtype_and_adapters_in_fp32():
+    model = add_adapters(gpt2(), lora_flags(), "bf16")
+    dtypes = {p.requires_grad: p.dtype for p in model.parameters()}
+    assert dtypes == {False: torch.bfloat16, True: torch.float32}
+
+
+def test_planner_counts_the_same_adapters_peft_adds():
+    shape = ModelShape.from_config("tiny", gpt2().config)
+    model = add_adapters(gpt2(), lora_flags(), "fp32")
+    assert shape.adapter_parameters("lora", RANK) == trainable_parameters(model)
+
+
+def test_planner_keeps_gradients_and_optimizer_states_for_the_adapters_only():
+    shape = ModelShape(
+        "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
+    )
+    workload = Workload(1, 8, "bf16", peft="lora", lora_rank=2)  # 200 adapter parameters
+    no_activations = Calibration(dict.fromkeys(("torch", "torch-compiled", "deepspeed"), 0.0))
+    ddp = estimate(load_strategy("ddp"), shape, workload, 2, no_activations)
+    # torch autocast: base 1000 x 2 bytes (bf16, frozen), adapters fp32 4 + 4 gradients + 8 Adam
+    assert (ddp.parameters * GIB, ddp.gradients * GIB, ddp.optimizer * GIB) == (2800, 800, 1600)
+    zero3 = estimate(load_strategy("zero3"), shape, workload, 2, no_activations)
+    # DeepSpeed: adapters 2 + 2 + 12 bytes; everything sharded over the 2 GPUs
+    assert (zero3.parameters * GIB, zero3.gradients * GIB, zero3.optimizer * GIB) == (1200, 200, 1200)
+
+
+def test_dora_adds_one_magnitude_per_adapted_output():
+    shape = ModelShape(
+        "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
+    )
+    assert shape.adapter_parameters("dora", 2) - shape.adapter_parameters("lora", 2) == 40
+
+
+def test_a_frozen_weight_counts_4_flops_per_token_not_6():
+    assert flops_per_token(100, 1, 8, 4, frozen_matmul_params=60) == 6 * 40 + 4 * 60 + 12 * 8 * 4
+
+
+def test_mfu_of_a_lora_model_counts_its_frozen_base_at_4_flops():
+    full = gpt2()
+    full_flops = model_flops_per_token(full, full.config, 64)
+    model = add_adapters(gpt2(), lora_flags(), "fp32")
+    adapters = trainable_parameters(model)
+    base_matmuls = (full_flops - 12 * 2 * 64 * 64) // 6
+    assert model_flops_per_token(model, full.config, 64) == 4 * base_matmuls + 6 * adapters + 12 * 2 * 64 * 64
+
+
+def test_compare_runs_each_profile_full_and_with_lora():
+    variants = training_variants("full,lora", [])
+    assert [variant_flags(variant) for variant in variants] == [[], ["--peft", "lora"]]
+
+
+def test_compare_refuses_peft_both_as_variants_and_in_run_flags():
+    with pytest.raises(FinetuneError, match="give --peft once"):
+        training_variants("full,lora", ["--peft", "dora"])
+
+
+def test_run_summary_records_trainable_and_total_parameters(lora_run, base_dir):
+    summary = read_summary(lora_run)
+    model = add_adapters(AutoModelForCausalLM.from_pretrained(base_dir), lora_flags(), "fp32")
+    assert summary["peft"] == "lora"
+    assert summary["trainable_parameters"] == trainable_parameters(model)
+    assert summary["parameters"] == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def test_checkpoint_holds_only_the_adapters_and_says_so(lora_run):
+    checkpoint = lora_run / "checkpoint-4"
+    tensors = load_file(checkpoint / "adapter_model.safetensors")
+    assert tensors and all("lora_" in name for name in tensors)
+    assert not list(checkpoint.glob("model*.safetensors"))
+    assert "adapters only" in read_manifest(checkpoint)["weights"]
+
+
+def test_export_writes_an_adapter_folder_peft_loads(lora_run, base_dir, tmp_path, in_process_commands):
+    from peft import PeftModel
+
+    export_checkpoint(lora_run / "checkpoint-4", tmp_path / "adapters")
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), tmp_path / "adapters")
+    saved = load_file(lora_run / "adapter_model.safetensors")
+    exported = load_file(tmp_path / "adapters" / "adapter_model.safetensors")
+    assert saved.keys() == exported.keys()
+    assert all(torch.equal(saved[name], exported[name]) for name in saved)
+    assert any("lora_B" in name and p.abs().sum() > 0 for name, p in model.named_parameters())
+
+
+def test_merged_export_computes_the_adapted_models_logits(lora_run, base_dir, tmp_path, in_process_commands):
+    from peft import PeftModel
+
+    export_checkpoint(lora_run / "checkpoint-4", tmp_path / "adapters")
+    export_checkpoint(lora_run / "checkpoint-4", tmp_path / "merged", merge=True)
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), tmp_path / "adapters")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    tokens = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = adapted.eval()(tokens).logits, merged.eval()(tokens).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_merge_of_a_full_fine_tuning_checkpoint_is_refused(lora_run, tmp_path, in_process_commands):
+    checkpoint = shutil.copytree(lora_run / "checkpoint-4", tmp_path / "checkpoint-4")
+    manifest = read_manifest(checkpoint)
+    manifest["run"]["flags"]["peft"] = None
+    (checkpoint / "finetune_checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(FinetuneError, match="not from a --peft run"):
+        export_checkpoint(checkpoint, tmp_path / "merged", merge=True)
+
+
+def test_resumed_lora_run_ends_with_the_uninterrupted_adapters(
+    lora_run, base_dir, corpus, tmp_path, in_process_commands
+):
+    output_dir = tmp_path / "resumed"
+    shutil.copytree(lora_run / "checkpoint-2", output_dir / "checkpoint-2")
+    run.main(run_flags(base_dir, corpus, output_dir, "--save_strategy", "no", "--resume"))
+    assert read_summary(output_dir)["resumed_from_step"] == 2
+    uninterrupted = load_file(lora_run / "adapter_model.safetensors")
+    resumed = load_file(output_dir / "adapter_model.safetensors")
+    assert uninterrupted.keys() == resumed.keys()
+    for name, tensor in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_as_full_fine_tuning_is_refused(lora_run, base_dir, corpus, tmp_path, capsys):
+    output_dir = tmp_path / "resumed"
+    shutil.copytree(lora_run / "checkpoint-2", output_dir / "checkpoint-2")
+    flags = run_flags(base_dir, corpus, output_dir, "--resume")
+    del flags[flags.index("--peft") : flags.index("--dataset")]  # --peft and the LoRA settings
+    with pytest.raises(SystemExit):
+        run.main(flags)
+    assert "--peft lora" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------
+# One real 2-rank run per profile
+
+
+def eval_loss_of_saved_adapters(base: Path, output_dir: Path, flags: list[str]) -> float:
+    """The run's eval loss recomputed from the base on disk and the adapters it saved: equal to the
+    run's own only if training changed nothing but the adapters."""
+    from peft import PeftModel
+
+    from finetune.data import build_datasets
+
+    _, data_args, training_args = parse_arguments(flags)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    data = build_datasets(data_args, tokenizer, data_args.block_size, training_args.seed)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), output_dir).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for sample in data.evaluation:
+            labels = torch.tensor([sample["labels"]])
+            predicted = int((labels[:, 1:] != -100).sum())
+            total += model(torch.tensor([sample["input_ids"]]), labels=labels).loss.item() * predicted
+            count += predicted
+    return total / count
+
+
+# Replicated, FSDP2-sharded and ZeRO-3-sharded frozen bases: fsdp_grad_op, zero2 and the offload profiles
+# take the same adapter path as one of these, and the suite has ~15 minutes for all its launches.
+LAUNCHED_PROFILES = ["ddp", "fsdp", "zero3"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("profile", LAUNCHED_PROFILES)
+def test_lora_trains_only_the_adapters_on_two_ranks(profile, base_dir, corpus, tmp_path):
+    output_dir = tmp_path / "out"
+    flags = run_flags(base_dir, corpus, output_dir, "--save_strategy", "no")
+    launch(accelerate_launch(profile), output_dir, flags[: flags.index("--output_dir")])
+    summary = read_summary(output_dir)
+    losses = [point["loss"] for point in summary["loss_curve"]]
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    model = add_adapters(AutoModelForCausalLM.from_pretrained(base_dir), lora_flags(), "fp32")
+    assert summary["trainable_parameters"] == trainable_parameters(model)
+    saved = load_file(output_dir / "adapter_model.safetensors")
+    assert all("lora_" in name for name in saved)
+    assert any("lora_B" in name and tensor.abs().sum() > 0 for name, tensor in saved.items())
+    recomputed = eval_loss_of_saved_adapters(base_dir, output_dir, flags)
+    assert recomputed == pytest.approx(summary["eval_loss"], rel=1e-4)
