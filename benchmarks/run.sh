@@ -17,6 +17,7 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   attention                            causal attention fwd+bwd per SDPA backend
   levers MODEL_DIR                     output-layer matmuls and compiled/chunked loss variants
   grad_check MODEL_DIR                 gradient norms of eager/compiled x own/chunked loss
+  instruction_lora                     one GPU: GSM8K packed vs a plain padded Trainer; LoRA vs Trainer + peft
 USAGE
 }
 COMMAND=${1:-help}
@@ -41,5 +42,6 @@ case $COMMAND in
   attention) exec python $SCRIPTS/attention.py "$OUT/attention.json" ;;
   levers) exec python $SCRIPTS/levers.py "${1:?MODEL_DIR}" "$OUT" ;;
   grad_check) exec python $SCRIPTS/grad_check.py "${1:?MODEL_DIR}" "$OUT/grad_check.json" ;;
+  instruction_lora) exec bash $SCRIPTS/instruction_lora.sh "$@" ;;
   *) echo "benchmarks/run.sh: unknown command '$COMMAND'" >&2; usage >&2; exit 2 ;;
 esac

@@ -78,9 +78,10 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
     """
     common = {"attn_implementation": args.attn_implementation, "trust_remote_code": args.trust_remote_code}
     if args.from_scratch:
+        drawn_from = torch.random.get_rng_state()
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
-        if is_deepspeed_zero3_enabled():
-            initialize_partitioned_weights(model)
+        torch.random.set_rng_state(drawn_from)
+        initialize_weights(model)
         return name_causal_lm_loss(model)
     folder = Path(location)
     if folder.is_dir() and not has_weights(folder):
@@ -97,23 +98,29 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
     return name_causal_lm_loss(model)
 
 
-def initialize_partitioned_weights(model: PreTrainedModel) -> None:
-    """Run the model's own weight init again under ZeRO-3, each module with its children's weights gathered.
+def initialize_weights(model: PreTrainedModel) -> None:
+    """Run the model's own weight init module by module, children first (transformers' order), from the
+    random state the model was built from: every profile starts from the same weights for one seed.
 
-    transformers 5.17 initializes a ZeRO-3 model module by module with only that module's own
-    parameters gathered (`initialize_weights_zero3`, from huggingface/transformers#44236), so an
-    `_init_weights` that sets a child's weight writes into an empty
-    shard: GPT-2's residual projections (`c_proj`, std 0.02/sqrt(2 x layers)) kept the 0.02 of the
-    plain init, and ZeRO-3 runs started from another model than every other profile (first
-    gradient norm about a quarter of the others'). Gathering a module together with its
-    direct children keeps the peak at one block's weights; rank 0 initializes, DeepSpeed
-    broadcasts the result on leaving the gather.
+    Under ZeRO-3 the weights are partitioned as they are created, and transformers 5.17 initializes
+    them module by module with only that module's own parameters gathered (`initialize_weights_zero3`,
+    huggingface/transformers#44236): an `_init_weights` that sets a child's weight writes into an
+    empty shard (GPT-2's residual projections kept 0.02 instead of 0.02/sqrt(2 x layers)), and its
+    random draws follow another order, so ZeRO-3 started from other weights than every other
+    profile. Here each module is gathered with its direct children (the peak stays at one block's
+    weights), rank 0 draws and DeepSpeed broadcasts on leaving the gather. Without ZeRO-3 this draws
+    again exactly what `from_config` drew, so the same code serves both.
     """
-    import deepspeed
+    zero3 = is_deepspeed_zero3_enabled()
+    if zero3:
+        import deepspeed
 
     def initialize(module: torch.nn.Module, owner: PreTrainedModel) -> None:
         for child in module.children():
             initialize(child, child if isinstance(child, PreTrainedModel) else owner)
+        if not zero3:
+            owner._init_weights(module)
+            return
         weights = [*module.parameters(recurse=False)]
         weights += [p for child in module.children() for p in child.parameters(recurse=False)]
         with deepspeed.zero.GatheredParameters(weights, modifier_rank=0):

@@ -9,6 +9,9 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# Runs started outside the checkout find the data too (CI passes a relative ../shared/data).
+if "FINETUNE_DATA_DIR" in os.environ:
+    ENVIRONMENT["FINETUNE_DATA_DIR"] = str(Path(os.environ["FINETUNE_DATA_DIR"]).resolve())
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 TINY_MODEL = ["--model", "gpt2", "--from_scratch", "--config_overrides", "n_layer=2,n_embd=64,n_head=2"]
 LAUNCH_TIMEOUT_S = 900

@@ -24,7 +24,7 @@ RUN_FLAGS = [
     "--batch_size", "4", "--max_eval_samples", "8", "--throughput_warmup_steps", "1",
     "--logging_steps", "2", "--disable_tqdm", "true",
 ]  # fmt: skip
-PROFILES = ["ddp", "zero2", "zero3_nvme"]  # zero3_nvme fails: no --nvme_path
+PROFILES = ["ddp", "zero3_nvme"]  # zero3_nvme fails: no --nvme_path
 COMPARE = [sys.executable, "-m", "finetune", "compare", "--model", "gpt2", "--num_processes", "2"]
 KEPT_COMPARISON = PROJECT_ROOT / "notebooks" / "data" / "compare-cpu"  # written before runs had own folders
 
@@ -52,7 +52,7 @@ def test_every_profile_has_a_row_in_order(comparison):
 
 @pytest.mark.integration
 def test_profiles_that_ran_have_their_measurements(comparison):
-    for profile in ("ddp", "zero2"):
+    for profile in ("ddp",):
         row = rows(comparison)[profile]
         assert row["status"] == "completed"
         assert row["world_size"] == "2"
@@ -75,7 +75,7 @@ def test_a_failed_profile_is_a_row_with_its_reason(comparison):
 @pytest.mark.integration
 def test_markdown_table_and_picture_are_written(comparison):
     markdown = (comparison / "comparison.md").read_text()
-    assert "| ddp | completed | 2 |" in markdown
+    assert "| ddp | completed | full | 2 |" in markdown
     assert "| zero3_nvme | failed |" in markdown
     assert "2 x cpu; torch" in markdown
     assert (comparison / "comparison.png").read_bytes().startswith(b"\x89PNG")
@@ -84,7 +84,7 @@ def test_markdown_table_and_picture_are_written(comparison):
 @pytest.mark.integration
 def test_tensorboard_logs_of_every_run_are_under_one_root(comparison):
     runs = {path.parent.parent.parent.name for path in comparison.glob("*/runs/*/events.out.tfevents.*")}
-    assert runs == {rows(comparison)[profile]["run_dir"] for profile in ("ddp", "zero2")}
+    assert runs == {rows(comparison)[profile]["run_dir"] for profile in ("ddp",)}
 
 
 @pytest.mark.integration
@@ -151,7 +151,7 @@ def test_a_run_past_its_time_limit_is_stopped_and_reported(tmp_path):
 def test_the_markdown_table_says_whether_each_profile_was_compiled(comparison):
     table = (comparison / "comparison.md").read_text()
     assert "| compiled |" in table
-    assert "| ddp | completed | 2 | no |" in table
+    assert "| ddp | completed | full | 2 | no |" in table
 
 
 def test_by_default_every_multi_process_profile_is_compared_fastest_first():

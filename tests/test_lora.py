@@ -297,9 +297,10 @@ def eval_loss_of_saved_adapters(base: Path, output_dir: Path, flags: list[str]) 
     return total / count
 
 
-# Replicated, FSDP2-sharded and ZeRO-3-sharded frozen bases: fsdp_grad_op, zero2 and the offload profiles
-# take the same adapter path as one of these, and the suite has ~15 minutes for all its launches.
-LAUNCHED_PROFILES = ["ddp", "fsdp", "zero3"]
+# Replicated and FSDP2-sharded frozen bases here, ZeRO-3-sharded on instruction data below:
+# fsdp_grad_op, zero2 and the offload profiles take the same adapter path as one of these, and the
+# suite has ~15 minutes for all its launches.
+LAUNCHED_PROFILES = ["ddp", "fsdp"]
 
 
 @pytest.mark.integration
@@ -318,3 +319,21 @@ def test_lora_trains_only_the_adapters_on_two_ranks(profile, base_dir, corpus, t
     assert any("lora_B" in name and tensor.abs().sum() > 0 for name, tensor in saved.items())
     recomputed = eval_loss_of_saved_adapters(base_dir, output_dir, flags)
     assert recomputed == pytest.approx(summary["eval_loss"], rel=1e-4)
+
+
+@pytest.mark.integration
+def test_lora_on_gsm8k_trains_the_answers_packed_on_two_zero3_ranks(base_dir, data_dir, tmp_path):
+    """The job the issue names: instruction data, answer-only loss, packed blocks, adapters on a base
+    that ZeRO-3 shards over 2 ranks."""
+    output_dir = tmp_path / "out"
+    no_saves_longer_blocks = ("--save_strategy", "no", "--block_size", "128")  # the last --block_size counts
+    flags = run_flags(base_dir, data_dir / "gsm8k", output_dir, *no_saves_longer_blocks)
+    launch(accelerate_launch("zero3"), output_dir, flags[: flags.index("--output_dir")])
+    summary = read_summary(output_dir)
+    assert (summary["status"], summary["world_size"], summary["zero_stage"]) == ("completed", 2, 3)
+    assert summary["data_format"] == "question_answer"
+    assert summary["masked_tokens"] > 0 and summary["train_tokens"] > 0
+    assert 0.9 < summary["packing_efficiency"] <= 1
+    losses = [point["loss"] for point in summary["loss_curve"]]
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    assert summary["trainable_parameters"] < summary["parameters"] / 10

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, GPT2Config
+from transformers import AutoModelForCausalLM, GPT2Config, set_seed
 
 from finetune.arguments import ModelArguments
 from finetune.errors import FinetuneError
@@ -103,18 +103,24 @@ from transformers import GPT2Config
 from transformers.integrations.deepspeed import HfDeepSpeedConfig
 from finetune.arguments import ModelArguments
 from finetune.models import build_model
+from transformers import set_seed
 zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+set_seed(0)
 model = build_model(ModelArguments(from_scratch=True), GPT2Config(n_layer=8, n_embd=128, n_head=2), "unused")
-spreads = {}
+weights = {}
 for name, weight in model.named_parameters():
     with deepspeed.zero.GatheredParameters([weight]):
-        spreads[name] = weight.std().item()
-print(json.dumps(spreads))
+        weights[name] = {"std": weight.std().item(), "sum": weight.double().sum().item()}
+print(json.dumps(weights))
 """
 
 
-def test_zero3_from_scratch_keeps_gpt2s_scaled_residual_init():
-    """transformers' ZeRO-3 init leaves child weights it sets from a parent (GPT-2's c_proj) unscaled."""
+ZERO3_CONFIG = GPT2Config(n_layer=8, n_embd=128, n_head=2)
+
+
+@pytest.fixture(scope="module")
+def zero3_weights() -> dict[str, dict[str, float]]:
+    """Spread and sum of every weight of a model built from scratch under ZeRO-3 (one process, seed 0)."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
@@ -122,10 +128,22 @@ def test_zero3_from_scratch_keeps_gpt2s_scaled_residual_init():
         [sys.executable, "-c", ZERO3_INIT_SCRIPT, str(port)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    spreads = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_zero3_from_scratch_keeps_gpt2s_scaled_residual_init(zero3_weights):
+    """transformers' ZeRO-3 init leaves child weights it sets from a parent (GPT-2's c_proj) unscaled."""
     residual = 0.02 / math.sqrt(2 * 8)
-    projections = {name: std for name, std in spreads.items() if name.endswith("c_proj.weight")}
+    projections = {name: w["std"] for name, w in zero3_weights.items() if name.endswith("c_proj.weight")}
     assert len(projections) == 16
     for name, std in projections.items():
         assert std == pytest.approx(residual, rel=0.1), name
-    assert spreads["transformer.h.0.attn.c_attn.weight"] == pytest.approx(0.02, rel=0.1)
+    assert zero3_weights["transformer.h.0.attn.c_attn.weight"]["std"] == pytest.approx(0.02, rel=0.1)
+
+
+def test_zero3_from_scratch_starts_from_the_weights_every_other_profile_starts_from(zero3_weights):
+    set_seed(0)
+    model = build_model(ModelArguments(from_scratch=True), ZERO3_CONFIG, "unused")
+    for name, weight in model.named_parameters():
+        expected = weight.double().sum().item()
+        assert zero3_weights[name]["sum"] == pytest.approx(expected, rel=1e-9, abs=1e-9), name

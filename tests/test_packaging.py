@@ -121,7 +121,7 @@ def test_installed_finetune_profiles_lists_every_profile(installed):
     result = finetune(installed, "profiles")
     assert result.returncode == 0, result.stderr
     listed = [line.split()[0] for line in result.stdout.splitlines()]
-    assert listed == sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
+    assert sorted(listed) == sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
     assert len(listed) == 10
 
 

@@ -9,11 +9,14 @@ with the command a 1-process run is started with (accumulation 2). The model has
 resumed steps compute the same function on the same samples at the same learning rates: the step
 losses and the final eval loss differ from the uninterrupted run's only by float32 rounding, since the
 gradients of the global batch are summed in another order (accumulated on one process instead of
-all-reduced over two). Adam divides by the root of the squared gradients, so rounding in small
-gradients grows over the steps: ZeRO-3, whose reduce-scatter sums in yet another order, ends furthest
-apart (1.7e-4 relative by step 8 on this suite's CPU, against 1e-7 to 1e-6 under the others).
-LOSS_RTOL bounds that with room for other CPUs; a lost optimizer state or a halved global batch moves
-the losses by far more, and the learning rates are checked to be the same exactly.
+all-reduced over two). The first resumed step runs on the restored weights and batch, so its loss
+is the one the run that saved the checkpoint logged for that step, to float32 rounding. After it,
+Adam divides by the root of the squared gradients, so rounding in small gradients grows step by
+step: under ddp the sums come out bit-equal (0 apart), under zero2 and fsdp within 2e-6 by step 20,
+under zero3 (whose reduce-scatter sums in another order) 1e-5 after the first update and 2.1e-3 by
+step 20 (eval loss 2.5e-3), measured on this suite's CPUs. LOSS_RTOL bounds each with room; a lost
+optimizer state (Adam's first update moves every weight by the learning rate) or a halved global
+batch moves the losses by more, and the learning rates are checked to be the same exactly.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from launching import accelerate_launch, launch
 from runs import CHECKPOINT_STEPS, FLAGS, MAX_STEPS, copy_checkpoint
 
 PROFILES = ["ddp", "zero2", "zero3", "fsdp"]
-LOSS_RTOL = 1e-3
+LOSS_RTOL = {"ddp": 1e-4, "zero2": 1e-4, "fsdp": 1e-4, "zero3": 5e-3}
+FIRST_STEP_RTOL = 1e-6
 # Both give the global batch 8 = micro batch 4 x accumulation x processes.
 ACCUMULATION = {2: 1, 1: 2}
 # The checkpoint each resume starts from, by the number of processes that saved it: the reference run's
@@ -115,15 +119,18 @@ def test_resume_continues_the_step_count_and_the_lr_schedule(resumed_runs, strai
 @pytest.mark.integration
 @SAVED_ON
 def test_resumed_steps_see_the_uninterrupted_runs_samples_and_end_at_its_loss(
-    resumed_runs, straight, saved_on
+    profile, resumed_runs, straight, saved_on
 ):
     output_dir, _ = resumed_runs[saved_on]
     resumed, expected = step_losses(output_dir), step_losses(straight)
     assert resumed.keys() == expected.keys()
-    for step in range(RESUMED_FROM[saved_on] + 1, MAX_STEPS + 1):
-        assert resumed[step] == pytest.approx(expected[step], rel=LOSS_RTOL), step
+    first = RESUMED_FROM[saved_on] + 1
+    saver = straight if saved_on == 2 else resumed_runs[2][0]  # the run that wrote the checkpoint
+    assert resumed[first] == pytest.approx(step_losses(saver)[first], rel=FIRST_STEP_RTOL)
+    for step in range(first + 1, MAX_STEPS + 1):
+        assert resumed[step] == pytest.approx(expected[step], rel=LOSS_RTOL[profile]), step
     assert read_summary(output_dir)["eval_loss"] == pytest.approx(
-        read_summary(straight)["eval_loss"], rel=LOSS_RTOL
+        read_summary(straight)["eval_loss"], rel=LOSS_RTOL[profile]
     )
 
 

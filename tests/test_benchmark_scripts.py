@@ -1,0 +1,53 @@
+"""benchmarks/scripts/instruction_lora_table.py: the ratios issue 17 asks for, from stored summaries.
+
+The GPU runs themselves are not tests (benchmarks/README.md); what is checked here is that the table
+reads a folder of results the way instruction_lora.sh names them, without training anything.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location(
+    "lora_table", ROOT / "benchmarks/scripts/instruction_lora_table.py"
+)
+lora_table = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(lora_table)
+
+FALLING = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 7.0}]
+
+
+def store(folder: Path, name: str, **fields) -> None:
+    (folder / f"{name}.json").write_text(json.dumps({"loss_curve": FALLING, **fields}))
+
+
+def table_row(folder: Path, section: int, what: str) -> list[str]:
+    """The cells of one row of one of the printed tables."""
+    lines = lora_table.table(lora_table.results(folder)).split("\n\n")[section].splitlines()
+    return next(line for line in lines if line.startswith(f"| {what} |")).strip("|").split(" | ")
+
+
+def test_the_real_tokens_ratio_is_finetune_over_the_plain_script_median_of_repeats(tmp_path):
+    for run, rate in enumerate((900, 1000, 5000), start=1):
+        store(tmp_path, f"plain_instruction.gpt2-medium.b16.run{run}", tokens_per_second=rate)
+    store(tmp_path, "finetune_instruction.gpt2-medium.b4.run1", tokens_per_second=8000)
+    assert table_row(tmp_path, 0, "real tokens/s")[1:4] == ["1,000", "8,000", "8.00x"]
+
+
+def test_finetunes_peak_memory_is_the_higher_of_its_set_up_and_training_peaks(tmp_path):
+    store(tmp_path, "plain_lora.llama.b8.run1", peak_allocated_gib=16.0)
+    store(
+        tmp_path,
+        "finetune_lora.llama.b8.run1",
+        memory_setup_peak_allocated_gib_max=12.0,
+        memory_peak_allocated_gib_max=8.0,
+    )
+    assert table_row(tmp_path, 1, "peak allocated GiB")[1:4] == ["16.00", "12.00", "0.75x"]
+
+
+def test_a_setup_whose_loss_did_not_fall_is_marked(tmp_path):
+    store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)
+    flat = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 9.5}]
+    store(tmp_path, "finetune_lora.llama.b8.run1", tokens_per_second=1.0, loss_curve=flat)
+    assert table_row(tmp_path, 1, "loss fell")[1:3] == ["yes (9.00 -> 7.00)", "NO (9.00 -> 9.50)"]
