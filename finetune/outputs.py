@@ -231,8 +231,8 @@ def die_with_launcher() -> None:
 
     torchelastic starts the ranks from the `accelerate launch` process itself, so that is the parent.
     A thread watches for the rank being re-parented, written by hand because the kernel's
-    PR_SET_PDEATHSIG fires once per thread of a dying multi-threaded launcher: a second SIGTERM makes
-    the save-and-stop give up at once. Only launched ranks (LOCAL_RANK set) watch: a `python
+    PR_SET_PDEATHSIG fires once per thread of a dying multi-threaded launcher, and one signal is what
+    the save-and-stop needs. Only launched ranks (LOCAL_RANK set) watch: a `python
     finetune/run.py` under nohup must outlive its shell.
     """
     if "LOCAL_RANK" not in os.environ:

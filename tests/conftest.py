@@ -7,7 +7,8 @@ validation/test files, Tiny Shakespeare) and what they write under pytest's temp
 - `data_dir` is that shared folder; an autouse fixture points `$FINETUNE_DATA_DIR` at it and turns
   the Hub off, so name resolution finds local folders and a missing name can never fall through to
   a download.
-- `gpt2_tokenizer` is the real GPT-2 tokenizer, loaded once.
+- `gpt2_tokenizer` is the real GPT-2 tokenizer, loaded once; `tokenizer` a fresh one with a pad token,
+  for tests whose code changes it (a chat template).
 - `tiny_gpt2_dir` is a 2-layer GPT-2 with real (random) weights saved by `save_pretrained`: the
   shared folders have no weights, and loading weights is a path the package must test.
 - `make_text_file` / `make_jsonl_file` write small local datasets for one test.
@@ -77,6 +78,16 @@ def gpt2_tokenizer(data_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(data_dir / "gpt2")
+
+
+@pytest.fixture
+def tokenizer(data_dir):
+    """A fresh GPT-2 tokenizer with a pad token, for tests whose code sets its chat template."""
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(data_dir / "gpt2")
+    loaded.pad_token = loaded.eos_token
+    return loaded
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import random
 import pytest
 from datasets import load_dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFast
 
 from finetune import cli
 from finetune.errors import FinetuneError
@@ -22,13 +22,6 @@ CHAT = [
     {"role": "user", "content": "And of Italy?"},
     {"role": "assistant", "content": "Rome"},
 ]
-
-
-@pytest.fixture
-def tokenizer(data_dir):
-    loaded = AutoTokenizer.from_pretrained(data_dir / "gpt2")
-    loaded.pad_token = loaded.eos_token
-    return loaded
 
 
 def load_rows(path):

@@ -19,14 +19,6 @@ CHAT = [
 ]
 
 
-@pytest.fixture
-def tokenizer(data_dir):
-    """A fresh GPT-2 tokenizer (build_datasets sets its chat template)."""
-    loaded = AutoTokenizer.from_pretrained(data_dir / "gpt2")
-    loaded.pad_token = loaded.eos_token
-    return loaded
-
-
 def prepare(path, tokenizer, block_size=128, **options):
     args = DataArguments(dataset=str(path), block_size=block_size, **options)
     return build_datasets(args, tokenizer, block_size, seed=0)
