@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers.initialization import no_init_weights
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
@@ -79,7 +80,8 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
     common = {"attn_implementation": args.attn_implementation, "trust_remote_code": args.trust_remote_code}
     if args.from_scratch:
         drawn_from = torch.random.get_rng_state()
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
+        with no_init_weights():  # initialize_weights draws every weight once, below
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
         torch.random.set_rng_state(drawn_from)
         initialize_weights(model)
         return name_causal_lm_loss(model)
@@ -108,8 +110,9 @@ def initialize_weights(model: PreTrainedModel) -> None:
     empty shard (GPT-2's residual projections kept 0.02 instead of 0.02/sqrt(2 x layers)), and its
     random draws follow another order, so ZeRO-3 started from other weights than every other
     profile. Here each module is gathered with its direct children (the peak stays at one block's
-    weights), rank 0 draws and DeepSpeed broadcasts on leaving the gather. Without ZeRO-3 this draws
-    again exactly what `from_config` drew, so the same code serves both.
+    weights), rank 0 draws and DeepSpeed broadcasts on leaving the gather; without ZeRO-3 each
+    module draws its own. The model is built with transformers' init switched off, so each weight is
+    drawn once.
     """
     zero3 = is_deepspeed_zero3_enabled()
     if zero3:
@@ -127,6 +130,7 @@ def initialize_weights(model: PreTrainedModel) -> None:
             if deepspeed.comm.get_rank() == 0:
                 owner._init_weights(module)
 
+    model.tie_weights()  # a tied weight is drawn where its last user draws it, as transformers does
     with torch.no_grad():
         initialize(model, model)
     model.tie_weights()
