@@ -359,6 +359,28 @@ def build_datasets(
         tokenized = tokenize(splits, tokenizer, args.text_column, num_proc)
     samples = {name: to_samples(split, args, tokenizer, block_size) for name, split in tokenized.items()}
     limit_and_check(samples, args, block_size)
+    return prepared(
+        samples,
+        args,
+        source,
+        block_size,
+        notes,
+        train_tokens=count_label_tokens(samples["train"]),
+        packing_efficiency=real_token_share(samples["train"]),
+    )
+
+
+def prepared(
+    samples: dict[str, Dataset],
+    args: DataArguments,
+    source: str,
+    block_size: int,
+    notes: list[str],
+    collator: DataCollator = default_data_collator,
+    **summary: Any,
+) -> PreparedData:
+    """What both data paths (text and instruction data) hand the Trainer, with the summary fields
+    they share; `summary` adds the path's own."""
     return PreparedData(
         train=samples["train"],
         evaluation=samples["validation"],
@@ -370,10 +392,10 @@ def build_datasets(
             packing=args.packing,
             train_samples=len(samples["train"]),
             eval_samples=len(samples["validation"]),
-            train_tokens=count_label_tokens(samples["train"]),
             notes=notes,
-            packing_efficiency=real_token_share(samples["train"]),
+            **summary,
         ),
+        collator=collator,
     )
 
 
@@ -434,27 +456,19 @@ def instruction_data(
     kept = len(samples["train"])
     real = sum(real_tokens["train"][:kept])
     trained = int((flat_column(samples["train"], "labels") != IGNORE_INDEX).sum())
-    return PreparedData(
-        train=samples["train"],
-        evaluation=samples["validation"],
-        test=samples.get("test"),
-        summary=DataSummary(
-            dataset=args.dataset,
-            source=source,
-            block_size=block_size,
-            packing=args.packing,
-            train_samples=kept,
-            eval_samples=len(samples["validation"]),
-            train_tokens=trained,
-            notes=notes,
-            data_format=data_format,
-            masked_tokens=real - trained,
-            truncated_examples=truncated["train"],
-            packing_efficiency=real / (kept * block_size) if args.packing else None,
-        ),
-        collator=packed_collator
-        if args.packing
-        else DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX),
+    padded = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
+    return prepared(
+        samples,
+        args,
+        source,
+        block_size,
+        notes,
+        packed_collator if args.packing else padded,
+        train_tokens=trained,
+        data_format=data_format,
+        masked_tokens=real - trained,
+        truncated_examples=truncated["train"],
+        packing_efficiency=real / (kept * block_size) if args.packing else None,
     )
 
 
