@@ -13,10 +13,12 @@ import json
 import os
 import statistics
 import time
+from itertools import chain
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from datasets import Dataset, load_dataset
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
 IGNORE_INDEX = -100
 TINY = os.environ.get("TINY") == "1"  # CPU dry run: fp32, 128-token blocks, one warm-up step
@@ -104,3 +106,20 @@ def write_result(trainer: Trainer, timer: StepTimer, model_dir: str, batch: int,
         with open(output, "w") as file:
             json.dump(result, file, indent=1)
     return result
+
+
+def wikitext_blocks(tokenizer: PreTrainedTokenizerBase, block: int = BLOCK) -> Dataset:
+    """WikiText-2's validation split from $FINETUNE_DATA_DIR (what finetune's default dataset trains on
+    offline) in full blocks of `block` tokens, labels = inputs, grouped as run_clm.py groups text."""
+    data_dir = os.path.join(os.environ["FINETUNE_DATA_DIR"], "wikitext-2-v1")
+    raw = load_dataset("text", data_files={"train": f"{data_dir}/wiki.valid.tokens"}, keep_linebreaks=True)
+    tokens = raw.map(lambda batch: tokenizer(batch["text"]), batched=True, remove_columns=["text"])
+
+    def group_texts(examples: dict) -> dict:
+        joined = {key: list(chain(*examples[key])) for key in examples}
+        length = len(joined["input_ids"]) // block * block
+        result = {key: [t[i : i + block] for i in range(0, length, block)] for key, t in joined.items()}
+        result["labels"] = result["input_ids"].copy()
+        return result
+
+    return tokens.map(group_texts, batched=True, batch_size=10_000)["train"]

@@ -11,13 +11,11 @@ usage: python benchmarks/scripts/plain_trainer.py MODEL_FOLDER BATCH STEPS OUTPU
 """
 
 import json
-import os
 import sys
 import time
-from itertools import chain
 
 import torch
-from datasets import load_dataset
+from plain_common import wikitext_blocks
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -29,22 +27,9 @@ from transformers import (
 )
 
 model_dir, batch, steps, output = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-data_dir = os.path.join(os.environ["FINETUNE_DATA_DIR"], "wikitext-2-v1")
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), attn_implementation="sdpa")
-raw = load_dataset("text", data_files={"train": f"{data_dir}/wiki.valid.tokens"}, keep_linebreaks=True)
-tokens = raw.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=["text"])
-
-
-def group_texts(examples, block=1024):
-    joined = {k: list(chain(*examples[k])) for k in examples}
-    length = len(joined["input_ids"]) // block * block
-    result = {k: [t[i : i + block] for i in range(0, length, block)] for k, t in joined.items()}
-    result["labels"] = result["input_ids"].copy()
-    return result
-
-
-blocks = tokens.map(group_texts, batched=True, batch_size=10_000)["train"]
+blocks = wikitext_blocks(tokenizer, block=1024)
 
 
 class StepTimer(TrainerCallback):
