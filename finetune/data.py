@@ -316,14 +316,18 @@ def split_tokens(
     held-out share: a dataset with only train text is evaluated on `validation` as training carved it.
     """
     raw, _ = load_raw(args)
-    if split in raw:
-        chosen = raw[split]
-    elif split == "validation" and set(raw) == {"train"}:
-        chosen = arrange_splits(raw, args.validation_split_percentage, seed)[0]["validation"]
-    else:
-        raise FinetuneError(f"dataset '{args.dataset}' has no {split} split (it has: {', '.join(raw)})")
+    chosen = named_split(raw, args, split, seed)
     tokenized = tokenize(DatasetDict({split: chosen}), tokenizer, args.text_column, None)
     return token_stream(tokenized[split])
+
+
+def named_split(raw: DatasetDict, args: DataArguments, split: str, seed: int) -> Dataset:
+    """The split of that name, as found, or training's carved validation share of a train-only dataset."""
+    if split in raw:
+        return raw[split]
+    if split == "validation" and set(raw) == {"train"}:
+        return arrange_splits(raw, args.validation_split_percentage, seed)[0]["validation"]
+    raise FinetuneError(f"dataset '{args.dataset}' has no {split} split (it has: {', '.join(raw)})")
 
 
 def to_samples(

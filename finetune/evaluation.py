@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from accelerate import PartialState
 from accelerate.utils import gather_object
-from datasets import Dataset, DatasetDict
+from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq, EvalPrediction, PreTrainedModel, PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments, ModelArguments
 from finetune.checkpoint import load_weights_only
-from finetune.data import IGNORE_INDEX, arrange_splits, load_raw, split_tokens
+from finetune.data import IGNORE_INDEX, load_raw, named_split, split_tokens
 from finetune.errors import FinetuneError
 from finetune.generate import complete_greedily
 from finetune.instruction import chat_template_for, detect_format, encode
@@ -243,16 +243,6 @@ class AnswerCheck:
         if found is None:
             return None
         return (found.group(1) if found.re.groups else found.group(0)).strip()
-
-
-def named_split(raw: DatasetDict, data_args: DataArguments, split: str, seed: int) -> Dataset:
-    """The split of that name, as found, or training's carved validation share of a train-only dataset
-    (the rule `finetune.data.split_tokens` applies to text)."""
-    if split in raw:
-        return raw[split]
-    if split == "validation" and set(raw) == {"train"}:
-        return arrange_splits(raw, data_args.validation_split_percentage, seed)[0]["validation"]
-    raise FinetuneError(f"dataset '{data_args.dataset}' has no {split} split (it has: {', '.join(raw)})")
 
 
 def last_answer(labels: list[int]) -> tuple[int, int]:
