@@ -103,7 +103,7 @@ class DataArguments:
         metadata={
             "aliases": ["--dataset_name"],
             "help": "wikitext-2-raw-v1, wikitext-103-raw-v1, a Hub dataset, or a local "
-            ".txt/.jsonl/.json/.csv file or folder of them.",
+            ".txt/.jsonl/.json/.csv/.parquet file or folder of them.",
         },
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})

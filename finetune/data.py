@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
 from transformers import DataCollatorForSeq2Seq, default_data_collator
@@ -54,6 +55,7 @@ BUILDERS = {
     ".json": "json",
     ".jsonl": "json",
     ".csv": "csv",
+    ".parquet": "parquet",
 }
 SPLIT_WORDS = {
     "train": ("train", "training"),
@@ -119,6 +121,11 @@ def load_local(path: Path) -> DatasetDict:
     files = data_files(path)
     builder = builder_for(files)
     options = {"keep_linebreaks": True} if builder == "text" else {}
+    if builder == "parquet":  # checked first: datasets logs its own error for a bad footer, then raises
+        for file in (Path(f) for paths in files.values() for f in paths):
+            problem = unreadable_parquet(file)
+            if problem:
+                raise FinetuneError(problem)
     try:
         return load_dataset(builder, data_files=files, **options)
     except DatasetGenerationError as error:
@@ -158,6 +165,14 @@ def unreadable_part(file: Path, builder: str) -> str | None:
             line = re.search(r"\bline (\d+)", str(error))
             where = f" line {line.group(1)}" if line else ""
             return f"{file}{where}: not valid CSV ({first_line(error)})"
+    return None
+
+
+def unreadable_parquet(file: Path) -> str | None:
+    try:
+        pq.read_metadata(file)
+    except (pa.ArrowException, OSError) as error:
+        return f"{file}: not a readable Parquet file ({first_line(error)})"
     return None
 
 

@@ -249,6 +249,13 @@ def test_csv_that_does_not_parse_names_the_line(output_flags, make_text_file, ca
     assert_one_error(argv, capsys, f"{path} line 3: not valid CSV")
 
 
+def test_a_damaged_parquet_file_is_named(output_flags, tmp_path, capsys):
+    path = tmp_path / "data.parquet"
+    path.write_bytes(b"PAR1 this is not parquet")
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path}: not a readable Parquet file (")
+
+
 def test_ctrl_c_that_a_library_replaces_with_its_own_error_is_recorded_as_interrupted(tmp_path):
     """datasets' multi-process map (tokenization) answers Ctrl-C with a TimeoutError from its clean-up."""
     record = RunRecord(str(tmp_path), "run", is_main_process=True)

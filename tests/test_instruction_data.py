@@ -1,5 +1,7 @@
 """Instruction and chat data: the format detected from the columns, templates, loss on the answers only."""
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
@@ -84,6 +86,16 @@ def test_question_answer_trains_on_exactly_each_answer_and_its_eos(make_jsonl_fi
         {"question": f"What is {n} plus {n}?", "answer": f"It is {2 * n}.\n#### {2 * n}"} for n in range(20)
     ]
     data = prepare(make_jsonl_file("qa.jsonl", rows), tokenizer)
+    spans = sorted(all_spans(tokenizer, data.train) + all_spans(tokenizer, data.evaluation))
+    assert spans == sorted(row["answer"] + "<|endoftext|>" for row in rows)
+
+
+def test_a_parquet_file_is_read_and_its_format_detected(tmp_path, tokenizer):
+    rows = [{"question": f"What is {n} plus {n}?", "answer": f"#### {2 * n}"} for n in range(20)]
+    path = tmp_path / "qa.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    data = prepare(path, tokenizer)
+    assert data.summary.data_format == "question_answer"
     spans = sorted(all_spans(tokenizer, data.train) + all_spans(tokenizer, data.evaluation))
     assert spans == sorted(row["answer"] + "<|endoftext|>" for row in rows)
 
