@@ -18,6 +18,7 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   levers MODEL_DIR                     output-layer matmuls and compiled/chunked loss variants
   grad_check MODEL_DIR                 gradient norms of eager/compiled x own/chunked loss
   instruction_lora                     one GPU: GSM8K packed vs a plain padded Trainer; LoRA vs Trainer + peft
+  lora_levers                          one GPU: LoRA variants and full fine-tuning beside Trainer + peft, profiled
 USAGE
 }
 COMMAND=${1:-help}
@@ -43,5 +44,6 @@ case $COMMAND in
   levers) exec python $SCRIPTS/levers.py "${1:?MODEL_DIR}" "$OUT" ;;
   grad_check) exec python $SCRIPTS/grad_check.py "${1:?MODEL_DIR}" "$OUT/grad_check.json" ;;
   instruction_lora) exec bash $SCRIPTS/instruction_lora.sh "$@" ;;
+  lora_levers) exec bash $SCRIPTS/lora_levers.sh "$@" ;;
   *) echo "benchmarks/run.sh: unknown command '$COMMAND'" >&2; usage >&2; exit 2 ;;
 esac

@@ -13,17 +13,19 @@ set it itself with a warning on every rank.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import PreTrainedModel
-from transformers.integrations import is_deepspeed_zero3_enabled
-from transformers.pytorch_utils import Conv1D
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PEFT_METHODS = ("lora", "dora")
 ALL_LINEAR = "all-linear"
 ADAPTER_FLAGS = ("peft", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# transformers is imported where it is used: the command line (finetune/cli.py) reads PEFT_METHODS, and
+# importing transformers' model classes would add seconds to every `finetune` command.
 
 
 def target_modules(value: str) -> str | list[str]:
@@ -40,6 +42,7 @@ def adapter_config(flags: dict[str, Any], model: torch.nn.Module | None = None) 
     flags alone cannot tell, peft sets it itself.
     """
     from peft import LoraConfig, TaskType
+    from transformers.pytorch_utils import Conv1D
 
     transposed = model is not None and any(isinstance(module, Conv1D) for module in model.modules())
     return LoraConfig(
@@ -73,6 +76,7 @@ def add_adapters(model: PreTrainedModel, flags: dict[str, Any], compute_dtype: s
     ZeRO-3 the base is already partitioned in DeepSpeed's own dtype handling and is left as it is.
     """
     from peft import get_peft_model
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     dtype = COMPUTE_DTYPES.get(compute_dtype)
     if dtype is not None and not is_deepspeed_zero3_enabled():
@@ -99,6 +103,8 @@ def adapted_layer_sizes(model: torch.nn.Module) -> tuple[int, int]:
     planner counts adapters from these two sums without building them. Mirrors peft's choice
     (`_maybe_include_all_linear_layers`): Linear and Conv1D layers except the output layer.
     """
+    from transformers.pytorch_utils import Conv1D
+
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     in_out = outputs = 0
     for module in model.modules():

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType
-from transformers import TrainingArguments
+
+if TYPE_CHECKING:  # transformers' classes cost every `finetune` command seconds to import
+    from transformers import TrainingArguments
 
 
 def cpu_multi_process() -> bool:

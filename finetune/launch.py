@@ -29,6 +29,9 @@ from finetune.profiles import Profile
 RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
 
 
+FREE_PORT = 0  # accelerate launch --main_process_port 0: a port the operating system says is free
+
+
 @dataclass
 class Placement:
     """Where the processes go: accelerate launch's own multi-process and multi-machine options."""
@@ -60,6 +63,13 @@ def resolved_profile_file(profile: Profile, folder: Path) -> Path:
     return path
 
 
+def on_one_machine(profile: Profile, placement: Placement) -> bool:
+    """Whether the run stays on this machine with no port of the profile's: such runs take a free port,
+    as accelerate's fixed default (29500) makes a second run on the same machine fail."""
+    machines = placement.num_machines or profile.settings.get("num_machines", 1)
+    return machines == 1 and "main_process_port" not in profile.settings
+
+
 def default_num_processes() -> int:
     gpus = torch.cuda.device_count()
     if gpus == 0:
@@ -74,6 +84,8 @@ def launch_command(
     if profile.multi_process:
         if placement.num_processes is None:
             placement.num_processes = default_num_processes()
+        if placement.main_process_port is None and on_one_machine(profile, placement):
+            placement.main_process_port = FREE_PORT
         command += placement.flags()
     return [*command, str(RUN_SCRIPT), *run_args]
 

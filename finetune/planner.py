@@ -136,13 +136,23 @@ class Measurement:
 
     @classmethod
     def from_row(cls, row: dict[str, Any], strategy: Strategy) -> Measurement:
-        shape = ModelShape(row["model"], row["parameters"], row["layers"], row["hidden"], row["vocab"])
+        shape = ModelShape(
+            row["model"],
+            row["parameters"],
+            row["layers"],
+            row["hidden"],
+            row["vocab"],
+            row.get("adapted_in_out", 0),
+            row.get("adapted_out", 0),
+        )
         workload = Workload(
             row["micro_batch"],
             row["block_size"],
             row["dtype"],
             row["gradient_checkpointing"],
             row.get("compiled", False),
+            row.get("peft"),
+            row.get("lora_rank", 16),
         )
         return cls(
             shape,
@@ -179,10 +189,17 @@ class Calibration:
 
     @classmethod
     def fit(cls, measurements: list[Measurement]) -> Calibration:
-        """Least squares through the origin: what the measured peaks leave after states and logits."""
+        """Least squares through the origin: what the measured peaks leave after states and logits.
+
+        Fitted to full fine-tuning only: the --peft rows check the adapter accounting out of sample.
+        """
         layer_bytes = {}
         for kind in CALIBRATION_KINDS:
-            rows = [m for m in measurements if calibration_kind(m.strategy, m.workload) == kind]
+            rows = [
+                m
+                for m in measurements
+                if m.workload.peft is None and calibration_kind(m.strategy, m.workload) == kind
+            ]
             if not rows:
                 raise ValueError(f"no {kind} measurement to calibrate activations with")
             without_layers = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0))

@@ -22,6 +22,7 @@ validation/test files, Tiny Shakespeare) and what they write under pytest's temp
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 SHARED_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -107,16 +108,28 @@ def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer):
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
-    """reference_run(profile) -> output_dir of the profile's reference run, launched when first asked for."""
+    """reference_run(profile) -> output_dir of the profile's reference run, launched when first asked for.
+
+    Under pytest-xdist every worker has its own session: the runs go into the folder the workers'
+    temporary folders share, and a lock per profile makes the first worker that asks launch it while
+    the others wait for it, so each is launched once per test session however many workers ask.
+    """
+    from filelock import FileLock
+
     from runs import make_reference_run
 
-    root = tmp_path_factory.mktemp("reference-runs")
-    made: dict[str, Path] = {}
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "reference-runs"
+    root.mkdir(exist_ok=True)
 
     def get(profile: str) -> Path:
-        if profile not in made:
-            made[profile] = make_reference_run(profile, root / profile)
-        return made[profile]
+        folder, finished = root / profile, root / f"{profile}.finished"
+        with FileLock(root / f"{profile}.lock"):
+            if not finished.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a run that failed for another worker
+                make_reference_run(profile, folder)
+                finished.touch()
+        return folder
 
     return get
 

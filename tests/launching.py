@@ -18,8 +18,13 @@ LAUNCH_TIMEOUT_S = 900
 
 
 def accelerate_launch(profile: str, num_processes: int = 2) -> list[str]:
+    """With a free port (accelerate's port 0), as `finetune run` takes one: pytest-xdist's workers launch
+    runs at the same time."""
     config = f"accelerate_configs/{profile}.yaml"
-    return [*ACCELERATE, "--config_file", config, "--num_processes", str(num_processes), "finetune/run.py"]
+    return [
+        *ACCELERATE, "--config_file", config, "--num_processes", str(num_processes),
+        "--main_process_port", "0", "finetune/run.py",
+    ]  # fmt: skip
 
 
 def launch(

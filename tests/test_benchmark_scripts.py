@@ -22,9 +22,15 @@ def store(folder: Path, name: str, **fields) -> None:
     (folder / f"{name}.json").write_text(json.dumps({"loss_curve": FALLING, **fields}))
 
 
-def table_row(folder: Path, section: int, what: str) -> list[str]:
-    """The cells of one row of one of the printed tables."""
-    lines = lora_table.table(lora_table.results(folder)).split("\n\n")[section].splitlines()
+def printed_tables(folder: Path) -> dict[str, str]:
+    """The printed tables by the first word of their heading (GSM8K, LoRA)."""
+    tables = lora_table.table(lora_table.results(folder)).split("\n\n")
+    return {table.split()[1].rstrip(","): table for table in tables}
+
+
+def table_row(folder: Path, task: str, what: str) -> list[str]:
+    """The cells of one row of the GSM8K or LoRA table."""
+    lines = printed_tables(folder)[task].splitlines()
     return next(line for line in lines if line.startswith(f"| {what} |")).strip("|").split(" | ")
 
 
@@ -32,7 +38,7 @@ def test_the_real_tokens_ratio_is_finetune_over_the_plain_script_median_of_repea
     for run, rate in enumerate((900, 1000, 5000), start=1):
         store(tmp_path, f"plain_instruction.gpt2-medium.b16.run{run}", tokens_per_second=rate)
     store(tmp_path, "finetune_instruction.gpt2-medium.b4.run1", tokens_per_second=8000)
-    assert table_row(tmp_path, 0, "real tokens/s")[1:4] == ["1,000", "8,000", "8.00x"]
+    assert table_row(tmp_path, "GSM8K", "real tokens/s")[1:4] == ["1,000", "8,000", "8.00x"]
 
 
 def test_finetunes_peak_memory_is_the_higher_of_its_set_up_and_training_peaks(tmp_path):
@@ -43,11 +49,17 @@ def test_finetunes_peak_memory_is_the_higher_of_its_set_up_and_training_peaks(tm
         memory_setup_peak_allocated_gib_max=12.0,
         memory_peak_allocated_gib_max=8.0,
     )
-    assert table_row(tmp_path, 1, "peak allocated GiB")[1:4] == ["16.00", "12.00", "0.75x"]
+    assert table_row(tmp_path, "LoRA", "peak allocated GiB")[1:4] == ["16.00", "12.00", "0.75x"]
 
 
 def test_a_setup_whose_loss_did_not_fall_is_marked(tmp_path):
     store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)
     flat = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 9.5}]
     store(tmp_path, "finetune_lora.llama.b8.run1", tokens_per_second=1.0, loss_curve=flat)
-    assert table_row(tmp_path, 1, "loss fell")[1:3] == ["yes (9.00 -> 7.00)", "NO (9.00 -> 9.50)"]
+    assert table_row(tmp_path, "LoRA", "loss fell")[1:3] == ["yes (9.00 -> 7.00)", "NO (9.00 -> 9.50)"]
+
+
+def test_a_folder_of_one_task_prints_that_tasks_table_only(tmp_path):
+    store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)
+    store(tmp_path, "finetune_lora_eager.llama.b8.run1", tokens_per_second=2.0)
+    assert list(printed_tables(tmp_path)) == ["LoRA"]

@@ -9,7 +9,7 @@ import yaml
 
 from finetune.cli import main
 from finetune.errors import FinetuneError
-from finetune.launch import resolved_profile_file
+from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import (
     PROFILES_TABLE_MARKERS,
     Strategy,
@@ -174,6 +174,25 @@ def test_resolved_profile_file_loads_as_the_same_profile(path, tmp_path):
     reloaded = load_profile(resolved_profile_file(profile, tmp_path))
     assert reloaded.distributed_type == profile.distributed_type
     assert reloaded.deepspeed_config == profile.deepspeed_config
+
+
+def port_flag(command: list[str]) -> str | None:
+    return command[command.index("--main_process_port") + 1] if "--main_process_port" in command else None
+
+
+def test_runs_on_one_machine_take_a_free_port_so_two_at_once_do_not_collide(tmp_path):
+    command = launch_command(load_profile("ddp"), tmp_path / "ddp.yaml", Placement(num_processes=2), [])
+    assert port_flag(command) == "0"
+
+
+def test_a_port_given_by_flag_or_profile_or_a_second_machine_is_kept(tmp_path):
+    ddp = load_profile("ddp")
+    given = launch_command(ddp, tmp_path / "a.yaml", Placement(num_processes=2, main_process_port=29600), [])
+    two_machines = launch_command(ddp, tmp_path / "b.yaml", Placement(num_processes=4, num_machines=2), [])
+    pinned = copy.deepcopy(ddp)
+    pinned.settings["main_process_port"] = 29700
+    in_profile = launch_command(pinned, tmp_path / "c.yaml", Placement(num_processes=2), [])
+    assert (port_flag(given), port_flag(two_machines), port_flag(in_profile)) == ("29600", None, None)
 
 
 def test_shipped_profiles_are_ordered_fastest_first_by_what_they_shard_and_offload():

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 from pathlib import Path
 
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from finetune.models import resolve_model
-from finetune.planner import Calibration, Measurement, estimate_for
+from finetune.planner import Calibration, Measurement, ModelShape, estimate_for
 from finetune.profiles import load_profile
+
+PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
 
 
 def row(summary: dict, profile: str, command: str, versions: str) -> dict:
     arguments = summary["arguments"]
+    config = AutoConfig.from_pretrained(resolve_model(summary["model"]))
     return {
-        "model": summary["model"],
+        "model": Path(summary["model"]).name,
         "profile": summary["profile"] or profile,
         "framework": {"DEEPSPEED": "deepspeed", "FSDP": "fsdp"}.get(summary["distributed_type"], "torch"),
         "gpus": summary["world_size"],
@@ -38,7 +42,21 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         "parameters": summary["parameters"],
         "layers": summary["num_layers"],
         "hidden": summary["hidden_size"],
-        "vocab": AutoConfig.from_pretrained(resolve_model(summary["model"])).vocab_size,
+        "vocab": config.vocab_size,
+        **({"compiled": True} if summary["torch_compile"] else {}),
+        **(adapter_fields(summary, config) if summary.get("peft") else {}),
+    }
+
+
+def adapter_fields(summary: dict, config: PretrainedConfig) -> dict:
+    """What the planner needs to count a --peft run's adapters (ModelShape, Workload)."""
+    shape = ModelShape.from_config(summary["model"], config)
+    return {
+        "peft": summary["peft"],
+        "lora_rank": summary["arguments"]["lora_rank"],
+        "adapted_in_out": shape.adapted_in_out,
+        "adapted_out": shape.adapted_out,
+        "trainable_parameters": summary["trainable_parameters"],
     }
 
 
@@ -52,7 +70,7 @@ def main(folder: Path) -> None:
         if summary.get("status") != "completed":
             continue
         command = path.with_suffix(".command").read_text().strip()
-        rows.append(row(summary, path.name.split(".")[1], command, versions))
+        rows.append(row(summary, PROFILE.search(command)[1], command, versions))
     (folder / "calibration_rows.json").write_text(json.dumps(rows, indent=2) + "\n")
     calibration = Calibration.measured()
     print("| model | profile | GPUs | micro batch | measured GiB | predicted GiB | predicted/measured |")

@@ -106,19 +106,21 @@ def section(columns: str, rows: list[Row], plain: list[Summary], ours: list[Summ
 
 
 def table(found: dict[str, list[Summary]]) -> str:
-    gsm8k = section(
-        "GSM8K, gpt2-medium from scratch | plain, padded | finetune, packed",
-        GSM8K_ROWS,
-        found.get("plain_instruction", []),
-        found.get("finetune_instruction", []),
-    )
-    lora = section(
-        "LoRA r=16 all-linear, Llama architecture | plain Trainer + peft | finetune --peft lora",
-        LORA_ROWS,
-        found.get("plain_lora", []),
-        found.get("finetune_lora", []),
-    )
-    return f"{gsm8k}\n\n{lora}"
+    """The GSM8K and LoRA tables, each only where the folder holds runs of it."""
+    sections = [
+        ("GSM8K, gpt2-medium from scratch | plain, padded | finetune, packed", GSM8K_ROWS, "instruction"),
+        (
+            "LoRA r=16 all-linear, Llama architecture | plain Trainer + peft | finetune --peft lora",
+            LORA_ROWS,
+            "lora",
+        ),
+    ]
+    printed = []
+    for columns, rows, task in sections:
+        plain, ours = found.get(f"plain_{task}", []), found.get(f"finetune_{task}", [])
+        if plain or ours:
+            printed.append(section(columns, rows, plain, ours))
+    return "\n\n".join(printed)
 
 
 if __name__ == "__main__":
