@@ -513,7 +513,9 @@ def strategy_of(accelerator: Accelerator) -> dict[str, Any]:
     else:
         fields["strategy"] = "ddp" if accelerator.num_processes > 1 else "single"
     dynamo = accelerator.state.dynamo_plugin
-    fields["torch_compile_regional"] = dynamo.backend != DynamoBackend.NO and dynamo.use_regional_compilation
+    compiled = dynamo.backend != DynamoBackend.NO
+    fields["torch_compile_regional"] = compiled and dynamo.use_regional_compilation
+    fields["torch_compile_mode"] = dynamo.mode if compiled else None
     return fields
 
 

@@ -76,6 +76,11 @@ FIELDS: dict[str, tuple[str, str]] = {
         "compiled block by block (accelerate's regional compilation, as the FSDP profiles ask), "
         "not as one graph",
     ),
+    "torch_compile_mode": (
+        "str?",
+        "torch.compile's mode when compiled: reduce-overhead (CUDA graphs, as the single profile asks) "
+        "or default",
+    ),
     "dataset": ("str?", "--dataset as given"),
     "data_source": ("str?", "the folder or Hub id it was read from"),
     "block_size": ("int?", "tokens per sample, T"),

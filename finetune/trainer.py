@@ -20,6 +20,10 @@
   uninterrupted one, with identical weights, reported 10.60). Each checkpoint's trainer_state.json
   now holds the sum so far (`LossSumSoFar`, a stateful callback, the Trainer's own mechanism for
   state it does not know), and a resumed run starts its sum from there.
+- `training_step` and `prediction_step` mark a new CUDA-graph step before each forward when the
+  compile mode records CUDA graphs (reduce-overhead, as the single profile asks, or max-autotune):
+  torch's graph trees cannot tell the Trainer's steps apart on their own, and a block-by-block
+  compiled model otherwise fails at its first step reading outputs a later replay has overwritten.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from accelerate.utils import DynamoBackend
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
@@ -39,6 +45,7 @@ from finetune.profiles import strategy_of
 from finetune.resume import run_identity
 
 logger = logging.get_logger("finetune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class LossSumSoFar(TrainerCallback, ExportableState):
@@ -90,6 +97,21 @@ class FinetuneTrainer(Trainer):
         if self._loss_sum_before is None:
             output.metrics.pop("train_loss", None)
         return output
+
+    def records_cuda_graphs(self) -> bool:
+        """The compile mode of --torch_compile_mode, else of the profile (accelerate's dynamo_mode)."""
+        dynamo = self.accelerator.state.dynamo_plugin
+        return dynamo.backend != DynamoBackend.NO and dynamo.mode in CUDA_GRAPH_MODES
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.records_cuda_graphs():
+            torch.compiler.cudagraph_mark_step_begin()
+        return super().training_step(*args, **kwargs)
+
+    def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.records_cuda_graphs():
+            torch.compiler.cudagraph_mark_step_begin()
+        return super().prediction_step(*args, **kwargs)
 
     def get_train_dataloader(self) -> Any:
         drop_last = self.args.dataloader_drop_last

@@ -143,6 +143,25 @@ def test_a_tokenizer_without_a_chat_template_gets_the_default_and_saves_it(
     )
 
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_tokenizer_with_its_own_chat_template_is_rendered_with_it_and_keeps_it(
+    make_jsonl_file, tokenizer, tmp_path
+):
+    tokenizer.chat_template = CHATML
+    path = make_jsonl_file("chat.jsonl", [{"messages": CHAT[1:3]}] * 4)
+    sample = prepare(path, tokenizer, packing=False).train[0]
+    text = tokenizer.decode(sample["input_ids"])
+    assert text == "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\nParis<|im_end|>\n"
+    assert labelled_spans(tokenizer, sample) == ["Paris<|im_end|>\n"]
+    tokenizer.save_pretrained(tmp_path / "saved")
+    assert AutoTokenizer.from_pretrained(tmp_path / "saved").chat_template == CHATML
+
+
 def test_chat_template_file_renders_the_conversation(make_jsonl_file, make_text_file, tokenizer):
     template = make_text_file(
         "template.jinja",

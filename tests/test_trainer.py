@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from accelerate.utils import DynamoBackend
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
 
@@ -52,3 +53,25 @@ def test_a_nonzero_gradient_norm_is_not_warned_about(trainer_for, caplog):
     trainer = trainer_for(torch_compile=False)
     trainer.log({"loss": 10.9, "grad_norm": 2.5})
     assert "gradient norm 0" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode", "marks"),
+    [("inductor", "reduce-overhead", 2), ("inductor", "max-autotune", 2), ("inductor", "default", 0),
+     ("no", "reduce-overhead", 0)],
+)  # fmt: skip
+def test_a_new_cuda_graph_step_is_marked_before_each_forward_only_when_graphs_are_recorded(
+    trainer_for, monkeypatch, backend, mode, marks
+):
+    """The mode a profile asks for (accelerate launch's ACCELERATE_DYNAMO_MODE) or the flag gives."""
+    calls = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append(1))
+    trainer = trainer_for(torch_compile=True)
+    dynamo = trainer.accelerator.state.dynamo_plugin
+    monkeypatch.setattr(dynamo, "backend", DynamoBackend(backend.upper()))
+    monkeypatch.setattr(dynamo, "mode", mode)
+    trainer.current_gradient_accumulation_steps = 1  # set by train(), which this test does not run
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.training_step(trainer.model, batch)
+    trainer.prediction_step(trainer.model, batch, prediction_loss_only=True)
+    assert len(calls) == marks
