@@ -164,8 +164,10 @@ def eval_command(options: argparse.Namespace) -> int:
 
 
 def generate_command(options: argparse.Namespace) -> int:
-    from finetune.generate import Sampling, generate, read_prompts
+    from finetune.generate import Chat, Sampling, generate, read_prompts
 
+    if options.system is not None and not options.chat:
+        raise FinetuneError("--system is the system message of a --chat conversation: add --chat")
     prompts = read_prompts(options.prompt, options.prompts_file)
     sampling = Sampling(
         max_new_tokens=options.max_new_tokens,
@@ -175,8 +177,9 @@ def generate_command(options: argparse.Namespace) -> int:
         greedy=options.greedy,
         seed=options.seed,
     )
-    for prompt, completion in zip(prompts, generate(options.model, prompts, sampling), strict=True):
-        print(f"{prompt}{completion}")
+    chat = Chat(options.system) if options.chat else None
+    for prompt, completion in zip(prompts, generate(options.model, prompts, sampling, chat), strict=True):
+        print(f"user: {prompt}\nassistant: {completion}" if chat else f"{prompt}{completion}")
     return 0
 
 
@@ -503,6 +506,12 @@ def add_generate_parser(commands: argparse._SubParsersAction) -> None:
     generation.add_argument("--top_p", type=float, default=1.0)
     generation.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     generation.add_argument("--seed", type=int, default=42, help="sampling seed (same seed, same text)")
+    generation.add_argument(
+        "--chat",
+        action="store_true",
+        help="each prompt is a user's message, rendered by the chat template saved with the model",
+    )
+    generation.add_argument("--system", help="with --chat: a system message before each prompt")
 
 
 def add_profiles_parser(commands: argparse._SubParsersAction) -> None:

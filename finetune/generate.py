@@ -63,12 +63,31 @@ def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
     return found
 
 
+@dataclass(frozen=True)
+class Chat:
+    """`finetune generate --chat`: each prompt is a user's message (after an optional system one)."""
+
+    system: str | None = None
+
+    def render(self, tokenizer: PreTrainedTokenizerBase, prompt: str, model_path: str) -> str:
+        """The conversation so far with the assistant's turn opened, by the chat template saved with
+        the model: a model trained on chat data answers in the format it was trained on."""
+        if tokenizer.chat_template is None:
+            raise FinetuneError(
+                f"--chat: {model_path} has no chat template (a model trained on chat data saves one)"
+            )
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        messages = [*system, {"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 @torch.no_grad()
-def generate(model_path: str, prompts: list[str], sampling: Sampling) -> list[str]:
+def generate(model_path: str, prompts: list[str], sampling: Sampling, chat: Chat | None = None) -> list[str]:
     """One completion per prompt (the generated text only), reproducible for a given seed.
 
     The model folder's pickles are read weights-only and its custom code never runs (no
-    --trust_remote_code here): a downloaded or shared folder is data, not a program.
+    --trust_remote_code here): a downloaded or shared folder is data, not a program. A chat
+    template renders its own special tokens (a BOS among them), so the tokenizer adds none.
     """
     load_weights_only()
     location = resolve_model(model_path)
@@ -82,7 +101,8 @@ def generate(model_path: str, prompts: list[str], sampling: Sampling) -> list[st
     completions = []
     for prompt in prompts:
         set_seed(sampling.seed)
-        inputs = tokenizer(prompt, return_tensors="pt").to(device)
+        text = prompt if chat is None else chat.render(tokenizer, prompt, model_path)
+        inputs = tokenizer(text, return_tensors="pt", add_special_tokens=chat is None).to(device)
         output = model.generate(**inputs, generation_config=generation_config)
         completions.append(
             tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -4,7 +4,7 @@ import pytest
 
 from finetune.cli import main as cli_main
 from finetune.errors import FinetuneError
-from finetune.generate import Sampling, generate, read_prompts
+from finetune.generate import Chat, Sampling, generate, read_prompts
 
 
 def test_same_seed_same_completion(tiny_gpt2_dir):
@@ -40,3 +40,51 @@ def test_no_prompt_is_an_error():
 def test_generate_command_prints_prompt_and_completion(tiny_gpt2_dir, capsys):
     assert cli_main(["generate", str(tiny_gpt2_dir), "--prompt", "Hello", "--max_new_tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("Hello")
+
+
+@pytest.fixture
+def chat_model_dir(tiny_gpt2_dir, tmp_path):
+    """The tiny model with the default chat template saved beside it, as a run on chat data leaves it."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from finetune.instruction import DEFAULT_CHAT_TEMPLATE
+
+    folder = tmp_path / "chat-model"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE.read_text()
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_chat_renders_each_prompt_as_a_user_turn_with_the_assistants_turn_opened(chat_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    rendered = Chat(system="Be brief.").render(tokenizer, "Capital of France?", str(chat_model_dir))
+    assert rendered == (
+        "<|system|>\nBe brief.<|endoftext|><|user|>\nCapital of France?<|endoftext|><|assistant|>\n"
+    )
+
+
+def test_generate_chat_prints_each_user_prompt_and_the_assistants_answer(chat_model_dir, capsys):
+    argv = ["generate", str(chat_model_dir), "--chat", "--prompt", "Hi", "--greedy", "--max_new_tokens", "3"]
+    assert cli_main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "user: Hi" and lines[1].startswith("assistant: ")
+
+
+def test_chat_with_a_model_without_a_chat_template_is_one_error_line(tiny_gpt2_dir, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["generate", str(tiny_gpt2_dir), "--chat", "--prompt", "Hi"])
+    assert stopped.value.code == 2
+    assert "has no chat template" in capsys.readouterr().err
+
+
+def test_a_system_message_without_chat_is_refused(tiny_gpt2_dir, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(["generate", str(tiny_gpt2_dir), "--system", "Be brief.", "--prompt", "Hi"])
+    assert stopped.value.code == 2
+    assert "add --chat" in capsys.readouterr().err
