@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from finetune.profiles import _check_deepspeed as check_deepspeed_config
 from finetune.profiles import active_deepspeed_config, fill_nvme_path, launched_strategy, needs_nvme_path
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that record CUDA graphs
 
 
 @dataclass
@@ -387,6 +389,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
         check_deepspeed_config(config_path, deepspeed_config)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu)
+    _keep_cuda_graphs_from_recomputation(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args)
@@ -394,6 +397,20 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
         TrainingArguments.__post_init__(training_args)
     except ValueError as error:
         raise FinetuneError(str(error).splitlines()[0]) from None
+
+
+def _keep_cuda_graphs_from_recomputation(training_args: FinetuneTrainingArguments) -> None:
+    """A profile's CUDA graphs (the single profile's reduce-overhead) are not used with gradient
+    checkpointing, whose backward runs the recorded forward again: the two were never measured
+    together. --torch_compile_mode asks for a mode explicitly and is kept."""
+    profile_mode = os.environ.get("ACCELERATE_DYNAMO_MODE")
+    if (
+        training_args.gradient_checkpointing
+        and training_args.torch_compile
+        and training_args.torch_compile_mode is None
+        and profile_mode in CUDA_GRAPH_MODES
+    ):
+        training_args.torch_compile_mode = "default"
 
 
 def _apply_auto_precision(training_args: FinetuneTrainingArguments) -> None:

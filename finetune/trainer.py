@@ -39,13 +39,13 @@ from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
+from finetune.arguments import CUDA_GRAPH_MODES
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
 from finetune.profiles import strategy_of
 from finetune.resume import run_identity
 
 logger = logging.get_logger("finetune")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class LossSumSoFar(TrainerCallback, ExportableState):

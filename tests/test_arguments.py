@@ -127,6 +127,20 @@ def test_no_compilation_by_default_on_a_machine_without_gpu(output_flags):
     assert training_args.torch_compile is False
 
 
+@pytest.mark.parametrize(
+    ("flags", "mode"),
+    [(["--gradient_checkpointing", "true"], "default"), ([], None),
+     (["--gradient_checkpointing", "true", "--torch_compile_mode", "reduce-overhead"], "reduce-overhead")],
+)  # fmt: skip
+def test_a_profiles_cuda_graphs_are_not_used_with_gradient_checkpointing(
+    output_flags, monkeypatch, flags, mode
+):
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")  # as the single profile launches
+    _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true", *flags])
+    apply_launch_environment(training_args)
+    assert training_args.torch_compile_mode == mode
+
+
 def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert compiles_by_default(use_cpu=False) is True
