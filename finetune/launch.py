@@ -27,8 +27,6 @@ from finetune.errors import (
 from finetune.profiles import Profile
 
 RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
-
-
 FREE_PORT = 0  # accelerate launch --main_process_port 0: a port the operating system says is free
 
 
