@@ -122,19 +122,27 @@ def load_local(path: Path) -> DatasetDict:
     builder = builder_for(files)
     options = {"keep_linebreaks": True} if builder == "text" else {}
     if builder == "parquet":  # checked first: datasets logs its own error for a bad footer, then raises
-        for file in (Path(f) for paths in files.values() for f in paths):
-            problem = unreadable_parquet(file)
-            if problem:
-                raise FinetuneError(problem)
+        problem = first_unreadable(files, builder)
+        if problem:
+            raise FinetuneError(problem)
     try:
         return load_dataset(builder, data_files=files, **options)
     except DatasetGenerationError as error:
         cause = error.__cause__ or error
-        for file in (Path(f) for paths in files.values() for f in paths):
-            problem = unreadable_part(file, builder)
-            if problem:
-                raise FinetuneError(problem) from None
+        problem = first_unreadable(files, builder)
+        if problem:
+            raise FinetuneError(problem) from None
         raise FinetuneError(f"{path}: cannot read as {builder} data ({first_line(cause)})") from None
+
+
+def first_unreadable(files: dict[str, list[str]], builder: str) -> str | None:
+    """The first of a dataset's files that its builder cannot read, said in one line."""
+    for paths in files.values():
+        for path in paths:
+            problem = unreadable_part(Path(path), builder)
+            if problem:
+                return problem
+    return None
 
 
 def first_line(error: BaseException) -> str:
@@ -145,7 +153,9 @@ def first_line(error: BaseException) -> str:
 def unreadable_part(file: Path, builder: str) -> str | None:
     """Which line of a data file stops its builder, for the error message: datasets, pyarrow and pandas
     fail without naming the file (and pyarrow counts rows, not lines), so the file is read again here,
-    as the builder reads it, only after a failure."""
+    as the builder reads it, only after a failure. Parquet is binary: only its footer is read."""
+    if builder == "parquet":
+        return unreadable_parquet(file)
     data = file.read_bytes()
     nul = data.find(b"\0")
     if nul >= 0:
