@@ -256,6 +256,20 @@ def test_a_damaged_parquet_file_is_named(output_flags, tmp_path, capsys):
     assert_one_error(argv, capsys, f"{path}: not a readable Parquet file (")
 
 
+def test_a_parquet_file_with_damaged_data_is_not_called_a_binary_text_file(output_flags, tmp_path, capsys):
+    """Its footer reads, its pages do not: the builder's own error, not the text checks' "binary"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist([{"text": f"line {i} " * 20} for i in range(200)]), path)
+    damaged = bytearray(path.read_bytes())
+    damaged[100 : len(damaged) // 2] = b"\xab" * (len(damaged) // 2 - 100)
+    path.write_bytes(bytes(damaged))
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path}: cannot read as parquet data (")
+
+
 def test_ctrl_c_that_a_library_replaces_with_its_own_error_is_recorded_as_interrupted(tmp_path):
     """datasets' multi-process map (tokenization) answers Ctrl-C with a TimeoutError from its clean-up."""
     record = RunRecord(str(tmp_path), "run", is_main_process=True)
