@@ -174,20 +174,21 @@ def load_weights_only() -> None:
     torch.serialization.add_safe_globals([ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address])
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank if it is True on one. Collective."""
+def highest_on_any_rank(value: int, device: torch.device) -> int:
+    """The largest of every rank's value, on every rank. Collective."""
     if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    value = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        return value
+    shared = torch.tensor([value], device=device)
+    dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+    return int(shared.item())
 
 
 class SaveAndStopOnSignal(TrainerCallback):
     """On SIGTERM or SIGUSR1, save a checkpoint at the next step boundary on all ranks, then stop.
 
-    The signal may reach only some ranks, so at every step end the ranks agree (one all-reduce of
-    a flag) before any of them acts. A repeated stop signal is the same request: SLURM signals every
+    The signal may reach only some ranks, or each at another time, so at every step end the ranks
+    agree (one all-reduce of the signal's number) before any of them acts, and all name the same
+    signal whichever rank got it first. A repeated stop signal is the same request: SLURM signals every
     process of a job, launcher included, and the launcher forwards its SIGTERM to the ranks, so each
     rank gets two at once. Ctrl-C (SIGINT, not handled here) still stops at once.
 
@@ -199,11 +200,11 @@ class SaveAndStopOnSignal(TrainerCallback):
     def __init__(self) -> None:
         self.received: str | None = None
         self.stopped_at_step: int | None = None
+        self._signal_number = 0
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.received is None:
-            self.received = signal.Signals(signum).name
+        self._signal_number = self._signal_number or signum
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -213,8 +214,11 @@ class SaveAndStopOnSignal(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if any_rank(self.received is not None, args.device):
-            self.received = self.received or "a signal on another rank"
+        if self.received is not None:
+            return
+        number = highest_on_any_rank(self._signal_number, args.device)
+        if number:
+            self.received = signal.Signals(number).name
             self.stopped_at_step = state.global_step
             control.should_save = True
             control.should_training_stop = True

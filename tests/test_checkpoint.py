@@ -5,8 +5,11 @@ import json
 import logging
 import os
 import signal
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from finetune.checkpoint import (
@@ -205,6 +208,29 @@ def test_a_repeated_stop_signal_still_saves_at_the_next_step_end(events):
         callback.on_train_end(*events)
     assert (control.should_save, control.should_training_stop) == (True, True)
     assert (callback.received, callback.stopped_at_step) == ("SIGTERM", 3)
+
+
+def stop_on_two_ranks(rank: int, store: str, results: str) -> None:
+    """One gloo rank: rank 1 alone gets SIGUSR1 before the step ends; each writes what it saw."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    args, state, control = SimpleNamespace(device=torch.device("cpu")), TrainerState(), TrainerControl()
+    state.global_step = 4
+    callback = SaveAndStopOnSignal()
+    callback.on_train_begin(args, state, control)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    callback.on_step_end(args, state, control)
+    callback.on_train_end(args, state, control)
+    dist.destroy_process_group()
+    seen = f"{callback.received} {callback.stopped_at_step} {control.should_save}"
+    Path(results, str(rank)).write_text(seen)
+
+
+def test_a_signal_on_one_rank_stops_every_rank_naming_that_signal(tmp_path):
+    torch.multiprocessing.spawn(stop_on_two_ranks, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    assert [(tmp_path / str(rank)).read_text() for rank in (0, 1)] == ["SIGUSR1 4 True"] * 2
 
 
 def test_handlers_are_restored_when_training_ends(events):
