@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -70,6 +71,26 @@ def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBa
 
 def has_weights(folder: Path) -> bool:
     return any((folder / name).is_file() for name in WEIGHT_FILES)
+
+
+def check_attention_implementation(args: ModelArguments, config: PretrainedConfig) -> None:
+    """Refuse an attention kernel the model class cannot use before any data is built.
+
+    transformers checks it only while building the model; the class is built here on the meta device
+    (a fraction of a second, no memory, even for billions of parameters) and directly, not through
+    `from_config`, which under ZeRO-3 would partition it. A model of remote code is checked when built.
+    """
+    mapping = AutoModelForCausalLM._model_mapping
+    if type(config) not in mapping:
+        return
+    asked = copy.deepcopy(config)
+    asked._attn_implementation = args.attn_implementation
+    try:
+        with torch.device("meta"), no_init_weights():
+            mapping[type(config)](asked)
+    except (ValueError, ImportError) as error:
+        reason = first_line(error).split(". ")[0].rstrip(".")
+        raise FinetuneError(f"--attn_implementation {args.attn_implementation}: {reason}") from None
 
 
 def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -> PreTrainedModel:

@@ -45,7 +45,14 @@ from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
 from finetune.generate import Sampling, generate
 from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
-from finetune.models import build_model, choose_block_size, load_config, load_tokenizer, resolve_model
+from finetune.models import (
+    build_model,
+    check_attention_implementation,
+    choose_block_size,
+    load_config,
+    load_tokenizer,
+    resolve_model,
+)
 from finetune.outputs import claim_output_dir
 from finetune.planner import apply_global_batch
 from finetune.profiles import launched_strategy, strategy_of
@@ -112,6 +119,7 @@ def train_and_measure(
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
     config = load_config(model_args, location)
+    check_attention_implementation(model_args, config)
     block_size = choose_block_size(data_args.block_size, config)
     tokenizer = load_tokenizer(model_args, location)
     data = build_datasets(

@@ -9,11 +9,19 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, GPT2Config, set_seed
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, set_seed
+from transformers.integrations import HfDeepSpeedConfig
 
 from finetune.arguments import ModelArguments
 from finetune.errors import FinetuneError
-from finetune.models import build_model, choose_block_size, count_parameters, load_config, resolve_model
+from finetune.models import (
+    build_model,
+    check_attention_implementation,
+    choose_block_size,
+    count_parameters,
+    load_config,
+    resolve_model,
+)
 
 
 def load(args):
@@ -147,3 +155,34 @@ def test_zero3_from_scratch_starts_from_the_weights_every_other_profile_starts_f
     for name, weight in model.named_parameters():
         expected = weight.double().sum().item()
         assert zero3_weights[name]["sum"] == pytest.approx(expected, rel=1e-9, abs=1e-9), name
+
+
+def test_an_attention_kernel_the_model_class_lacks_is_refused_before_data_is_built():
+    args = ModelArguments(model="gpt2", attn_implementation="flex_attention")
+    with pytest.raises(
+        FinetuneError, match=r"^--attn_implementation flex_attention: GPT2LMHeadModel does not support"
+    ):
+        check_attention_implementation(args, GPT2Config(n_layer=1, n_embd=32, n_head=2))
+
+
+def test_an_unknown_attention_kernel_is_refused_in_one_line():
+    args = ModelArguments(model="gpt2", attn_implementation="fastest")
+    with pytest.raises(FinetuneError) as refused:
+        check_attention_implementation(args, GPT2Config(n_layer=1, n_embd=32, n_head=2))
+    assert "\n" not in str(refused.value) and '"fastest"' in str(refused.value)
+
+
+def test_a_kernel_the_model_class_has_passes():
+    llama = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    check_attention_implementation(ModelArguments(model="llama", attn_implementation="flex_attention"), llama)
+
+
+def test_the_attention_check_builds_no_zero3_partitioned_model():
+    """Under ZeRO-3 transformers' from_config would partition the model (zero.Init) as it builds it."""
+    zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    try:
+        check_attention_implementation(
+            ModelArguments(model="gpt2"), GPT2Config(n_layer=1, n_embd=32, n_head=2)
+        )
+    finally:
+        del zero3
