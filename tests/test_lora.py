@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig
+from tiny_configs import tiny_config
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config
 
 from finetune import run
 from finetune.adapters import adapter_config, adapter_flags, add_adapters, trainable_parameters
@@ -123,9 +124,7 @@ def test_default_targets_every_gpt2_conv1d_layer_but_not_the_output_layer():
 
 
 def test_default_targets_every_llama_projection_but_not_the_output_layer():
-    config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128
-    )
+    config = tiny_config("llama", num_hidden_layers=1, vocab_size=128)
     model = add_adapters(AutoModelForCausalLM.from_config(config), lora_flags(), "fp32")
     adapted = {name.rsplit(".", 1)[1] for name, m in model.named_modules() if hasattr(m, "lora_A")}
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}

@@ -4,7 +4,8 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+from tiny_configs import tiny_config
+from transformers import AutoModelForCausalLM
 
 import finetune.losses
 from finetune.losses import align_output_matmul, causal_lm_loss, chunked_loss_problem, use_chunked_loss
@@ -12,34 +13,16 @@ from finetune.losses import align_output_matmul, causal_lm_loss, chunked_loss_pr
 VOCAB = 1000  # not a multiple of the 64 the output weight is padded to
 
 
-def tiny(config_class, **shape):
+def tiny(architecture, **overrides):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_class(vocab_size=VOCAB, **shape))
+    model = AutoModelForCausalLM.from_config(tiny_config(architecture, vocab_size=VOCAB, **overrides))
     model.loss_type = "ForCausalLM"
     return model.train()  # dropout is off in the configs: both models must see the same function
 
 
 TINY_MODELS = {
-    "gpt2": lambda: tiny(
-        GPT2Config,
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    ),
-    "llama": lambda: tiny(
-        LlamaConfig,
-        num_hidden_layers=2,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    ),
+    "gpt2": lambda: tiny("gpt2", bos_token_id=0, eos_token_id=0),
+    "llama": lambda: tiny("llama", tie_word_embeddings=False),
 }
 
 
@@ -170,6 +153,6 @@ def test_aligned_output_layer_keeps_its_tied_weight_and_state_dict():
 
 def test_an_aligned_vocabulary_is_left_alone():
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=1024, n_layer=1, n_embd=32, n_head=2))
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2", vocab_size=1024, n_layer=1))
     assert not align_output_matmul(model)
     assert type(model.lm_head) is torch.nn.Linear

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, set_seed
+from tiny_configs import tiny_config
+from transformers import AutoModelForCausalLM, GPT2Config, set_seed
 from transformers.integrations import HfDeepSpeedConfig
 
 from finetune.arguments import ModelArguments
@@ -162,27 +163,25 @@ def test_an_attention_kernel_the_model_class_lacks_is_refused_before_data_is_bui
     with pytest.raises(
         FinetuneError, match=r"^--attn_implementation flex_attention: GPT2LMHeadModel does not support"
     ):
-        check_attention_implementation(args, GPT2Config(n_layer=1, n_embd=32, n_head=2))
+        check_attention_implementation(args, tiny_config("gpt2"))
 
 
 def test_an_unknown_attention_kernel_is_refused_in_one_line():
     args = ModelArguments(model="gpt2", attn_implementation="fastest")
     with pytest.raises(FinetuneError) as refused:
-        check_attention_implementation(args, GPT2Config(n_layer=1, n_embd=32, n_head=2))
+        check_attention_implementation(args, tiny_config("gpt2"))
     assert "\n" not in str(refused.value) and '"fastest"' in str(refused.value)
 
 
 def test_a_kernel_the_model_class_has_passes():
-    llama = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
-    check_attention_implementation(ModelArguments(model="llama", attn_implementation="flex_attention"), llama)
+    args = ModelArguments(model="llama", attn_implementation="flex_attention")
+    check_attention_implementation(args, tiny_config("llama"))
 
 
 def test_the_attention_check_builds_no_zero3_partitioned_model():
     """Under ZeRO-3 transformers' from_config would partition the model (zero.Init) as it builds it."""
     zero3 = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
     try:
-        check_attention_implementation(
-            ModelArguments(model="gpt2"), GPT2Config(n_layer=1, n_embd=32, n_head=2)
-        )
+        check_attention_implementation(ModelArguments(model="gpt2"), tiny_config("gpt2"))
     finally:
         del zero3

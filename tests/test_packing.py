@@ -4,23 +4,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+from tiny_configs import tiny_config
+from transformers import AutoModelForCausalLM
 
 from finetune.instruction import IGNORE_INDEX
 from finetune.packing import best_fit_decreasing, pack_examples, packed_collator, truncate
 
 PAD = 0
-TINY_CONFIGS = {
-    "gpt2": lambda: GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=1024),
-    "llama": lambda: LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        vocab_size=1024,
-    ),
-}
 
 
 def examples(lengths):
@@ -73,7 +63,7 @@ def test_over_long_examples_are_cut_to_block_size_and_counted():
 def test_each_examples_loss_packed_equals_its_loss_alone(architecture, attention):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
-        TINY_CONFIGS[architecture](), attn_implementation=attention
+        tiny_config(architecture, vocab_size=1024), attn_implementation=attention
     ).eval()
     lengths = [9, 5, 14, 7, 3]
     data = examples(lengths)
@@ -104,7 +94,7 @@ def test_each_examples_loss_packed_equals_its_loss_alone(architecture, attention
 def test_without_restarting_positions_the_examples_would_see_each_other():
     """The check above can fail: the same block read as one sequence gives other losses."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(TINY_CONFIGS["gpt2"]()).eval()
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2", vocab_size=1024)).eval()
     blocks, _ = pack_examples(examples([9, 5]), 16, PAD)
     ids = torch.tensor(blocks["input_ids"])
     with torch.no_grad():
