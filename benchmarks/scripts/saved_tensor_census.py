@@ -14,7 +14,7 @@ Each for full fine-tuning and for LoRA (rank 16, all linear layers) with and wit
 
 GPT-2's attention dropout is set to 0: on CPU it sends SDPA to its math path, which keeps the
 T-by-T scores that the GPU kernels do not. The whole forward at the calibration workload (micro batch
-8, block 1024, run.py's chunked loss except under ZeRO-3) is printed beside the GPU's own
+8, block 1024, the model's own loss as run.py computes it by default) is printed beside the GPU's own
 "first forward" allocation where a stored log has one.
 
 usage: FINETUNE_DATA_DIR=... python benchmarks/scripts/saved_tensor_census.py OUT_DIR
@@ -31,7 +31,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from finetune.adapters import add_adapters
-from finetune.losses import use_chunked_loss
 
 GIB = 2**30
 TOKENS = (128, 256)
@@ -61,8 +60,6 @@ def config_for(model: str, layers: int) -> AutoConfig:
 def build(model: str, layers: int, lora_dropout: float | None, regime: str) -> torch.nn.Module:
     torch.manual_seed(0)
     built = AutoModelForCausalLM.from_config(config_for(model, layers), attn_implementation="sdpa")
-    if regime != "deepspeed":  # ZeRO-3 shards the output layer, so run.py keeps the model's own loss
-        use_chunked_loss(built)
     if lora_dropout is not None:
         built = add_adapters(built, {**LORA, "lora_dropout": lora_dropout}, "bf16")
     if regime != "single":
