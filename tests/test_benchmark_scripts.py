@@ -1,7 +1,8 @@
-"""benchmarks/scripts/instruction_lora_table.py: the ratios issue 17 asks for, from stored summaries.
+"""benchmarks/scripts/: the parts of the GPU benchmark scripts that run without a GPU.
 
-The GPU runs themselves are not tests (benchmarks/README.md); what is checked here is that the table
-reads a folder of results the way instruction_lora.sh names them, without training anything.
+The GPU runs themselves are not tests (benchmarks/README.md); what is checked here is that
+instruction_lora_table.py reads a folder of results the way instruction_lora.sh names them, and that
+memory_snapshot.py finds what was alive at the peak of an allocator trace, without training anything.
 """
 
 import importlib.util
@@ -9,11 +10,17 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location(
-    "lora_table", ROOT / "benchmarks/scripts/instruction_lora_table.py"
-)
-lora_table = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(lora_table)
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+lora_table = load_script("instruction_lora_table")
+memory_snapshot = load_script("memory_snapshot")
 
 FALLING = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 7.0}]
 
@@ -63,3 +70,40 @@ def test_a_folder_of_one_task_prints_that_tasks_table_only(tmp_path):
     store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)
     store(tmp_path, "finetune_lora_eager.llama.b8.run1", tokens_per_second=2.0)
     assert list(printed_tables(tmp_path)) == ["LoRA"]
+
+
+def allocation(addr, size, site):
+    torch_frame = {"filename": "/venv/site-packages/torch/nn/functional.py", "line": 1, "name": "linear"}
+    return {"action": "alloc", "addr": addr, "size": size, "frames": [torch_frame, site]}
+
+
+def freed(addr, size):
+    return {"action": "free_completed", "addr": addr, "size": size}
+
+
+LAYER = {"filename": "/venv/site-packages/peft/tuners/lora/layer.py", "line": 7, "name": "forward"}
+LOSS = {"filename": "/project/finetune/losses.py", "line": 3, "name": "forward"}
+
+
+def test_the_peak_is_the_most_allocated_moment_and_its_live_set_is_summed_by_the_asking_frame():
+    trace = [
+        allocation(1, 100, LAYER),
+        allocation(2, 50, LAYER),
+        allocation(3, 300, LOSS),  # the peak: 1000 + 450
+        freed(3, 300),
+        freed(1, 100),
+        allocation(4, 200, LOSS),  # 1000 + 250: lower, and not what was alive at the peak
+    ]
+    peak, sites = memory_snapshot.live_at_peak(trace, before_bytes=1000)
+    assert peak == 1450
+    assert sites == {
+        memory_snapshot.BEFORE: [1000, 0],
+        "peft/tuners/lora/layer.py:7 forward": [150, 2],
+        "/project/finetune/losses.py:3 forward": [300, 1],
+    }
+
+
+def test_a_free_requested_but_not_completed_still_counts_as_alive():
+    trace = [allocation(1, 100, LAYER), {"action": "free_requested", "addr": 1, "size": 100}]
+    trace += [allocation(2, 10, LOSS)]
+    assert memory_snapshot.live_at_peak(trace, before_bytes=0)[0] == 110

@@ -1,0 +1,119 @@
+"""What is alive at a training step's memory peak, by the code that allocated it (issue 17 item 7).
+
+finetune/run.py as it is, with torch's CUDA allocator history recorded over the first STEPS
+optimizer steps. The trace is replayed (allocations against completed frees) to find the moment the
+allocated memory peaked, and what was alive then is summed by the first frame outside torch's own
+modules (a transformers or peft layer, finetune's loss, DeepSpeed's gather...). Writes OUT.json with
+that table and OUT.pickle, the raw snapshot for https://pytorch.org/memory_viz.
+
+Allocations alive before the recording began (the weights, the optimizer states) are one line,
+"before the first step". The planner's question is what the rest is.
+usage: accelerate launch --config_file PROFILE.yaml --num_processes 1 \\
+           benchmarks/scripts/memory_snapshot.py OUT --max_steps 3 [run.py flags]
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+from collections import defaultdict
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+GIB = 2**30
+STEPS = 2
+MAX_ENTRIES = 2_000_000
+BEFORE = "before the first step"
+LIBRARY_FRAMES = ("/torch/", "<frozen", "/contextlib.py", "/functools.py")
+
+
+def allocating_site(frames: list[dict[str, Any]]) -> str:
+    """The innermost frame that is not torch's own machinery: the layer or function that asked."""
+    for frame in frames:
+        if not any(part in frame["filename"] for part in LIBRARY_FRAMES):
+            return f"{frame['filename'].split('site-packages/')[-1]}:{frame['line']} {frame['name']}"
+    return f"{frames[0]['filename'].split('site-packages/')[-1]} {frames[0]['name']}" if frames else "unknown"
+
+
+def live_at_peak(trace: list[dict[str, Any]], before_bytes: int) -> tuple[int, dict[str, list[int]]]:
+    """(peak allocated bytes, {site: [bytes, allocations]} alive at that moment).
+
+    Two passes: the first finds the event at which allocated memory peaked, the second replays the
+    trace up to it (copying the live set at every new peak would be quadratic).
+    """
+    sizes: dict[int, int] = {}
+    current = peak = before_bytes
+    peak_index = -1
+    for index, event in enumerate(trace):
+        if event["action"] == "alloc":
+            sizes[event["addr"]] = event["size"]
+            current += event["size"]
+            if current > peak:
+                peak, peak_index = current, index
+        elif event["action"] == "free_completed" and event["addr"] in sizes:
+            current -= sizes.pop(event["addr"])
+    live: dict[int, dict[str, Any]] = {}
+    for event in trace[: peak_index + 1]:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+        elif event["action"] == "free_completed":
+            live.pop(event["addr"], None)
+    sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    sites[BEFORE] = [before_bytes, 0]
+    for event in live.values():
+        site = sites[allocating_site(event.get("frames", []))]
+        site[0] += event["size"]
+        site[1] += 1
+    return peak, dict(sites)
+
+
+def table(peak: int, sites: dict[str, list[int]], rows: int = 30) -> list[dict[str, Any]]:
+    ordered = sorted(sites.items(), key=lambda item: item[1][0], reverse=True)[:rows]
+    return [
+        {"site": site, "gib": round(size / GIB, 3), "allocations": count, "share": round(size / peak, 3)}
+        for site, (size, count) in ordered
+    ]
+
+
+class SnapshotSteps(TrainerCallback):
+    def __init__(self, out: str) -> None:
+        self.out, self.before = out, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.before = torch.cuda.memory_allocated()
+        torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step != STEPS:
+            return
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        peak, sites = live_at_peak(snapshot["device_traces"][torch.cuda.current_device()], self.before)
+        result = {
+            "argv": sys.argv[1:],
+            "peak_gib": round(peak / GIB, 3),
+            "max_memory_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 3),
+            "live_at_peak": table(peak, sites),
+        }
+        if args.process_index == 0:
+            measured = result["max_memory_allocated_gib"]
+            print(f"SNAPSHOT peak {result['peak_gib']} GiB (max_memory_allocated {measured})")
+            with open(f"{self.out}.json", "w") as file:
+                json.dump(result, file, indent=1)
+            with open(f"{self.out}.pickle", "wb") as file:
+                pickle.dump(snapshot, file)
+
+
+if __name__ == "__main__":
+    import finetune.run as run
+
+    class SnapshotTrainer(run.FinetuneTrainer):
+        def __init__(self, *args, callbacks, **kwargs):
+            super().__init__(*args, callbacks=[*callbacks, SnapshotSteps(OUT)], **kwargs)
+
+    OUT = sys.argv.pop(1)
+    run.FinetuneTrainer = SnapshotTrainer
+    run.main(sys.argv[1:])
