@@ -23,6 +23,8 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   The frozen base keeps no master copy: Ψ parameters in the compute dtype (2 bytes in bf16/fp16),
   plus the adapters at the framework's bytes per parameter. Activations are counted as for full
   fine-tuning: the frozen layers still keep their inputs for the gradient that flows through them.
+  The adapters' dropout, which keeps one more copy of each adapted layer's input, is not counted
+  yet, and a LoRA plan says so (ADAPTER_ACTIVATIONS_CAVEAT).
 - Host RAM is also taken while the model is built: every process builds the whole fp32 model
   (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
   layer as it is created. Host RAM per GPU is the larger of the two.
@@ -74,6 +76,12 @@ CHECKPOINTED_LAYER_BYTES = 4
 DEFAULT_MARGIN = 0.10
 CALIBRATION_KINDS = ("torch", "torch-compiled", "deepspeed")
 MAX_MICRO_BATCH = 4096
+# The adapters' activations are not modelled yet (benchmarks/cpu-2026-11-25-census), so a LoRA plan
+# says how far to trust it.
+ADAPTER_ACTIVATIONS_CAVEAT = (
+    "--peft: activations are counted as full fine-tuning's, though each adapter's dropout keeps more; "
+    "measured LoRA peaks were both above and below such plans (docs/lora.md): keep a margin."
+)
 
 OFFLOADED_GRADIENT_BYTES = 4
 HOST_BUFFER_FACTOR = 1.5
@@ -455,6 +463,8 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
         )
     lines.append("")
     lines.append(f"GiB; fits means total <= {100 * (1 - hardware.margin):.0f}% of the GPU's memory.")
+    if workload.peft is not None:
+        lines.append(ADAPTER_ACTIVATIONS_CAVEAT)
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from finetune.cli import auto_profile
 from finetune.cli import main as cli_main
 from finetune.errors import FinetuneError
 from finetune.planner import (
+    ADAPTER_ACTIVATIONS_CAVEAT,
     GIB,
     MODEL_LADDER,
     Calibration,
@@ -164,6 +165,13 @@ def test_plan_command_plans_eager_runs_when_told(capsys):
     out = capsys.readouterr().out
     assert "torch.compile off" in out
     assert out.strip().splitlines()[-1].startswith("recommended: zero1")
+
+
+def test_a_lora_plan_says_its_activations_are_full_fine_tunings_and_a_full_plan_does_not(capsys):
+    assert cli_main(["plan", "--model", "gpt2-medium", "--gpu_memory", "80", "--peft", "lora"]) == 0
+    assert ADAPTER_ACTIVATIONS_CAVEAT in capsys.readouterr().out
+    assert cli_main(["plan", "--model", "gpt2-medium", "--gpu_memory", "80"]) == 0
+    assert ADAPTER_ACTIVATIONS_CAVEAT not in capsys.readouterr().out
 
 
 def test_plan_command_says_what_would_fit_when_nothing_does(capsys):
