@@ -108,12 +108,7 @@ class SnapshotSteps(TrainerCallback):
 
 
 if __name__ == "__main__":
-    import finetune.run as run
+    from run_with_callback import main_with
 
-    class SnapshotTrainer(run.FinetuneTrainer):
-        def __init__(self, *args, callbacks, **kwargs):
-            super().__init__(*args, callbacks=[*callbacks, SnapshotSteps(OUT)], **kwargs)
-
-    OUT = sys.argv.pop(1)
-    run.FinetuneTrainer = SnapshotTrainer
-    run.main(sys.argv[1:])
+    out = sys.argv.pop(1)
+    main_with(SnapshotSteps(out), sys.argv[1:])

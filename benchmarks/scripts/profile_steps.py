@@ -15,11 +15,10 @@ import sys
 import time
 
 import torch
+from run_with_callback import main_with
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from transformers import TrainerCallback
-
-import finetune.run as run
 
 FIRST_STEP, STEPS = 8, 3
 
@@ -69,11 +68,6 @@ class ProfileSteps(TrainerCallback):
                 json.dump(result, file, indent=1)
 
 
-class ProfiledTrainer(run.FinetuneTrainer):
-    def __init__(self, *args, callbacks, **kwargs):
-        super().__init__(*args, callbacks=[*callbacks, ProfileSteps(OUT)], **kwargs)
-
-
-OUT = sys.argv.pop(1)
-run.FinetuneTrainer = ProfiledTrainer
-run.main(sys.argv[1:])
+if __name__ == "__main__":
+    out = sys.argv.pop(1)
+    main_with(ProfileSteps(out), sys.argv[1:])
