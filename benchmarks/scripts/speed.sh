@@ -9,19 +9,21 @@ MODEL=$1 BATCH=$2 STEPS=$3 PROFILE=${PROFILE:-single}; shift 3
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >> $OUT/gpu.txt
 python -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" >> $OUT/gpu.txt
 i=${FIRST_INDEX:-0}  # cases.sh numbers its runs across calls
+MODEL_NAME=$(basename "$MODEL")  # MODEL may be a folder, such as make_llama.py's
+if [ -d "$MODEL" ]; then MODEL_DIR=$MODEL; else MODEL_DIR=$FINETUNE_DATA_DIR/$MODEL; fi
 for V in "$@"; do
-  i=$((i+1)); NAME=$PROFILE${TAG:+-$TAG}.$MODEL.b$BATCH.$(echo "$V" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-50)
+  i=$((i+1)); NAME=$PROFILE${TAG:+-$TAG}.$MODEL_NAME.b$BATCH.$(echo "$V" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-50)
   if [ "$V" = plain ]; then
-    timeout 300 python benchmarks/scripts/plain_trainer.py $FINETUNE_DATA_DIR/$MODEL $BATCH $STEPS $OUT/$i.$NAME.json > $OUT/$i.$NAME.log 2>&1
+    timeout 300 python benchmarks/scripts/plain_trainer.py $MODEL_DIR $BATCH $STEPS $OUT/$i.$NAME.json > $OUT/$i.$NAME.log 2>&1
     rc=$?
   else
     EXTRA=$(echo "${V#finetune}" | sed 's/^://' | tr ',' ' ')
     timeout ${RUN_TIMEOUT:-400} accelerate launch --config_file accelerate_configs/$PROFILE.yaml --num_processes 1 $LAUNCH_FLAGS finetune/run.py --model $MODEL \
       --from_scratch --max_steps $STEPS --batch_size $BATCH --block_size 1024 --logging_steps 10 \
-      --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/o_${PROFILE}${TAG}_${MODEL}_$i $EXTRA \
+      --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/o_${PROFILE}${TAG}_${MODEL_NAME}_$i $EXTRA \
       > $OUT/$i.$NAME.log 2>&1
     rc=$?
-    cp /tmp/o_${PROFILE}${TAG}_${MODEL}_$i/run_summary.json $OUT/$i.$NAME.json
+    cp /tmp/o_${PROFILE}${TAG}_${MODEL_NAME}_$i/run_summary.json $OUT/$i.$NAME.json
   fi
   echo "== $V rc $rc"
   python - $OUT/$i.$NAME.json <<'PY'
