@@ -226,5 +226,8 @@ class SaveAndStopOnSignal(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self.received is None and self._signal_number:  # came after the last step's agreement
+            self.received = signal.Signals(self._signal_number).name
+            self.stopped_at_step = state.global_step
         for number, handler in self._previous.items():
             signal.signal(number, signal.SIG_IGN if self.received else handler)

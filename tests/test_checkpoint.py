@@ -233,6 +233,18 @@ def test_a_signal_on_one_rank_stops_every_rank_naming_that_signal(tmp_path):
     assert [(tmp_path / str(rank)).read_text() for rank in (0, 1)] == ["SIGUSR1 4 True"] * 2
 
 
+def test_a_signal_after_the_last_step_end_is_still_the_runs_stop(events):
+    """run.py then records the run as interrupted, as for a signal within training."""
+    _, state, _ = events
+    callback = SaveAndStopOnSignal()
+    callback.on_train_begin(*events)
+    state.global_step = 5
+    callback.on_step_end(*events)
+    os.kill(os.getpid(), signal.SIGTERM)
+    callback.on_train_end(*events)
+    assert (callback.received, callback.stopped_at_step) == ("SIGTERM", 5)
+
+
 def test_handlers_are_restored_when_training_ends(events):
     before = signal.getsignal(signal.SIGTERM)
     callback = SaveAndStopOnSignal()
