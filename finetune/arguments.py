@@ -22,7 +22,7 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from finetune.adapters import ALL_LINEAR, PEFT_METHODS, target_modules
 from finetune.devices import adapt_arguments_to_cpu
-from finetune.errors import FinetuneError
+from finetune.errors import FinetuneError, first_line
 from finetune.instruction import DATA_FORMATS
 from finetune.profiles import _check_deepspeed as check_deepspeed_config
 from finetune.profiles import active_deepspeed_config, fill_nvme_path, launched_strategy, needs_nvme_path
@@ -396,7 +396,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
     try:
         TrainingArguments.__post_init__(training_args)
     except ValueError as error:
-        raise FinetuneError(str(error).splitlines()[0]) from None
+        raise FinetuneError(first_line(error)) from None
 
 
 def _keep_cuda_graphs_from_recomputation(training_args: FinetuneTrainingArguments) -> None:
@@ -530,7 +530,7 @@ def parse_arguments(
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:
-        raise FinetuneError(str(error).splitlines()[0]) from None
+        raise FinetuneError(first_line(error)) from None
     if training_args.global_batch_size is not None:
         training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     return model_args, data_args, training_args

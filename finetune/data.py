@@ -30,7 +30,7 @@ from transformers.data.data_collator import DataCollator
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments
-from finetune.errors import FinetuneError
+from finetune.errors import FinetuneError, first_line
 from finetune.instruction import chat_template_for, detect_format, encode
 from finetune.packing import pack_examples, packed_collator, truncate
 from finetune.resolve import describe_tried, resolve
@@ -145,11 +145,6 @@ def first_unreadable(files: dict[str, list[str]], builder: str) -> str | None:
     return None
 
 
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def unreadable_part(file: Path, builder: str) -> str | None:
     """Which line of a data file stops its builder, for the error message: datasets, pyarrow and pandas
     fail without naming the file (and pyarrow counts rows, not lines), so the file is read again here,
@@ -221,9 +216,8 @@ def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
     try:
         raw = load_dataset(found.hub_id, args.dataset_config or hub_config)
     except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, ...)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise FinetuneError(
-            f"dataset '{args.dataset}' not found; {describe_tried(found)}; the Hub said: {first}"
+            f"dataset '{args.dataset}' not found; {describe_tried(found)}; the Hub said: {first_line(error)}"
         ) from None
     if not isinstance(raw, DatasetDict):
         raw = DatasetDict({"train": raw})

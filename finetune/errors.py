@@ -23,6 +23,13 @@ ERROR_FILE_VARIABLE = "FINETUNE_ERROR_FILE"
 OTHER_RANK_GRACE_S = 15.0
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (its type when it has none): libraries' messages run to
+    many lines, and the user gets one."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class FinetuneError(Exception):
     """Bad input (unknown name, impossible setting). Reported as one line, never as a traceback."""
 

@@ -20,8 +20,8 @@ from finetune import safe_unpickling
 from finetune.adapters import adapter_config
 from finetune.arguments import ModelArguments
 from finetune.checkpoint import checkpoint_problem, load_weights_only, read_manifest
-from finetune.errors import FinetuneError
-from finetune.models import first_line, load_config, resolve_model
+from finetune.errors import FinetuneError, first_line
+from finetune.models import load_config, resolve_model
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

@@ -12,7 +12,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import ModelArguments
-from finetune.errors import FinetuneError
+from finetune.errors import FinetuneError, first_line
 from finetune.resolve import describe_tried, resolve
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
@@ -195,7 +195,3 @@ def count_parameters(model: torch.nn.Module) -> int:
     """
     unique = {id(p): p for p in model.parameters()}.values()
     return sum(getattr(p, "ds_numel", p.numel()) for p in unique)
-
-
-def first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import DynamoBackend
 
 from finetune.devices import launched_with
-from finetune.errors import FinetuneError
+from finetune.errors import FinetuneError, first_line
 
 
 def shipped_folder(name: str) -> Path:
@@ -303,7 +303,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     try:
         settings = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise FinetuneError(f"{path}: not valid YAML ({_first_line(error)})") from None
+        raise FinetuneError(f"{path}: not valid YAML ({first_line(error)})") from None
     if not isinstance(settings, dict):
         raise FinetuneError(f"{path}: a profile is a YAML mapping of accelerate config keys")
     distributed_type = str(settings.get("distributed_type", ""))
@@ -367,10 +367,6 @@ def _description(text: str) -> str:
         if line.startswith("#"):
             return line.lstrip("# ").strip()
     return ""
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0]
 
 
 def _check_fsdp(path: Path, settings: dict[str, Any]) -> None:
