@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from finetune.launch import FREE_PORT
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # Runs started outside the checkout find the data too (CI passes a relative ../shared/data).
@@ -18,12 +20,11 @@ LAUNCH_TIMEOUT_S = 900
 
 
 def accelerate_launch(profile: str, num_processes: int = 2) -> list[str]:
-    """With a free port (accelerate's port 0), as `finetune run` takes one: pytest-xdist's workers launch
-    runs at the same time."""
+    """With a free port, as `finetune run` takes one: pytest-xdist's workers launch runs at the same time."""
     config = f"accelerate_configs/{profile}.yaml"
     return [
         *ACCELERATE, "--config_file", config, "--num_processes", str(num_processes),
-        "--main_process_port", "0", "finetune/run.py",
+        "--main_process_port", str(FREE_PORT), "finetune/run.py",
     ]  # fmt: skip
 
 
