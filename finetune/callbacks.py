@@ -550,7 +550,27 @@ class ConsoleLines:
         return training_line(logs, step, state.max_steps, eta)
 
 
-class ConsoleProgressCallback(ProgressCallback):
+class CompactLogLines:
+    """Prints one compact line per log on the run's first rank, through the subclass's `write`."""
+
+    lines: ConsoleLines
+
+    def write(self, line: str) -> None:
+        raise NotImplementedError
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if state.is_world_process_zero and (line := self.lines.line(state, logs or {})):
+            self.write(line)
+
+
+class ConsoleProgressCallback(CompactLogLines, ProgressCallback):
     """transformers' progress bars, with one compact line per log printed above them instead of a dict
     of every logged value (those stay in `state.log_history`, TensorBoard and run_summary.json)."""
 
@@ -558,35 +578,19 @@ class ConsoleProgressCallback(ProgressCallback):
         super().__init__()
         self.lines = ConsoleLines(clock)
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if state.is_world_process_zero and (line := self.lines.line(state, logs or {})):
-            tqdm.write(line)
+    def write(self, line: str) -> None:
+        tqdm.write(line)
 
 
-class ConsolePrinterCallback(PrinterCallback):
+class ConsolePrinterCallback(CompactLogLines, PrinterCallback):
     """With `--disable_tqdm true`: the compact lines alone, printed by the first rank of the run only
     (transformers' printer prints the whole dict on the first rank of every machine)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.lines = ConsoleLines(clock)
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if state.is_world_process_zero and (line := self.lines.line(state, logs or {})):
-            print(line, flush=True)
+    def write(self, line: str) -> None:
+        print(line, flush=True)
 
 
 CONSOLE_CALLBACKS: dict[type[TrainerCallback], type[TrainerCallback]] = {
