@@ -25,7 +25,7 @@ from finetune.devices import adapt_arguments_to_cpu
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import DATA_FORMATS
 from finetune.profiles import _check_deepspeed as check_deepspeed_config
-from finetune.profiles import active_deepspeed_config, fill_nvme_path, launched_strategy, needs_nvme_path
+from finetune.profiles import active_deepspeed_config, launched_strategy, needs_nvme_path, write_filled_config
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that record CUDA graphs
@@ -425,7 +425,13 @@ def _apply_auto_precision(training_args: FinetuneTrainingArguments) -> None:
 def _apply_nvme_path(
     training_args: FinetuneTrainingArguments, config_path: Path | None, config: dict[str, Any] | None
 ) -> None:
-    """ZeRO-Infinity needs a folder only the user knows: fill it into the profile's DeepSpeed JSON."""
+    """ZeRO-Infinity needs a folder only the user knows: fill it into the profile's DeepSpeed JSON.
+
+    The filled JSON goes to accelerate the way every other profile's does, as the launcher's
+    ACCELERATE_DEEPSPEED_CONFIG_FILE, not as TrainingArguments.deepspeed: transformers fills that
+    one's "auto" batch sizes in __post_init__ from a world size it may not know yet (1 on CPU gloo
+    ranks), and DeepSpeed then refuses the batch of 2 ranks.
+    """
     if config is None or not needs_nvme_path(config):
         if training_args.nvme_path:
             raise FinetuneError("--nvme_path is only used with an NVMe-offload profile such as zero3_nvme")
@@ -435,7 +441,7 @@ def _apply_nvme_path(
             f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
         )
     Path(training_args.nvme_path).mkdir(parents=True, exist_ok=True)
-    training_args.deepspeed = fill_nvme_path(config, training_args.nvme_path)
+    os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(write_filled_config(config, training_args.nvme_path))
 
 
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
@@ -553,9 +559,9 @@ def flags_given(argv: list[str], names: tuple[str, ...]) -> frozenset[str]:
 def set_batch_geometry(training_args: FinetuneTrainingArguments, micro_batch: int, accumulation: int) -> None:
     """Change the micro batch and accumulation after `apply_launch_environment`.
 
-    A DeepSpeed JSON given to TrainingArguments (the NVMe profile's, filled in) had its "auto"
-    batch sizes filled from the old values there: it is filled again as transformers' own
-    hyperparameter search does, or DeepSpeed would train the old batch.
+    A DeepSpeed JSON given to TrainingArguments (`--deepspeed FILE`) had its "auto" batch sizes
+    filled from the old values there: it is filled again as transformers' own hyperparameter search
+    does, or DeepSpeed would train the old batch. A profile's JSON is filled by accelerate later.
     """
     training_args.per_device_train_batch_size = micro_batch
     training_args.gradient_accumulation_steps = accumulation

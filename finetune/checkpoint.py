@@ -111,6 +111,13 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     return None
 
 
+def swapped_to_nvme(checkpoint: Path) -> bool:
+    """Whether DeepSpeed wrote this checkpoint's optimizer states as NVMe swap files (zero3_nvme):
+    `global_stepN/offloaded_tensors/`, raw tensors that neither its loader nor zero_to_fp32 reads back
+    as a whole (finetune/resume.py, finetune/export.py)."""
+    return any(checkpoint.glob("global_step*/offloaded_tensors"))
+
+
 def checkpoints_newest_first(output_dir: str | Path) -> list[Path]:
     found = []
     for path in Path(output_dir).glob("checkpoint-*"):

@@ -19,7 +19,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from finetune import safe_unpickling
 from finetune.adapters import adapter_config
 from finetune.arguments import ModelArguments
-from finetune.checkpoint import checkpoint_problem, load_weights_only, read_manifest
+from finetune.checkpoint import checkpoint_problem, load_weights_only, read_manifest, swapped_to_nvme
 from finetune.errors import FinetuneError, first_line
 from finetune.models import load_config, resolve_model
 
@@ -75,9 +75,18 @@ def full_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The whole model's weights from one checkpoint, on CPU, in one process.
 
     DeepSpeed: the fp32 master weights, merged from the optimizer partitions by DeepSpeed's own
-    zero_to_fp32. FSDP: accelerate's merge_fsdp_weights of the distributed checkpoint.
+    zero_to_fp32; with the optimizer swapped to NVMe the masters are raw swap files zero_to_fp32 cannot
+    read, and the weights are those ZeRO-3 gathered into the checkpoint when saving it (the model's
+    own, in its compute dtype). FSDP: accelerate's merge_fsdp_weights of the distributed checkpoint.
     """
     kind = checkpoint_kind(checkpoint)
+    if kind == "deepspeed" and swapped_to_nvme(checkpoint):
+        if not any(checkpoint.glob("model*.safetensors")):
+            raise FinetuneError(
+                f"{checkpoint}: its optimizer states are NVMe swap files that zero_to_fp32 cannot read, and "
+                'it holds no gathered weights ("stage3_gather_16bit_weights_on_model_save": false)'
+            )
+        return load_safetensors_folder(checkpoint)
     if kind == "deepspeed":
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 

@@ -474,6 +474,22 @@ def fill_nvme_path(config: dict[str, Any], nvme_path: str) -> dict[str, Any]:
     return filled
 
 
+FILLED_CONFIG_NAME = "finetune_deepspeed_config.json"
+
+
+def write_filled_config(config: dict[str, Any], nvme_path: str) -> Path:
+    """The profile's JSON with --nvme_path filled in, written into that folder (which exists).
+
+    Every rank of a machine writes the same file: each writes its own temporary copy and renames it,
+    so a rank never reads another's half-written file.
+    """
+    target = Path(nvme_path).resolve() / FILLED_CONFIG_NAME
+    staged = target.with_name(f".{FILLED_CONFIG_NAME}.{os.getpid()}")
+    staged.write_text(json.dumps(fill_nvme_path(config, nvme_path), indent=2) + "\n")
+    os.replace(staged, target)
+    return target
+
+
 def active_deepspeed_config() -> tuple[Path | None, dict[str, Any] | None]:
     """The DeepSpeed JSON that `accelerate launch` handed this process, if any."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() not in ("1", "true"):

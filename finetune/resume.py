@@ -22,7 +22,7 @@ from transformers import TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
-from finetune.checkpoint import read_manifest
+from finetune.checkpoint import read_manifest, swapped_to_nvme
 from finetune.devices import launched_with
 from finetune.errors import FinetuneError
 from finetune.profiles import active_deepspeed_config
@@ -270,4 +270,11 @@ def check_resume(checkpoint: Path | None, flags: dict[str, Any], training_args: 
             training_args.process_index == 0,
             training_args.global_batch_size,
         )
-    return finished_run(training_args.output_dir, checkpoint, training_args.resume)
+    finished = finished_run(training_args.output_dir, checkpoint, training_args.resume)
+    if finished is None and checkpoint is not None and swapped_to_nvme(checkpoint):
+        raise FinetuneError(
+            f"{checkpoint} holds optimizer states swapped to NVMe (zero3_nvme), which DeepSpeed does not "
+            "resume as the same run: its Adam state restarts and the first step's update is lost. Start a "
+            f"new run from its weights instead: finetune export {checkpoint} DIR, then --model DIR"
+        )
+    return finished

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from finetune.launch import FREE_PORT
 
@@ -43,3 +46,31 @@ def launch(
     )
     assert result.returncode == 0, f"run failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result
+
+
+def nvme_flags(profile: str, output_dir: Path) -> list[str]:
+    """zero3_nvme requires --nvme_path: each run swaps into a folder of its own beside its output_dir."""
+    if profile != "zero3_nvme":
+        return []
+    skip_without_async_io()
+    return ["--nvme_path", str(output_dir.with_name(f"{output_dir.name}-nvme"))]
+
+
+@functools.cache
+def async_io_problem() -> str | None:
+    """Why DeepSpeed's async I/O op (zero3_nvme's swapping) cannot be built here, or None if it can.
+
+    Asked of DeepSpeed itself, in a process of its own: the check needs its CPU accelerator chosen
+    before DeepSpeed is imported.
+    """
+    probe = "from deepspeed.ops.op_builder.cpu import AsyncIOBuilder; print(AsyncIOBuilder().is_compatible())"
+    environment = {**ENVIRONMENT, "DS_ACCELERATOR": "cpu"}
+    result = subprocess.run([sys.executable, "-c", probe], env=environment, capture_output=True, text=True)
+    if result.stdout.strip().endswith("True"):
+        return None
+    return "DeepSpeed's async I/O op cannot be built: zero3_nvme needs libaio (apt-get install libaio-dev)"
+
+
+def skip_without_async_io() -> None:
+    if problem := async_io_problem():
+        pytest.skip(problem)

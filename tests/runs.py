@@ -21,9 +21,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from launching import accelerate_launch, launch
+from launching import accelerate_launch, launch, nvme_flags
 
-PROFILES = ("ddp", "fsdp", "zero2", "zero3", "zero2_offload")
+PROFILES = ("ddp", "fsdp", "zero2", "zero3", "zero2_offload", "zero3_nvme")
 MAX_STEPS = 20
 SAVE_STEPS = 5
 CHECKPOINT_STEPS = tuple(range(SAVE_STEPS, MAX_STEPS + 1, SAVE_STEPS))
@@ -54,7 +54,7 @@ def make_reference_run(profile: str, output_dir: Path) -> Path:
         launch(finetune_run(profile), output_dir, [*FLAGS, "--generation_prompt", GENERATION_PROMPT],
                cwd=outside_the_checkout)  # fmt: skip
     else:
-        launch(accelerate_launch(profile), output_dir, FLAGS)
+        launch(accelerate_launch(profile), output_dir, [*FLAGS, *nvme_flags(profile, output_dir)])
     return output_dir
 
 

@@ -1,5 +1,7 @@
 """Flags and YAML recipes parse into ModelArguments, DataArguments and FinetuneTrainingArguments."""
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -215,6 +217,25 @@ def test_parsing_creates_no_folder(output_flags, monkeypatch, tmp_path):
     assert not nvme.exists()
     apply_launch_environment(training_args)
     assert nvme.is_dir()
+
+
+def test_the_nvme_profiles_json_reaches_accelerate_filled_in_as_the_launchers_file(
+    output_flags, monkeypatch, tmp_path
+):
+    """Not as TrainingArguments.deepspeed, whose "auto" batch sizes transformers fills from a world
+    size it may not know yet: on 2 CPU ranks DeepSpeed then refused the batch as 4 != 4 * 1 * 2."""
+    use_nvme_profile(monkeypatch)
+    nvme = tmp_path / "nvme"
+    _, _, training_args = parse_arguments([*output_flags, "--nvme_path", str(nvme)])
+    apply_launch_environment(training_args)
+    handed = Path(os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"])
+    assert handed.parent == nvme.resolve()
+    config = json.loads(handed.read_text())
+    zero = config["zero_optimization"]
+    swapped = [zero[key]["nvme_path"] for key in ("offload_param", "offload_optimizer")]
+    assert swapped == [str(nvme.resolve())] * 2
+    assert config["train_batch_size"] == "auto"
+    assert training_args.deepspeed is None
 
 
 def test_parsing_sets_up_no_device(output_flags):

@@ -29,7 +29,7 @@ from finetune.planner import Calibration, ModelShape, Workload, estimate
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
 
-from launching import accelerate_launch, launch
+from launching import accelerate_launch, launch, nvme_flags
 
 RANK = 4
 STEPS = 4
@@ -296,10 +296,9 @@ def eval_loss_of_saved_adapters(base: Path, output_dir: Path, flags: list[str]) 
     return total / count
 
 
-# Every multi-process profile but zero3 (on instruction data below) and zero3_nvme (whose NVMe
-# swapping needs libaio, absent on CPU machines; the same adapter path as zero3_offload): the single
-# profile is `lora_run` above, one process.
-LAUNCHED_PROFILES = ["ddp", "fsdp", "fsdp_grad_op", "zero2", "zero2_offload", "zero3_offload"]
+# Every multi-process profile but zero3 (on instruction data below): the single profile is `lora_run`
+# above, one process.
+LAUNCHED_PROFILES = ["ddp", "fsdp", "fsdp_grad_op", "zero2", "zero2_offload", "zero3_offload", "zero3_nvme"]
 
 
 @pytest.mark.integration
@@ -307,7 +306,8 @@ LAUNCHED_PROFILES = ["ddp", "fsdp", "fsdp_grad_op", "zero2", "zero2_offload", "z
 def test_lora_trains_only_the_adapters_on_two_ranks(profile, base_dir, corpus, tmp_path):
     output_dir = tmp_path / "out"
     flags = run_flags(base_dir, corpus, output_dir, "--save_strategy", "no")
-    launch(accelerate_launch(profile), output_dir, flags[: flags.index("--output_dir")])
+    launched = [*flags[: flags.index("--output_dir")], *nvme_flags(profile, output_dir)]
+    launch(accelerate_launch(profile), output_dir, launched)
     summary = read_summary(output_dir)
     losses = [point["loss"] for point in summary["loss_curve"]]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]

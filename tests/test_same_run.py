@@ -95,6 +95,21 @@ def test_a_checkpoint_of_another_profile_and_process_count_is_refused_in_one_lin
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_a_checkpoint_with_optimizer_states_swapped_to_nvme_is_refused_saying_how_to_continue(
+    tmp_path, run_py
+):
+    """DeepSpeed resumes zero3_nvme with a fresh Adam and loses the first step's update (measured on 2
+    CPU ranks: the master weights after the first resumed step equal the checkpoint's)."""
+    checkpoint = make_checkpoint(tmp_path / "out", 10, identity_of(FLAGS))
+    (checkpoint / "global_step10" / "offloaded_tensors" / "rank00").mkdir(parents=True)
+    result = run_py(tmp_path / "out", "--resume")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    assert len(errors) == 1
+    assert "swapped to NVMe" in errors[0] and f"finetune export {checkpoint} DIR" in errors[0]
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
 def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(tmp_path, run_py):
     written = identity_of([*FLAGS, "--learning_rate", "1e-3"])
     make_checkpoint(tmp_path / "out", 10, written)

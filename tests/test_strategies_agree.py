@@ -1,8 +1,9 @@
 """The central promise: the strategy changes where the state lives, not what is trained.
 
-With one seed and dropout off, the 2-rank reference runs (tests/runs.py) under ddp, fsdp, zero2 and
-zero3 start from the same weights on the same batch, so their step-1 losses agree to float32 rounding,
-and they follow one loss curve: the pinned one in tests/data/reference_loss_curve.json.
+With one seed and dropout off, the 2-rank reference runs (tests/runs.py) under ddp, fsdp, zero2,
+zero3 and zero3_nvme (its parameters and optimizer states swapped through a folder) start from the
+same weights on the same batch, so their step-1 losses agree to float32 rounding, and they follow
+one loss curve: the pinned one in tests/data/reference_loss_curve.json.
 
 Tolerances: the strategies sum gradients in different orders (all-reduce, reduce-scatter, bucketed
 or not), and Adam's division by the root of the squared gradients lets that rounding grow a little
@@ -21,7 +22,7 @@ import pytest
 from finetune.summary import read_summary
 
 PINNED = json.loads((Path(__file__).parent / "data" / "reference_loss_curve.json").read_text())
-STRATEGIES = ["ddp", "fsdp", "zero2", "zero3"]
+STRATEGIES = ["ddp", "fsdp", "zero2", "zero3", "zero3_nvme"]
 FIRST_STEP_RTOL = 1e-5
 CURVE_RTOL = 1e-3
 
