@@ -23,7 +23,7 @@ from pathlib import Path
 
 from launching import accelerate_launch, launch, nvme_flags
 
-PROFILES = ("ddp", "fsdp", "zero2", "zero3", "zero2_offload", "zero3_nvme")
+PROFILES = ("ddp", "fsdp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_nvme")
 MAX_STEPS = 20
 SAVE_STEPS = 5
 CHECKPOINT_STEPS = tuple(range(SAVE_STEPS, MAX_STEPS + 1, SAVE_STEPS))

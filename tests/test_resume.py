@@ -32,7 +32,7 @@ from runs import CHECKPOINT_STEPS, FLAGS, MAX_STEPS, SAVE_STEPS, copy_checkpoint
 
 pytestmark = pytest.mark.integration
 
-PROFILES = ["ddp", "fsdp", "zero2", "zero3", "zero3_nvme"]
+PROFILES = ["ddp", "fsdp", "zero1", "zero2", "zero3", "zero3_nvme"]
 
 
 def run(profile: str, output_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
