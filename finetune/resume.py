@@ -274,7 +274,14 @@ def check_resume(checkpoint: Path | None, flags: dict[str, Any], training_args: 
     if finished is None and checkpoint is not None and swapped_to_nvme(checkpoint):
         raise FinetuneError(
             f"{checkpoint} holds optimizer states swapped to NVMe (zero3_nvme), which DeepSpeed does not "
-            "resume as the same run: its Adam state restarts and the first step's update is lost. Start a "
-            f"new run from its weights instead: finetune export {checkpoint} DIR, then --model DIR"
+            "resume as the same run: its Adam state restarts and the first step's update is lost; "
+            + how_to_continue(checkpoint)
         )
     return finished
+
+
+def how_to_continue(checkpoint: str | Path | None) -> str:
+    """What to do with the checkpoint a stopped run leaves: resume it, or (zero3_nvme) export it."""
+    if checkpoint is not None and swapped_to_nvme(Path(checkpoint)):
+        return f"start a new run from its weights: finetune export {checkpoint} DIR, then --model DIR"
+    return "run the same command with --resume to continue"

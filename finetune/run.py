@@ -58,7 +58,7 @@ from finetune.planner import apply_global_batch
 from finetune.profiles import launched_strategy, strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
-from finetune.resume import check_resume, defining_flags, refuse_another_run, run_identity
+from finetune.resume import check_resume, defining_flags, how_to_continue, refuse_another_run, run_identity
 from finetune.summary import (
     RunRecord,
     configuration_fields,
@@ -183,9 +183,10 @@ def train_and_measure(
     record.update(training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput))
     record.update(startup.summary())
     if stop.received:
+        checkpoint = record.fields["checkpoint"]
         raise StoppedForResume(
             f"stopped by {stop.received} at step {stop.stopped_at_step} with checkpoint "
-            f"{record.fields['checkpoint']}: run the same command with --resume to continue"
+            f"{checkpoint}: {how_to_continue(checkpoint)}"
         )
     if training_args.profile_memory and training_args.process_index == 0:
         print(memory.report())

@@ -23,6 +23,7 @@ from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
 from finetune.resume import (
     defining_flags,
+    how_to_continue,
     launched_strategy,
     refuse_another_run,
     run_differences,
@@ -108,6 +109,15 @@ def test_a_checkpoint_with_optimizer_states_swapped_to_nvme_is_refused_saying_ho
     assert len(errors) == 1
     assert "swapped to NVMe" in errors[0] and f"finetune export {checkpoint} DIR" in errors[0]
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_stopped_run_tells_a_zero3_nvme_checkpoint_to_export_and_any_other_to_resume(tmp_path):
+    plain = make_checkpoint(tmp_path / "plain", 10, None)
+    swapped = make_checkpoint(tmp_path / "swapped", 10, None)
+    (swapped / "global_step10" / "offloaded_tensors").mkdir(parents=True)
+    assert how_to_continue(plain) == "run the same command with --resume to continue"
+    exported = f"start a new run from its weights: finetune export {swapped} DIR, then --model DIR"
+    assert how_to_continue(str(swapped)) == exported
 
 
 def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(tmp_path, run_py):
