@@ -97,19 +97,6 @@ def test_plan_of_an_unknown_profile_lists_the_available_ones(capsys):
     assert_one_error(argv, capsys, "unknown profile 'zero4' (available: ddp", entry=cli.main)
 
 
-def test_nvme_path_is_filled_into_the_deepspeed_config(output_flags, monkeypatch, tmp_path):
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", NVME_CONFIG)
-    from finetune.arguments import apply_launch_environment, parse_arguments
-
-    _, _, training_args = parse_arguments(["--nvme_path", str(tmp_path / "nvme"), *output_flags])
-    apply_launch_environment(training_args)
-    zero = training_args.deepspeed["zero_optimization"]
-    nvme = str(tmp_path / "nvme")
-    assert zero["offload_param"]["nvme_path"] == zero["offload_optimizer"]["nvme_path"] == nvme
-    assert json.dumps(training_args.deepspeed).count('"auto"') > 0  # the Trainer's own autos are kept
-
-
 def test_script_exits_2_without_a_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "finetune" / "run.py"), "--model", "no-such-model"],
