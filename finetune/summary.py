@@ -27,7 +27,7 @@ from finetune.arguments import as_record
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.data import DataSummary
-from finetune.errors import StoppedForResume
+from finetune.errors import StoppedForResume, first_line
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
 from finetune.models import count_parameters
 
@@ -434,8 +434,8 @@ class RunRecord:
                 self.update({"status": "interrupted", "error": f"interrupted by {reason}"})
                 self.write()
                 raise KeyboardInterrupt(*interrupt.args) from error
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            self.update({"status": "failed", "error": f"{type(error).__name__}: {first_line}".rstrip(": ")})
+            message = first_line(error) if str(error).strip() else ""
+            self.update({"status": "failed", "error": f"{type(error).__name__}: {message}".rstrip(": ")})
             self.write()
             raise
         else:
