@@ -428,10 +428,13 @@ def process_start_time() -> float:
 
 class StartupCallback(TrainerCallback):
     """Seconds from the process's start to the end of its first optimizer step: imports, data, model,
-    wrapping, compilation and that step, what a user waits before training runs at speed.
+    wrapping, compilation and that step, what a user waits before training runs at speed; and that
+    time by phase, which says what to shorten.
 
-    On a GPU the first step's end waits for the GPU once, so the time is the step's, not its queueing.
-    A resumed run counts its own start-up (loading the checkpoint included).
+    run.py marks where its set-up phases end (`mark`); the Trainer's wrapping ends at train begin,
+    and the first step (compilation in it) at its end. On a GPU the first step's end waits for the GPU
+    once, so the time is the step's, not its queueing. A resumed run counts its own start-up (loading
+    the checkpoint included).
     """
 
     def __init__(
@@ -444,6 +447,17 @@ class StartupCallback(TrainerCallback):
         self.clock = clock
         self.on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
         self.seconds: float | None = None
+        self.marks: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        """The phase that ends now (the first ends at the first mark, measured from the process start)."""
+        self.marks.append((phase, self.clock()))
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.seconds is None:
+            self.mark("wrapping")
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -452,11 +466,19 @@ class StartupCallback(TrainerCallback):
             return
         if self.on_gpu:
             torch.cuda.synchronize()
-        self.seconds = self.clock() - self.started_at
+        self.mark("first step")
+        self.seconds = self.marks[-1][1] - self.started_at
+
+    def phases(self) -> dict[str, float]:
+        """Seconds each phase took, in order; they add up to the time to the first step."""
+        starts = [self.started_at, *(at for _, at in self.marks[:-1])]
+        return {phase: end - start for (phase, end), start in zip(self.marks, starts, strict=True)}
 
     def summary(self) -> dict[str, Any]:
         """Run-summary fields (see summary.FIELDS); null before the first step ended."""
-        return {"time_to_first_step_s": self.seconds}
+        if self.seconds is None:
+            return {"time_to_first_step_s": None, "startup_phases_s": None}
+        return {"time_to_first_step_s": self.seconds, "startup_phases_s": self.phases()}
 
 
 # ---------------------------------------------------------------------------------------------------

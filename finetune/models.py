@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -100,10 +102,11 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
     """
     common = {"attn_implementation": args.attn_implementation, "trust_remote_code": args.trust_remote_code}
     if args.from_scratch:
-        drawn_from = torch.random.get_rng_state()
-        with no_init_weights():  # initialize_weights draws every weight once, below
+        # Building may draw (ZeRO-3's partitioning does, on the accelerator); the weights are drawn from
+        # the random state the build started from, on every profile.
+        accelerators = [torch.accelerator.current_device_index()] if torch.accelerator.is_available() else []
+        with torch.random.fork_rng(devices=accelerators), no_init_weights():
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
-        torch.random.set_rng_state(drawn_from)
         initialize_weights(model)
         return name_causal_lm_loss(model)
     folder = Path(location)
@@ -132,8 +135,8 @@ def initialize_weights(model: PreTrainedModel) -> None:
     random draws follow another order, so ZeRO-3 started from other weights than every other
     profile. Here each module is gathered with its direct children (the peak stays at one block's
     weights), rank 0 draws and DeepSpeed broadcasts on leaving the gather; without ZeRO-3 each
-    module draws its own. The model is built with transformers' init switched off, so each weight is
-    drawn once.
+    module draws its own, on the accelerator where there is one (`drawn_on_the_accelerator`). The
+    model is built with transformers' init switched off, so each weight is drawn once.
     """
     zero3 = is_deepspeed_zero3_enabled()
     if zero3:
@@ -143,7 +146,8 @@ def initialize_weights(model: PreTrainedModel) -> None:
         for child in module.children():
             initialize(child, child if isinstance(child, PreTrainedModel) else owner)
         if not zero3:
-            owner._init_weights(module)
+            with drawn_on_the_accelerator(module):
+                owner._init_weights(module)
             return
         weights = [*module.parameters(recurse=False)]
         weights += [p for child in module.children() for p in child.parameters(recurse=False)]
@@ -155,6 +159,38 @@ def initialize_weights(model: PreTrainedModel) -> None:
     with torch.no_grad():
         initialize(model, model)
     model.tie_weights()
+
+
+@contextmanager
+def drawn_on_the_accelerator(module: torch.nn.Module) -> Iterator[None]:
+    """Let a module (and its direct children, which GPT-2's init also sets) draw its weights on the
+    accelerator, then put them back where the model was built.
+
+    Drawing a billion normal samples takes a CPU core tens of seconds, the GPU milliseconds: most of
+    a large model's build time otherwise (gpt2-xl's start-up: benchmarks/h100-2026-11-25b). ZeRO-3
+    draws its gathered weights on the accelerator too. One module at a time is on the accelerator.
+    Without an accelerator nothing moves.
+    """
+    if not torch.accelerator.is_available():
+        yield
+        return
+    device = torch.accelerator.current_accelerator(check_available=True)
+    device = torch.device(device.type, torch.accelerator.current_device_index())
+    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+    tensors += [
+        t
+        for child in module.children()
+        for t in (*child.parameters(recurse=False), *child.buffers(recurse=False))
+    ]
+    homes = {id(t): (t, t.data) for t in tensors if t.device != device}
+    for tensor, home in homes.values():
+        tensor.data = home.to(device)
+    try:
+        yield
+    finally:
+        for tensor, home in homes.values():
+            home.copy_(tensor.data)
+            tensor.data = home
 
 
 def name_causal_lm_loss(model: PreTrainedModel) -> PreTrainedModel:

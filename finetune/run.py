@@ -115,6 +115,8 @@ def train_and_measure(
     record: RunRecord,
     resume_from: Path | None,
 ) -> None:
+    startup = StartupCallback()
+    startup.mark("imports")
     record.update(configuration_fields(model_args, data_args, training_args))
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
@@ -130,6 +132,7 @@ def train_and_measure(
         lambda: training_args.main_process_first(desc="dataset preparation"),
     )
     record.update(data_fields(location, block_size, data.summary))
+    startup.mark("data")
     if training_args.process_index == 0:
         for note in data.summary.notes:
             logger.warning(f"finetune: {data_args.dataset}: {note}")
@@ -148,12 +151,12 @@ def train_and_measure(
     if model_args.peft:
         model = add_adapters(model, adapter_flags(model_args), record.fields["dtype"])
     memory.mark_phase("model loaded")
+    startup.mark("model")
     token_flops = model_flops_per_token(model, config, block_size)
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)
     record.update(model_fields(model, config, token_flops, peak))
     throughput = ThroughputCallback(training_args.throughput_warmup_steps, token_flops, peak)
     stop = SaveAndStopOnSignal()
-    startup = StartupCallback()
 
     promote_cpu_fsdp()
     trainer = FinetuneTrainer(

@@ -130,6 +130,11 @@ FIELDS: dict[str, tuple[str, str]] = {
         "seconds from rank 0's process start to the end of its first optimizer step: imports, data, "
         "model, wrapping, compilation and that step (GPU figures: benchmarks/)",
     ),
+    "startup_phases_s": (
+        "dict?",
+        "time_to_first_step_s by phase, in order: imports (and arguments), data, model, wrapping (the "
+        "Trainer and accelerate's prepare), first step (compilation in it)",
+    ),
     "throughput_warmup_steps": ("int?", "first steps left out of the throughput"),
     "throughput_steps": ("int?", "steps the throughput is measured over (no warm-up, evaluation or saving)"),
     "samples_per_second": ("float?", "training samples per second, all ranks"),
@@ -478,7 +483,13 @@ def format_report(fields: dict[str, Any]) -> str:
             f"{fields['batch_choice']}",
         )
     if fields.get("time_to_first_step_s") is not None:
-        lines.append(f"  start-up    {fields['time_to_first_step_s']:.1f} s to the first optimizer step")
+        phases = ", ".join(
+            f"{phase} {seconds:.1f}" for phase, seconds in (fields.get("startup_phases_s") or {}).items()
+        )
+        lines.append(
+            f"  start-up    {fields['time_to_first_step_s']:.1f} s to the first optimizer step"
+            + (f" ({phases})" if phases else "")
+        )
     if fields["memory_device"] == "cuda":
         lines.append(
             f"  GPU memory  peak {number(fields['memory_peak_allocated_gib_max'], '.2f', ' GiB')} allocated "

@@ -248,10 +248,30 @@ def test_a_resume_asking_for_the_checkpoints_global_batch_continues(checkpoint_o
 
 def test_start_up_is_the_time_from_the_process_start_to_the_first_step_end():
     startup = StartupCallback(started_at=100.0, clock=iter([112.5, 130.0]).__next__, on_gpu=False)
-    assert startup.summary() == {"time_to_first_step_s": None}
+    assert startup.summary() == {"time_to_first_step_s": None, "startup_phases_s": None}
     startup.on_step_end(None, None, None)
     startup.on_step_end(None, None, None)
-    assert startup.summary() == {"time_to_first_step_s": 12.5}
+    assert startup.summary()["time_to_first_step_s"] == 12.5
+
+
+def test_start_up_phases_end_at_each_mark_and_add_up_to_the_start_up():
+    clock = iter([101.0, 104.0, 120.0, 122.5, 160.0]).__next__
+    startup = StartupCallback(started_at=100.0, clock=clock, on_gpu=False)
+    for phase in ("imports", "data", "model"):
+        startup.mark(phase)
+    startup.on_train_begin(None, None, None)
+    startup.on_step_end(None, None, None)
+    phases = startup.summary()["startup_phases_s"]
+    assert phases == {"imports": 1.0, "data": 3.0, "model": 16.0, "wrapping": 2.5, "first step": 37.5}
+    assert sum(phases.values()) == startup.summary()["time_to_first_step_s"]
+
+
+def test_a_resumed_trains_second_train_begin_is_not_a_start_up_phase():
+    startup = StartupCallback(started_at=0.0, clock=iter([1.0, 2.0, 3.0]).__next__, on_gpu=False)
+    startup.on_train_begin(None, None, None)
+    startup.on_step_end(None, None, None)
+    startup.on_train_begin(None, None, None)
+    assert list(startup.summary()["startup_phases_s"]) == ["wrapping", "first step"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -287,3 +307,5 @@ def test_a_run_records_and_prints_the_batch_choice_and_its_start_up(
     assert caplog.messages.count(choice) == 1
     assert "  batch       micro batch 8 x accumulation 2 x 1 process(es): the largest" in printed.out
     assert "  start-up    " in printed.out
+    assert list(summary["startup_phases_s"]) == ["imports", "data", "model", "wrapping", "first step"]
+    assert f"first step {summary['startup_phases_s']['first step']:.1f})" in printed.out
