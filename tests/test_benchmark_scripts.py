@@ -94,8 +94,9 @@ def test_the_peak_is_the_most_allocated_moment_and_its_live_set_is_summed_by_the
         freed(1, 100),
         allocation(4, 200, LOSS),  # 1000 + 250: lower, and not what was alive at the peak
     ]
-    peak, sites = memory_snapshot.live_at_peak(trace, before_bytes=1000)
-    assert peak == 1450
+    peak, index = memory_snapshot.peak_event(trace, before_bytes=1000)
+    assert (peak, index) == (1450, 2)
+    sites = memory_snapshot.live_at_peak(memory_snapshot.alive_at(trace, index), before_bytes=1000)
     assert sites == {
         memory_snapshot.BEFORE: [1000, 0],
         "peft/tuners/lora/layer.py:7 forward": [150, 2],
@@ -106,4 +107,12 @@ def test_the_peak_is_the_most_allocated_moment_and_its_live_set_is_summed_by_the
 def test_a_free_requested_but_not_completed_still_counts_as_alive():
     trace = [allocation(1, 100, LAYER), {"action": "free_requested", "addr": 1, "size": 100}]
     trace += [allocation(2, 10, LOSS)]
-    assert memory_snapshot.live_at_peak(trace, before_bytes=0)[0] == 110
+    assert memory_snapshot.peak_event(trace, before_bytes=0) == (110, 2)
+
+
+def test_the_largest_stacks_at_the_peak_group_allocations_of_one_stack_and_size():
+    trace = [allocation(1, 100, LAYER), allocation(2, 100, LAYER), allocation(3, 300, LOSS), freed(1, 100)]
+    alive = memory_snapshot.alive_at(trace, 2)
+    stacks = memory_snapshot.largest_stacks(alive)
+    assert [(group["bytes_each"], group["allocations"]) for group in stacks] == [(300, 1), (100, 2)]
+    assert stacks[1]["stack"] == ("torch/nn/functional.py:1 linear <- peft/tuners/lora/layer.py:7 forward")

@@ -54,6 +54,7 @@ def adapter_fields(summary: dict, config: PretrainedConfig) -> dict:
     return {
         "peft": summary["peft"],
         "lora_rank": summary["arguments"]["lora_rank"],
+        "lora_dropout": summary["arguments"]["lora_dropout"],
         "adapted_in_out": shape.adapted_in_out,
         "adapted_out": shape.adapted_out,
         "trainable_parameters": summary["trainable_parameters"],
