@@ -158,6 +158,25 @@ def test_zero3_from_scratch_starts_from_the_weights_every_other_profile_starts_f
         assert zero3_weights[name]["sum"] == pytest.approx(expected, rel=1e-9, abs=1e-9), name
 
 
+def test_random_numbers_drawn_while_the_model_is_built_do_not_change_its_weights(monkeypatch):
+    """ZeRO-3's partitioning draws while the model is built (on a GPU); the weights must not follow it."""
+    args = ModelArguments(from_scratch=True)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2)
+    set_seed(0)
+    quiet = build_model(args, config, "unused").state_dict()
+    build = AutoModelForCausalLM.from_config
+
+    def drawing_build(*positional, **keywords):
+        torch.rand(1000)
+        return build(*positional, **keywords)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", drawing_build)
+    set_seed(0)
+    drawing = build_model(args, config, "unused").state_dict()
+    for name, weight in quiet.items():
+        assert torch.equal(drawing[name], weight), name
+
+
 def test_an_attention_kernel_the_model_class_lacks_is_refused_before_data_is_built():
     args = ModelArguments(model="gpt2", attn_implementation="flex_attention")
     with pytest.raises(
