@@ -1,9 +1,9 @@
 """docs/ and benchmarks/: every figure a page shows is generated from a stored result, and every
 pointer to a benchmarks/ folder leads to one.
 
-A speed table in docs/ is preceded by the line `<!-- speed table: python benchmarks/scripts/
-SCRIPT.py benchmarks/FOLDER -->`; what follows must be what that command prints, so a table is
-changed by rerunning the command, never by hand.
+A speed table in docs/speed.md or the README is preceded by the line `<!-- speed table: python
+benchmarks/scripts/SCRIPT.py benchmarks/FOLDER -->`; what follows must be what that command prints,
+so a table is changed by rerunning the command, never by hand.
 """
 
 import json
@@ -18,24 +18,32 @@ from finetune.summary import format_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_PAGE = ROOT / "docs" / "speed.md"
+README = ROOT / "README.md"
 SPEED_TABLE = re.compile(r"<!-- speed table: python (benchmarks/scripts/\S+\.py) (benchmarks/\S+) -->")
 REPORT_SUMMARY = "benchmarks/h200-2026-11-24e/finetune.gpt2-medium.b8.run1.json"
 
 
-def speed_tables() -> list[tuple[str, str, str]]:
-    """(script, folder, the table that follows the marker) for every speed table of docs/speed.md."""
-    text = SPEED_PAGE.read_text()
+def speed_tables(page: Path) -> list[tuple[str, str, str]]:
+    """(script, folder, the table that follows the marker) for every speed table of a page."""
+    text = page.read_text()
     tables = []
     for found in SPEED_TABLE.finditer(text):
         tables.append((found.group(1), found.group(2), text[found.end() :].lstrip("\n")))
     return tables
 
 
-TABLES = speed_tables()
+TABLES = speed_tables(SPEED_PAGE) + speed_tables(README)
 
 
 def test_docs_speed_page_has_its_generated_tables():
-    assert len(TABLES) == 8
+    assert len(speed_tables(SPEED_PAGE)) == 8
+
+
+def test_readme_shows_the_instruction_and_lora_tables_generated():
+    assert [folder for _, folder, _ in speed_tables(README)] == [
+        "benchmarks/h100-2026-11-25/gsm8k",
+        "benchmarks/h100-2026-11-25/cuda_graphs",
+    ]
 
 
 @pytest.mark.parametrize(("script", "folder", "table"), TABLES, ids=[folder for _, folder, _ in TABLES])
