@@ -7,11 +7,13 @@ TensorBoard log. Everything else lives in its own module.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 if __package__ in (None, ""):  # run as a file by accelerate launch: import the package, not its siblings
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -242,5 +244,33 @@ def main(argv: list[str] | None = None) -> None:
             print(format_report(record.fields))
 
 
+def exit_without_teardown(entry: Callable[[], None]) -> NoReturn:
+    """Run a rank's entry point, then exit with its code, skipping the interpreter's teardown where a
+    process group is up.
+
+    Tearing down a gloo process group at interpreter exit races with its worker threads: the DDP
+    reducer's last reference releases the group, whose destructor joins a worker still destroying
+    its last collective's tensors, which waits for the GIL the joining thread holds. The rank then
+    hangs or aborts ("terminate called without an active exception", pytorch/pytorch#190489) after
+    a run that succeeded (seen on CPU under load, stack read with gdb). Nothing is left to do at
+    that point: the atexit handlers (the output folder's lock among them) and the streams are run
+    and flushed, and the process ends with os._exit and the entry point's code.
+    """
+    code: int | str | None = 0
+    try:
+        entry()
+    except SystemExit as stop:
+        code = stop.code
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        sys.exit(code)
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    main()
+    exit_without_teardown(main)
