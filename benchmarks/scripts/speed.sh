@@ -4,8 +4,11 @@
 # joined with commas>, e.g. finetune:--torch_compile,true,--chunked_loss. Each variant's summary
 # and log go to $OUT as <index>.<variant name>.{json,log}. PROFILE=zero3 (etc.) runs the finetune variants
 # under that profile on one process (default: single). LAUNCH_FLAGS adds flags to accelerate launch
-# (e.g. --dynamo_use_regional_compilation) and TAG names them in the file names.
+# (e.g. --dynamo_use_regional_compilation) and TAG names them in the file names. BATCH gN runs the
+# finetune variants with --global_batch_size N, the planner's micro batch for the profile.
 MODEL=$1 BATCH=$2 STEPS=$3 PROFILE=${PROFILE:-single}; shift 3
+BATCH_FLAGS="--batch_size $BATCH"
+case $BATCH in g*) BATCH_FLAGS="--global_batch_size ${BATCH#g}" ;; esac
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >> $OUT/gpu.txt
 python -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" >> $OUT/gpu.txt
 i=${FIRST_INDEX:-0}  # cases.sh numbers its runs across calls
@@ -19,7 +22,7 @@ for V in "$@"; do
   else
     EXTRA=$(echo "${V#finetune}" | sed 's/^://' | tr ',' ' ')
     timeout ${RUN_TIMEOUT:-400} accelerate launch --config_file accelerate_configs/$PROFILE.yaml --num_processes 1 $LAUNCH_FLAGS finetune/run.py --model $MODEL \
-      --from_scratch --max_steps $STEPS --batch_size $BATCH --block_size 1024 --logging_steps 10 \
+      --from_scratch --max_steps $STEPS $BATCH_FLAGS --block_size 1024 --logging_steps 10 \
       --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/o_${PROFILE}${TAG}_${MODEL_NAME}_$i $EXTRA \
       > $OUT/$i.$NAME.log 2>&1
     rc=$?
