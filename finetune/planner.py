@@ -45,7 +45,9 @@ a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -94,6 +96,25 @@ STATE_BYTES = {
 }
 
 
+@contextlib.contextmanager
+def without_zero3_partitioning() -> Iterator[None]:
+    """Build models as if no ZeRO-3 run were configured.
+
+    Once a ZeRO-3 run's TrainingArguments exist, transformers builds every model inside
+    `deepspeed.zero.Init`, which partitions (and, without a process group, starts one) and then
+    cannot fill meta tensors: `--global_batch_size` under zero3 failed so on an H100. transformers
+    offers no switch for one build, so its module-level reference is held aside and put back.
+    """
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    held = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = held
+
+
 @dataclass(frozen=True)
 class ModelShape:
     name: str
@@ -107,7 +128,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, name: str, config: PretrainedConfig) -> ModelShape:
         """Counted on the meta device: exact, and free even for billions of parameters."""
-        with torch.device("meta"):
+        with torch.device("meta"), without_zero3_partitioning():
             model = AutoModelForCausalLM.from_config(config)
         parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         in_out, out = adapted_layer_sizes(model)

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from transformers import TrainerState
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
 from finetune import run
 from finetune.arguments import apply_launch_environment, parse_arguments
@@ -30,7 +31,7 @@ from finetune.profiles import launched_strategy
 from finetune.resume import refuse_another_run
 from finetune.summary import read_summary, validate_summary
 
-from launching import TINY_MODEL
+from launching import PROJECT_ROOT, TINY_MODEL
 
 WHY = "the limit's reason"
 
@@ -177,6 +178,22 @@ def test_on_the_given_gpu_memory_the_micro_batch_is_the_largest_dividing_one_pre
         choice.gradient_accumulation_steps,
     )
     assert "predicted to fit single on 1 x 24 GiB" in training_args.batch_choice
+
+
+def test_under_zero3_the_micro_batch_is_planned_from_the_config_without_zero3_partitioning(
+    output_flags, monkeypatch
+):
+    """Once a ZeRO-3 run's arguments exist, transformers builds every model under ZeRO-3's
+    partitioning, which cannot fill the meta-device model the planner counts (it failed on an H100)."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero3.json"))
+    flags = [*output_flags, "--model", "gpt2-medium", "--global_batch_size", "32", "--gpu_memory_gib", "80"]
+    model_args, data_args, training_args = launched(flags)
+    assert is_deepspeed_zero3_enabled()
+    choice = apply_global_batch(model_args, data_args, training_args)
+    assert choice.micro_batch_size * choice.gradient_accumulation_steps == 32
+    assert "predicted to fit zero3 on 1 x 80 GiB" in training_args.batch_choice
+    assert is_deepspeed_zero3_enabled()
 
 
 def test_a_model_no_micro_batch_fits_is_one_error_pointing_to_the_planner(output_flags):
