@@ -8,6 +8,7 @@ after a recipe overrides it.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -279,6 +280,15 @@ class FinetuneTrainingArguments(TrainingArguments):
             "under ZeRO-3. Runs outside the compiled graph."
         },
     )
+    fp8: bool = field(
+        default=False,
+        metadata={
+            "help": "Multiply in float8 in every linear layer but the output layer (torchao's float8 "
+            "training: dynamic scales per tensor; weights, optimizer and the rest stay in the run's "
+            "precision). Needs torchao and a GPU of compute capability 8.9+ (runs on CPU, slowly); "
+            "single, ddp and the FSDP profiles, full fine-tuning."
+        },
+    )
     align_output_matmul: bool = field(
         default=True,
         metadata={
@@ -347,6 +357,8 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError(
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
             )
+        if self.fp8 and importlib.util.find_spec("torchao") is None:
+            raise FinetuneError("--fp8 needs torchao: pip install 'finetune[fp8]'")
         self._check_values()
         if self.ddp_bucket_cap_mb is None:
             self.ddp_bucket_cap_mb = DDP_BUCKET_CAP_MB
@@ -387,6 +399,11 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
     config_path, deepspeed_config = active_deepspeed_config()
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
+    if training_args.fp8 and config_path is not None:
+        raise FinetuneError(
+            "--fp8 runs under single, ddp and the FSDP profiles, not DeepSpeed's: its engine is not "
+            "tested with torchao's float8 layers"
+        )
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu)
     _keep_cuda_graphs_from_recomputation(training_args)
@@ -539,6 +556,8 @@ def parse_arguments(
         raise FinetuneError(first_line(error)) from None
     if training_args.global_batch_size is not None:
         training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
+    if training_args.fp8 and model_args.peft:
+        raise FinetuneError("--fp8 is for full fine-tuning: with --peft the frozen base gains little from it")
     return model_args, data_args, training_args
 
 

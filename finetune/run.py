@@ -150,6 +150,12 @@ def train_and_measure(
             logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
     if training_args.align_output_matmul:
         align_output_matmul(model)
+    fp8_layers = None
+    if training_args.fp8:
+        from finetune.fp8 import convert_to_float8  # imports torchao, which only --fp8 needs
+
+        fp8_layers = convert_to_float8(model)
+    record.update({"fp8_layers": fp8_layers})
     if model_args.peft:
         model = add_adapters(model, adapter_flags(model_args), record.fields["dtype"])
     memory.mark_phase("model loaded")

@@ -70,6 +70,11 @@ FIELDS: dict[str, tuple[str, str]] = {
         "model FLOPs per trained token, 6·N + 12·L·H·T with T = block_size (a frozen weight counts 4, not 6)",
     ),
     "gradient_checkpointing": ("bool?", "activations recomputed in backward (not in flops_per_token)"),
+    "fp8_layers": (
+        "int?",
+        "--fp8: layers multiplying in float8 (torchao); MFU still counts against the bf16 peak. "
+        "None without --fp8",
+    ),
     "torch_compile": ("bool?", "model compiled by torch.compile (default with CUDA but ZeRO-3 and offload)"),
     "torch_compile_regional": (
         "bool?",
@@ -459,11 +464,13 @@ def format_report(fields: dict[str, Any]) -> str:
 
     mfu_percent = None if fields["mfu"] is None else 100 * fields["mfu"]
 
+    float8 = f" (float8 matmuls in {fields['fp8_layers']} layers)" if fields.get("fp8_layers") else ""
     lines = [
         f"finetune: {fields['status']} in {number(fields['wall_time_s'], '.0f', ' s')} "
         f"({fields['strategy'] or fields['profile']}, {fields['world_size']} x {fields['device_name']})",
         f"  model       {fields['model']}: {number(fields['parameters'], ',')} parameters, "
-        f"{fields['dtype']}, block {fields['block_size']}, global batch {fields['global_batch_size']}",
+        f"{fields['dtype']}{float8}, block {fields['block_size']}, "
+        f"global batch {fields['global_batch_size']}",
         f"  training    {fields['steps']} steps, loss {number(fields['final_loss'], '.4f')} at the last log",
         f"  throughput  {number(fields['tokens_per_second'], ',.0f')} tokens/s "
         f"({number(fields['tokens_per_second_per_device'], ',.0f')} per device), "

@@ -22,7 +22,12 @@ out_dir = sys.argv[1]
 tokenizer = AutoTokenizer.from_pretrained(os.path.join(os.environ["FINETUNE_DATA_DIR"], "gpt2"))
 SHAPES = {
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 176},
-    "0.36b": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 2816},
+    "0.36b": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 2816,
+    },
     "1b": {
         "hidden_size": 2048,
         "num_hidden_layers": 22,

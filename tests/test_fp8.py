@@ -1,0 +1,128 @@
+"""--fp8: which layers multiply in float8, that the saved model stays the model's own, and where it is
+refused. Float8 matmuls run on CPU too (torch._scaled_mm), slowly: these runs are real."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torchao.float8 import Float8LinearConfig
+from torchao.float8.float8_linear import Float8Linear
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.pytorch_utils import Conv1D
+
+from finetune.arguments import apply_launch_environment, parse_arguments
+from finetune.errors import FinetuneError
+from finetune.fp8 import Float8Conv1D, check_float8_gpu, convert_to_float8
+from finetune.summary import read_summary
+
+from launching import PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+
+QUIET = ["--report_to", "none", "--save_strategy", "no"]
+
+
+def tiny_gpt2(n_embd: int = 64) -> GPT2LMHeadModel:
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=n_embd, n_head=2, vocab_size=101, n_positions=32))
+
+
+def test_every_projection_of_gpt2_multiplies_in_float8_but_the_output_layer():
+    model = tiny_gpt2()
+    assert convert_to_float8(model) == 2 * 4  # per block: attention in and out, MLP in and out
+    assert all(type(module) is not Conv1D for module in model.modules())
+    assert type(model.lm_head) is torch.nn.Linear
+
+
+def test_every_linear_layer_of_a_llama_multiplies_in_float8_but_the_output_layer():
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=101
+    )
+    model = LlamaForCausalLM(config)
+    assert convert_to_float8(model) == 2 * 7  # q, k, v, o, gate, up, down
+    assert type(model.lm_head) is torch.nn.Linear
+    assert sum(isinstance(module, Float8Linear) for module in model.modules()) == 2 * 7
+
+
+def test_layers_whose_sides_are_not_multiples_of_16_stay_as_they_are():
+    model = tiny_gpt2(n_embd=40)  # 40 is not a multiple of 16: no projection qualifies
+    assert convert_to_float8(model) == 0
+    assert sum(type(module) is Conv1D for module in model.modules()) == 2 * 4
+
+
+def test_a_float8_conv1d_keeps_the_layers_weights_and_computes_its_product_to_float8_precision():
+    torch.manual_seed(0)
+    conv = Conv1D(64, 32)  # 32 inputs, 64 outputs; the weight is stored 32 x 64
+    torch.nn.init.normal_(conv.bias)
+    inputs = torch.randn(4, 8, 32)
+    expected = conv(inputs)
+    layer = Float8Conv1D.from_conv1d(conv, Float8LinearConfig())
+    assert layer.weight is conv.weight and layer.bias is conv.bias
+    assert layer.state_dict().keys() == conv.state_dict().keys()
+    relative_error = (layer(inputs) - expected).norm() / expected.norm()
+    assert 0 < relative_error < 0.1  # float8 (e4m3) rounds: not exact, but close
+
+
+def test_a_run_with_fp8_trains_and_saves_a_model_without_float8_layers(tmp_path):
+    output_dir = tmp_path / "out"
+    flags = [*TINY_MODEL, "--fp8", "--max_steps", "12", "--batch_size", "4", "--block_size", "64"]
+    flags += ["--logging_steps", "3", "--max_eval_samples", "8", *QUIET]
+    result = launch([sys.executable, "finetune/run.py"], output_dir, flags)
+    summary = read_summary(output_dir)
+    assert summary["fp8_layers"] == 2 * 4
+    assert "(float8 matmuls in 8 layers)" in result.stdout + result.stderr
+    losses = [point["loss"] for point in summary["loss_curve"]]
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    saved = AutoModelForCausalLM.from_pretrained(output_dir)
+    assert any(type(module) is Conv1D for module in saved.modules())
+    weights = load_file(output_dir / "model.safetensors")
+    assert weights["transformer.h.0.mlp.c_fc.weight"].shape == (64, 256)  # Conv1D's in x out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("profile", ["ddp", "fsdp"])
+def test_fp8_trains_on_two_ranks(profile, tmp_path):
+    output_dir = tmp_path / "out"
+    flags = [*TINY_MODEL, "--fp8", "--max_steps", "8", "--batch_size", "2", "--block_size", "64"]
+    flags += ["--logging_steps", "2", "--max_eval_samples", "4", *QUIET]
+    launch(accelerate_launch(profile), output_dir, flags)
+    summary = read_summary(output_dir)
+    assert (summary["world_size"], summary["fp8_layers"]) == (2, 8)
+    losses = [point["loss"] for point in summary["loss_curve"]]
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+
+
+def test_fp8_with_peft_is_one_error(output_flags):
+    with pytest.raises(FinetuneError, match="--fp8 is for full fine-tuning"):
+        parse_arguments([*output_flags, "--model", "gpt2", "--fp8", "--peft", "lora"])
+
+
+def test_fp8_under_a_deepspeed_profile_is_one_error(output_flags, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero2.json"))
+    _, _, training_args = parse_arguments([*output_flags, "--fp8"])
+    with pytest.raises(FinetuneError, match="--fp8 runs under single, ddp and the FSDP profiles"):
+        apply_launch_environment(training_args)
+
+
+def test_fp8_without_torchao_is_one_error_saying_how_to_install_it(output_flags, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+
+    def without_torchao(name: str, *rest):
+        return None if name == "torchao" else real_find_spec(name, *rest)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_torchao)
+    with pytest.raises(FinetuneError, match=r"--fp8 needs torchao: pip install 'finetune\[fp8\]'"):
+        parse_arguments([*output_flags, "--fp8"])
+
+
+def test_a_gpu_that_cannot_multiply_in_float8_is_one_error_naming_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(
+        FinetuneError, match=r"compute capability 8\.9 or newer.*NVIDIA A100-SXM4-80GB is 8\.0"
+    ):
+        check_float8_gpu()
