@@ -406,7 +406,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
         )
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu)
-    _keep_cuda_graphs_from_recomputation(training_args)
+    _keep_cuda_graphs_where_they_fail(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args)
@@ -416,13 +416,17 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
         raise FinetuneError(first_line(error)) from None
 
 
-def _keep_cuda_graphs_from_recomputation(training_args: FinetuneTrainingArguments) -> None:
+def _keep_cuda_graphs_where_they_fail(training_args: FinetuneTrainingArguments) -> None:
     """A profile's CUDA graphs (the single profile's reduce-overhead) are not used with gradient
-    checkpointing, whose backward runs the recorded forward again: the two were never measured
-    together. --torch_compile_mode asks for a mode explicitly and is kept."""
+    accumulation, which failed on an H100 at the first backward ("accessing tensor output of
+    CUDAGraphs that has been overwritten by a subsequent run": a 1B Llama at micro batch 8 x 2 failed,
+    micro batch 16 without accumulation trained, benchmarks/h100-2026-11-25c), nor with gradient
+    checkpointing, whose backward runs the recorded forward again and was never measured with them.
+    --torch_compile_mode asks for a mode explicitly and is kept. Run again when `--global_batch_size`
+    sets the accumulation."""
     profile_mode = os.environ.get("ACCELERATE_DYNAMO_MODE")
     if (
-        training_args.gradient_checkpointing
+        (training_args.gradient_checkpointing or training_args.gradient_accumulation_steps > 1)
         and training_args.torch_compile
         and training_args.torch_compile_mode is None
         and profile_mode in CUDA_GRAPH_MODES
@@ -584,6 +588,7 @@ def set_batch_geometry(training_args: FinetuneTrainingArguments, micro_batch: in
     """
     training_args.per_device_train_batch_size = micro_batch
     training_args.gradient_accumulation_steps = accumulation
+    _keep_cuda_graphs_where_they_fail(training_args)
     if getattr(training_args, "hf_deepspeed_config", None) is not None:
         from accelerate.utils import DeepSpeedPlugin
         from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig

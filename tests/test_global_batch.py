@@ -196,6 +196,17 @@ def test_under_zero3_the_micro_batch_is_planned_from_the_config_without_zero3_pa
     assert is_deepspeed_zero3_enabled()
 
 
+def test_an_accumulation_the_global_batch_makes_leaves_the_profiles_cuda_graphs_out(
+    output_flags, monkeypatch
+):
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")  # as the single profile launches
+    flags = [*output_flags, "--torch_compile", "true", "--global_batch_size", "16", "--batch_size", "8"]
+    model_args, data_args, training_args = launched(flags)
+    assert training_args.torch_compile_mode is None
+    apply_global_batch(model_args, data_args, training_args)
+    assert (training_args.gradient_accumulation_steps, training_args.torch_compile_mode) == (2, "default")
+
+
 def test_a_model_no_micro_batch_fits_is_one_error_pointing_to_the_planner(output_flags):
     flags = [*output_flags, "--model", "gpt2-xl", "--global_batch_size", "8", "--gpu_memory_gib", "4"]
     with pytest.raises(FinetuneError, match=r"not even micro batch 1 of gpt2-xl .* \(`finetune plan` shows"):
