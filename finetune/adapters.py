@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+DEFAULT_LORA_DROPOUT = 0.05  # --lora_dropout's default, which the planner assumes too
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 

@@ -21,7 +21,7 @@ import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
-from finetune.adapters import ALL_LINEAR, PEFT_METHODS, target_modules
+from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, PEFT_METHODS, target_modules
 from finetune.devices import adapt_arguments_to_cpu
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import DATA_FORMATS
@@ -74,7 +74,9 @@ class ModelArguments:
     lora_alpha: float = field(
         default=32, metadata={"help": "--peft: scaling numerator; the update is scaled by alpha / rank."}
     )
-    lora_dropout: float = field(default=0.05, metadata={"help": "--peft: dropout on the adapters' input."})
+    lora_dropout: float = field(
+        default=DEFAULT_LORA_DROPOUT, metadata={"help": "--peft: dropout on the adapters' input."}
+    )
     lora_target_modules: str = field(
         default=ALL_LINEAR,
         metadata={

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from finetune.adapters import PEFT_METHODS
+from finetune.adapters import DEFAULT_LORA_DROPOUT, PEFT_METHODS
 from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import (
@@ -200,6 +200,7 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
         training_args.torch_compile,  # None until the run applies its launch: planned per profile
         model_args.peft,
         model_args.lora_rank,
+        model_args.lora_dropout,
     )
     return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
 
@@ -224,6 +225,7 @@ def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
         compiled,
         options.peft,
         options.lora_rank,
+        options.lora_dropout,
     )
 
 
@@ -399,6 +401,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "only, the base frozen in --precision",
     )
     planning.add_argument("--lora_rank", type=int, default=16, help="--peft: adapter rank")
+    planning.add_argument(
+        "--lora_dropout",
+        type=float,
+        default=DEFAULT_LORA_DROPOUT,
+        help="--peft: dropout on the adapters' input (its mask is kept for backward)",
+    )
     planning.add_argument(
         "--torch_compile",
         choices=["true", "false"],

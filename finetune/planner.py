@@ -21,10 +21,12 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   states (and, under DeepSpeed, fp32 masters) are those of the adapter parameters A, counted from
   the layers peft's "all-linear" adapts (r·(in + out) each, DoRA one magnitude per output more).
   The frozen base keeps no master copy: Ψ parameters in the compute dtype (2 bytes in bf16/fp16),
-  plus the adapters at the framework's bytes per parameter. Activations are counted as for full
-  fine-tuning: the frozen layers still keep their inputs for the gradient that flows through them.
-  The adapters' dropout, which keeps one more copy of each adapted layer's input, is not counted
-  yet, and a LoRA plan says so (ADAPTER_ACTIVATIONS_CAVEAT).
+  plus the adapters at the framework's bytes per parameter. Activations are full fine-tuning's
+  (the frozen layers still keep their inputs for the gradient that flows through them) plus what
+  each adapter keeps of its layer's input (ADAPTER_INPUT_BYTES per adapted input feature and token:
+  a cast copy where the adapter's dtype differs from its input's) and, with --lora_dropout, the
+  dropout's mask (LORA_DROPOUT_MASK_BYTES); memory snapshots of LoRA steps found both
+  (benchmarks/h100-2026-11-25c).
 - Host RAM is also taken while the model is built: every process builds the whole fp32 model
   (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
   layer as it is created. Host RAM per GPU is the larger of the two.
@@ -33,10 +35,15 @@ Activations per GPU are `L·b·T·H·c_layer + b·T·V·(c_logits + 4)` bytes fo
 micro batch b, block T and vocabulary V (SDPA attention keeps no T-by-T scores). c_logits = 10:
 the bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 log-softmax (4);
 the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. c_layer is
-fitted to measured training peaks (finetune/calibration.json, least squares), separately for torch
-autocast, torch autocast under torch.compile (inductor fuses elementwise chains and keeps far
-fewer intermediates: benchmarks/h200-2026-11-23b) and DeepSpeed, whose saved
-activations differ in dtype; framework buffers and allocator slack are in it too. A workload
+fitted to measured full fine-tuning peaks (finetune/calibration.json, least squares), separately
+for the three ways a layer's activations are held (CALIBRATION_KINDS): `autocast` (eager torch
+autocast over fp32 weights or adapters: GPT-2's LayerNorm and tanh-GELU then run in fp32, a third
+more than bf16; a model without LayerNorm, such as an RMSNorm Llama, keeps bf16's), `bf16` (eager,
+weights held in bf16 without autocast: DeepSpeed, and FSDP2's mixed precision) and `compiled`
+(inductor fuses elementwise chains and keeps far fewer intermediates: benchmarks/h200-2026-11-23b);
+framework buffers and allocator slack are in it too. A gated MLP (Llama, Qwen, Mistral: gate and up
+projections) keeps GATED_MLP_ACTIVATION_SCALE of GPT-2's per b·T·H, as counted on CPU
+(benchmarks/cpu-2026-11-25-census; one shape, intermediate 2.75·H). A workload
 compiles as run.py compiles its strategy by default (`Strategy.compiled_by_default`: ZeRO-3 and
 offload eager, the rest compiled); `--torch_compile` overrides it. With gradient checkpointing
 each layer keeps only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at
@@ -57,7 +64,7 @@ import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.utils import logging
 
-from finetune.adapters import adapted_layer_sizes
+from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
 from finetune.errors import FinetuneError
 from finetune.profiles import (
     OFFLOAD_DEVICES,
@@ -76,14 +83,19 @@ LOGIT_BYTES = 10
 LOGIT_GRADIENT_BYTES = 4
 CHECKPOINTED_LAYER_BYTES = 4
 DEFAULT_MARGIN = 0.10
-CALIBRATION_KINDS = ("torch", "torch-compiled", "deepspeed")
+CALIBRATION_KINDS = ("autocast", "bf16", "compiled")
 MAX_MICRO_BATCH = 4096
-# The adapters' activations are not modelled yet (benchmarks/cpu-2026-11-25-census), so a LoRA plan
-# says how far to trust it.
-ADAPTER_ACTIVATIONS_CAVEAT = (
-    "--peft: activations are counted as full fine-tuning's, though each adapter's dropout keeps more; "
-    "measured LoRA peaks were both above and below such plans (docs/lora.md): keep a margin."
-)
+# What the saved-tensor census counted per b·T·H per layer for the 0.36B Llama against gpt2-medium,
+# full fine-tuning with bf16 weights (46.1 against 64.1 bytes).
+GATED_MLP_ACTIVATION_SCALE = 0.72
+# Per adapted input feature and token, by the profile's framework (memory snapshots of gpt2-medium's
+# LoRA step, benchmarks/h100-2026-11-25c): under torch autocast the fp32 adapter takes its input cast
+# to bf16 once more; under FSDP2 the adapter is bf16 like its input and keeps nothing more; under
+# DeepSpeed the bf16 input is cast to the fp32 adapter. In fp32 nothing is cast.
+ADAPTER_INPUT_BYTES = {"single": 2, "ddp": 2, "fsdp": 0, "deepspeed": 4}
+# With --lora_dropout > 0 the boolean mask; the dropped copy takes the place of the cast one. Measured
+# as the difference between dropout 0.05 and 0 peaks: 1.0 to 1.9 bytes (benchmarks/h100-2026-11-25b).
+LORA_DROPOUT_MASK_BYTES = 1
 
 OFFLOADED_GRADIENT_BYTES = 4
 HOST_BUFFER_FACTOR = 1.5
@@ -124,6 +136,8 @@ class ModelShape:
     vocab: int
     adapted_in_out: int = 0  # sum of in + out features over the layers "all-linear" adapts
     adapted_out: int = 0  # sum of their out features (DoRA's magnitudes)
+    layer_norm: bool = True  # nn.LayerNorm, which autocast runs in fp32 (GPT-2); False for RMSNorm models
+    gated_mlp: bool = False  # gate and up projections (Llama-style), GATED_MLP_ACTIVATION_SCALE
 
     @classmethod
     def from_config(cls, name: str, config: PretrainedConfig) -> ModelShape:
@@ -132,8 +146,18 @@ class ModelShape:
             model = AutoModelForCausalLM.from_config(config)
         parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         in_out, out = adapted_layer_sizes(model)
+        layer_norm = any(type(module) is torch.nn.LayerNorm for module in model.modules())
+        gated = any(name.endswith(("gate_proj", "gate_up_proj")) for name, _ in model.named_modules())
         return cls(
-            name, parameters, config.num_hidden_layers, config.hidden_size, config.vocab_size, in_out, out
+            name,
+            parameters,
+            config.num_hidden_layers,
+            config.hidden_size,
+            config.vocab_size,
+            in_out,
+            out,
+            layer_norm,
+            gated,
         )
 
     def adapter_parameters(self, peft: str, rank: int) -> int:
@@ -150,6 +174,7 @@ class Workload:
     compiled: bool | None = None  # None: as run.py decides per strategy (compiled_by_default)
     peft: str | None = None  # lora or dora: adapters trained on a frozen base; None: every weight
     lora_rank: int = 16
+    lora_dropout: float = DEFAULT_LORA_DROPOUT
 
 
 @dataclass(frozen=True)
@@ -173,6 +198,8 @@ class Measurement:
             row["vocab"],
             row.get("adapted_in_out", 0),
             row.get("adapted_out", 0),
+            row.get("layer_norm", True),
+            row.get("gated_mlp", False),
         )
         workload = Workload(
             row["micro_batch"],
@@ -182,6 +209,7 @@ class Measurement:
             row.get("compiled", False),
             row.get("peft"),
             row.get("lora_rank", 16),
+            row.get("lora_dropout", DEFAULT_LORA_DROPOUT),
         )
         return cls(
             shape,
@@ -199,8 +227,14 @@ def estimate_for(measurement: Measurement, calibration: Calibration) -> Estimate
 
 
 def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
-    """How many GiB of activations one byte of c_layer stands for."""
-    return activation_gib(shape, workload, 1.0) - activation_gib(shape, workload, 0.0)
+    """How many GiB of activations one byte of c_layer stands for, at the model's activation scale."""
+    scale = activation_scale(shape)
+    return activation_gib(shape, workload, scale) - activation_gib(shape, workload, 0.0)
+
+
+def activation_scale(shape: ModelShape) -> float:
+    """What the model keeps per b·T·H per layer against GPT-2, at the same c_layer."""
+    return GATED_MLP_ACTIVATION_SCALE if shape.gated_mlp else 1.0
 
 
 def read_measurements(path: Path = CALIBRATION_FILE) -> list[Measurement]:
@@ -227,7 +261,7 @@ class Calibration:
             rows = [
                 m
                 for m in measurements
-                if m.workload.peft is None and calibration_kind(m.strategy, m.workload) == kind
+                if m.workload.peft is None and calibration_kind(m.strategy, m.workload, m.shape) == kind
             ]
             if not rows:
                 raise ValueError(f"no {kind} measurement to calibrate activations with")
@@ -279,11 +313,17 @@ def compiled_for(strategy: Strategy, workload: Workload) -> bool:
     return strategy.compiled_by_default if workload.compiled is None else workload.compiled
 
 
-def calibration_kind(strategy: Strategy, workload: Workload) -> str:
-    """DeepSpeed's kind also for a compiled DeepSpeed run: its compiled peaks were lower (conservative)."""
+def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
+    """How the layers' activations are held (CALIBRATION_KINDS). DeepSpeed's kind is bf16 also when
+    compiled: its compiled peaks were lower (conservative). Autocast keeps more than bf16 only
+    through LayerNorm (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's kind."""
     if framework_of(strategy, workload.dtype) == "deepspeed":
-        return "deepspeed"
-    return "torch-compiled" if compiled_for(strategy, workload) else "torch"
+        return "bf16"
+    if compiled_for(strategy, workload):
+        return "compiled"
+    if strategy.framework == "fsdp" and workload.dtype != "fp32":
+        return "bf16"
+    return "autocast" if shape.layer_norm else "bf16"
 
 
 def forward_activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) -> float:
@@ -304,6 +344,19 @@ def activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) ->
         forward_activation_gib(shape, workload, layer_bytes)
         + tokens * shape.vocab * LOGIT_GRADIENT_BYTES / GIB
     )
+
+
+def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:
+    """What the adapters keep beyond the frozen layers' activations; one layer's with checkpointing."""
+    if workload.peft is None:
+        return 0.0
+    per_feature = 0 if workload.dtype == "fp32" else ADAPTER_INPUT_BYTES[strategy.framework]
+    if workload.lora_dropout > 0:
+        per_feature += LORA_DROPOUT_MASK_BYTES
+    features = shape.adapted_in_out - shape.adapted_out  # adapted input features over all layers
+    if workload.gradient_checkpointing:
+        features /= shape.layers
+    return workload.micro_batch * workload.block_size * features * per_feature / GIB
 
 
 def trained_parameters(shape: ModelShape, workload: Workload) -> int:
@@ -347,14 +400,16 @@ def estimate(
         moved[offloaded["optimizer"]] += trained * OFFLOADED_GRADIENT_BYTES / GIB / gpus
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
-    kind = calibration_kind(strategy, workload)
+    kind = calibration_kind(strategy, workload, shape)
+    layer_bytes = calibration.layer_bytes.get(kind, 0.0) * activation_scale(shape)
     return Estimate(
         strategy=strategy,
         gpus=gpus,
         parameters=states["parameters"],
         gradients=states["gradients"],
         optimizer=states["optimizer"],
-        activations=activation_gib(shape, workload, calibration.layer_bytes.get(kind, 0.0)),
+        activations=activation_gib(shape, workload, layer_bytes)
+        + adapter_activation_gib(shape, workload, strategy),
         host_per_gpu=host,
         nvme=moved["nvme"] * gpus,
     )
@@ -484,8 +539,6 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
         )
     lines.append("")
     lines.append(f"GiB; fits means total <= {100 * (1 - hardware.margin):.0f}% of the GPU's memory.")
-    if workload.peft is not None:
-        lines.append(ADAPTER_ACTIVATIONS_CAVEAT)
     return "\n".join(lines)
 
 
@@ -614,6 +667,9 @@ def largest_micro_batch_for_run(model_args: Any, data_args: Any, training_args: 
         dtype,
         training_args.gradient_checkpointing,
         training_args.torch_compile,
+        model_args.peft,
+        model_args.lora_rank,
+        model_args.lora_dropout,
     )
     strategy = launched_strategy()
     hardware = Hardware(training_args.world_size, memory)

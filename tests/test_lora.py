@@ -25,7 +25,7 @@ from finetune.compare import training_variants, variant_flags
 from finetune.errors import FinetuneError
 from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
-from finetune.planner import Calibration, ModelShape, Workload, estimate
+from finetune.planner import CALIBRATION_KINDS, Calibration, ModelShape, Workload, estimate
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
 
@@ -157,7 +157,7 @@ def test_planner_keeps_gradients_and_optimizer_states_for_the_adapters_only():
         "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
     )
     workload = Workload(1, 8, "bf16", peft="lora", lora_rank=2)  # 200 adapter parameters
-    no_activations = Calibration(dict.fromkeys(("torch", "torch-compiled", "deepspeed"), 0.0))
+    no_activations = Calibration(dict.fromkeys(CALIBRATION_KINDS, 0.0))
     ddp = estimate(load_strategy("ddp"), shape, workload, 2, no_activations)
     # torch autocast: base 1000 x 2 bytes (bf16, frozen), adapters fp32 4 + 4 gradients + 8 Adam
     assert (ddp.parameters * GIB, ddp.gradients * GIB, ddp.optimizer * GIB) == (2800, 800, 1600)

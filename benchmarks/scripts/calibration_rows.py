@@ -44,8 +44,15 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         "hidden": summary["hidden_size"],
         "vocab": config.vocab_size,
         **({"compiled": True} if summary["torch_compile"] else {}),
+        **architecture_fields(summary, config),
         **(adapter_fields(summary, config) if summary.get("peft") else {}),
     }
+
+
+def architecture_fields(summary: dict, config: PretrainedConfig) -> dict:
+    """What the planner's activation model reads of the architecture (ModelShape)."""
+    shape = ModelShape.from_config(summary["model"], config)
+    return {"layer_norm": shape.layer_norm, "gated_mlp": shape.gated_mlp}
 
 
 def adapter_fields(summary: dict, config: PretrainedConfig) -> dict:
