@@ -850,6 +850,8 @@ def measured_vs_predicted() -> Any:
                 "gpus": m.gpus,
                 "micro_batch": m.workload.micro_batch,
                 "compiled": m.workload.compiled,
+                "peft": m.workload.peft,
+                "lora_dropout": m.workload.lora_dropout if m.workload.peft else None,
                 "measured_gib": m.peak_allocated_gib,
                 "predicted_gib": estimate_for(m, calibration).total,
             }

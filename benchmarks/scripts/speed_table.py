@@ -27,12 +27,19 @@ def learned(summary: dict) -> str:
     return f"{verdict} ({first:.2f} → {last:.2f})"
 
 
+def rate(run: dict, micro_batch: int) -> float:
+    """Tokens per GPU of an optimizer step (every micro batch it accumulates) over its median time."""
+    samples = run.get("global_batch_size", micro_batch) / run.get("world_size", 1)
+    return samples * BLOCK_SIZE / run["step_time_median_s"]
+
+
 def rows(results: Path) -> list[str]:
     groups: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
     for path in sorted(results.glob("*.run*.json")):
-        setup, model, batch, _ = path.name.split(".", 3)
+        setup_and_model, batch, _ = path.name.removesuffix(".json").rsplit(".", 2)
+        setup, model = setup_and_model.split(".", 1)  # a model name may hold dots (llama-0.36b)
         groups[(setup, model, int(batch.lstrip("b")))].append(json.loads(path.read_text()))
-    flops = {s["model"]: s for runs in groups.values() for s in runs if "flops_per_token" in s}
+    flops = {Path(s["model"]).name: s for runs in groups.values() for s in runs if "flops_per_token" in s}
     lines = []
 
     def order(key: tuple[str, str, int]) -> tuple:
@@ -41,13 +48,11 @@ def rows(results: Path) -> list[str]:
         return (model, rank, setup, batch)
 
     def median_rate(setup: str, model: str, batch: int) -> float:
-        return statistics.median(
-            batch * BLOCK_SIZE / run["step_time_median_s"] for run in groups[(setup, model, batch)]
-        )
+        return statistics.median(rate(run, batch) for run in groups[(setup, model, batch)])
 
     baseline = {model: median_rate(setup, model, batch) for setup, model, batch in groups if setup == "plain"}
     for (setup, model, batch), runs in sorted(groups.items(), key=lambda item: order(item[0])):
-        rates = [batch * BLOCK_SIZE / run["step_time_median_s"] for run in runs]
+        rates = [rate(run, batch) for run in runs]
         ratio = f"{statistics.median(rates) / baseline[model]:.2f}" if model in baseline else "n/a"
         reference = flops[model]
         mfu = statistics.median(rates) * reference["flops_per_token"] / (reference["peak_tflops"] * 1e12)
