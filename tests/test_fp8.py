@@ -3,6 +3,7 @@ refused. Float8 matmuls run on CPU too (torch._scaled_mm), slowly: these runs ar
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import sys
@@ -52,17 +53,29 @@ def test_layers_whose_sides_are_not_multiples_of_16_stay_as_they_are():
     assert sum(type(module) is Conv1D for module in model.modules()) == 2 * 4
 
 
-def test_a_float8_conv1d_keeps_the_layers_weights_and_computes_its_product_to_float8_precision():
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value - reference).norm() / reference.norm())
+
+
+def test_a_float8_conv1d_keeps_the_layers_weights_and_its_product_and_gradients_to_float8_precision():
     torch.manual_seed(0)
     conv = Conv1D(64, 32)  # 32 inputs, 64 outputs; the weight is stored 32 x 64
     torch.nn.init.normal_(conv.bias)
-    inputs = torch.randn(4, 8, 32)
-    expected = conv(inputs)
+    reference = copy.deepcopy(conv)
+    inputs = torch.randn(4, 8, 32, requires_grad=True)
+    reference_inputs = inputs.detach().clone().requires_grad_()
+    upstream = torch.randn(4, 8, 64)
+    expected = reference(reference_inputs)
+    expected.backward(upstream)
     layer = Float8Conv1D.from_conv1d(conv, Float8LinearConfig())
     assert layer.weight is conv.weight and layer.bias is conv.bias
     assert layer.state_dict().keys() == conv.state_dict().keys()
-    relative_error = (layer(inputs) - expected).norm() / expected.norm()
-    assert 0 < relative_error < 0.1  # float8 (e4m3) rounds: not exact, but close
+    output = layer(inputs)
+    output.backward(upstream)
+    # float8 rounds (e4m3 forward, e5m2 for the gradients): close, not exact
+    assert 0 < relative_error(output, expected) < 0.1
+    assert 0 < relative_error(inputs.grad, reference_inputs.grad) < 0.1
+    assert 0 < relative_error(conv.weight.grad, reference.weight.grad) < 0.1
 
 
 def test_a_run_with_fp8_trains_and_saves_a_model_without_float8_layers(tmp_path):
