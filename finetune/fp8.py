@@ -8,9 +8,8 @@ those through the same torchao matmul with the weight left in Conv1D's layout: c
 models are the model's own, loadable without torchao. That class is the one piece written here.
 Imported only for a run with --fp8 (arguments.py checks that torchao is there first).
 
-Not converted: the output layer (its logits feed the loss, and float8 there costs accuracy: torchao's
-own recipes leave it out), layers whose sides are not multiples of 16 (`_scaled_mm` refuses them),
-and adapters. Whether float8 pays is measured, not assumed: docs/speed.md.
+Not converted: the output layer (its logits feed the loss; torchtitan's float8 recipe leaves it out
+too), layers whose sides are not multiples of 16 (`_scaled_mm` refuses them), and adapters. Whether float8 pays is measured, not assumed: docs/speed.md.
 """
 
 from __future__ import annotations
