@@ -9,7 +9,8 @@ models are the model's own, loadable without torchao. That class is the one piec
 Imported only for a run with --fp8 (arguments.py checks that torchao is there first).
 
 Not converted: the output layer (its logits feed the loss; torchtitan's float8 recipe leaves it out
-too), layers whose sides are not multiples of 16 (`_scaled_mm` refuses them), and adapters. Whether float8 pays is measured, not assumed: docs/speed.md.
+too), layers whose sides are not multiples of 16 (`_scaled_mm` refuses them), and adapters.
+Whether float8 pays is measured, not assumed: docs/speed.md.
 """
 
 from __future__ import annotations
