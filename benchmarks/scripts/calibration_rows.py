@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig
 
 from finetune.models import resolve_model
 from finetune.planner import Calibration, Measurement, ModelShape, estimate_for
@@ -25,6 +25,7 @@ PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
 def row(summary: dict, profile: str, command: str, versions: str) -> dict:
     arguments = summary["arguments"]
     config = AutoConfig.from_pretrained(resolve_model(summary["model"]))
+    shape = ModelShape.from_config(summary["model"], config)  # counted once, for both field groups
     return {
         "model": Path(summary["model"]).name,
         "profile": summary["profile"] or profile,
@@ -44,20 +45,14 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         "hidden": summary["hidden_size"],
         "vocab": config.vocab_size,
         **({"compiled": True} if summary["torch_compile"] else {}),
-        **architecture_fields(summary, config),
-        **(adapter_fields(summary, config) if summary.get("peft") else {}),
+        "layer_norm": shape.layer_norm,  # what the planner's activation model reads of the architecture
+        "gated_mlp": shape.gated_mlp,
+        **(adapter_fields(summary, shape) if summary.get("peft") else {}),
     }
 
 
-def architecture_fields(summary: dict, config: PretrainedConfig) -> dict:
-    """What the planner's activation model reads of the architecture (ModelShape)."""
-    shape = ModelShape.from_config(summary["model"], config)
-    return {"layer_norm": shape.layer_norm, "gated_mlp": shape.gated_mlp}
-
-
-def adapter_fields(summary: dict, config: PretrainedConfig) -> dict:
+def adapter_fields(summary: dict, shape: ModelShape) -> dict:
     """What the planner needs to count a --peft run's adapters (ModelShape, Workload)."""
-    shape = ModelShape.from_config(summary["model"], config)
     return {
         "peft": summary["peft"],
         "lora_rank": summary["arguments"]["lora_rank"],
