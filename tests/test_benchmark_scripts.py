@@ -21,6 +21,7 @@ def load_script(name: str):
 
 lora_table = load_script("instruction_lora_table")
 memory_snapshot = load_script("memory_snapshot")
+speed_table = load_script("speed_table")
 
 FALLING = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 7.0}]
 
@@ -116,3 +117,15 @@ def test_the_largest_stacks_at_the_peak_group_allocations_of_one_stack_and_size(
     stacks = memory_snapshot.largest_stacks(alive)
     assert [(group["bytes_each"], group["allocations"]) for group in stacks] == [(300, 1), (100, 2)]
     assert stacks[1]["stack"] == ("torch/nn/functional.py:1 linear <- peft/tuners/lora/layer.py:7 forward")
+
+
+def test_a_speed_rows_model_may_hold_dots_and_an_accumulating_step_counts_all_its_micro_batches(tmp_path):
+    """A run of micro batch 16 x accumulation 2 on one GPU trains 32 x 1024 tokens a step."""
+    finetune = {"model": "/tmp/w/llama-0.36b", "flops_per_token": 6, "peak_tflops": 1.0}
+    store(tmp_path, "finetune.llama-0.36b.b16.run1", step_time_median_s=0.5, global_batch_size=32,
+          world_size=1, memory_peak_allocated_gib_max=40.0, **finetune)  # fmt: skip
+    store(tmp_path, "plain.llama-0.36b.b16.run1", step_time_median_s=0.5, peak_allocated_gib=50.0)
+    rows = {row.split(" | ")[0]: row.split(" | ") for row in speed_table.rows(tmp_path)}
+    assert rows["| finetune"][1:5] == ["llama-0.36b", "16", "1", "65,536"]  # 32 x 1024 / 0.5 s
+    assert rows["| plain"][4] == "32,768"  # no accumulation: 16 x 1024 / 0.5 s
+    assert rows["| finetune"][6] == "2.00"
