@@ -231,6 +231,7 @@ def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
 
 def plan_command(options: argparse.Namespace) -> int:
     from finetune.planner import (
+        DEFAULT_MARGIN,
         LADDER_BLOCK_SIZE,
         Calibration,
         Hardware,
@@ -248,6 +249,8 @@ def plan_command(options: argparse.Namespace) -> int:
     if memory is None:
         raise FinetuneError("no GPU is visible: pass --gpu_memory GIB")
     calibration = Calibration.measured()
+    if options.margin is None:
+        options.margin = DEFAULT_MARGIN
     if options.largest:
         workload = workload_of(options, options.block_size or LADDER_BLOCK_SIZE)
         hardware = Hardware(options.gpus, memory, options.host_memory, options.gpus_per_node, options.margin)
@@ -424,7 +427,9 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         help="instead: the largest GPT-style model each profile is predicted to fit (--model is ignored)",
     )
     planning.add_argument("--host_memory", type=float, help="GiB of host RAM per node, for --largest")
-    planning.add_argument("--margin", type=float, default=0.10, help="share of GPU memory kept free")
+    planning.add_argument(
+        "--margin", type=float, help="share of GPU memory kept free (default: the planner's error, 0.15)"
+    )
 
 
 def add_compare_parser(commands: argparse._SubParsersAction) -> None:

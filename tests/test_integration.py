@@ -162,6 +162,32 @@ def test_compiled_run_trains_like_the_eager_run(finished_run, tmp_path):
     assert reloaded_eval_loss(tmp_path) == pytest.approx(compiled["eval_loss"], rel=1e-4)
 
 
+def test_zero3_gathers_each_transformer_block_as_one_deepspeed_leaf_module(finished_run):
+    profile, output_dir = finished_run
+    expected = ["GPT2Block"] if profile.startswith("zero3") else None
+    assert read_summary(output_dir)["zero3_leaf_modules"] == expected
+
+
+@pytest.mark.parametrize("finished_run", ["zero3"], indirect=True)
+def test_zero3_json_naming_its_own_leaf_modules_is_followed_and_trains_the_same(finished_run, tmp_path):
+    """An empty list of leaf classes: DeepSpeed's hooks on every module, which must train like one
+    gather per block."""
+    profile, output_dir = finished_run
+    config = json.loads((PROJECT_ROOT / "ds_configs" / "zero3.json").read_text())
+    config["zero_optimization"]["leaf_module"] = {"classes": []}
+    per_module_json = tmp_path / "zero3_per_module.json"
+    per_module_json.write_text(json.dumps(config))
+    command = accelerate_launch(profile)
+    script = command.index("finetune/run.py")
+    command[script:script] = ["--deepspeed_config_file", str(per_module_json)]
+    launch(command, tmp_path / "run", [*FLAGS, *NO_CHECKPOINTS])
+    per_block, per_module = read_summary(output_dir), read_summary(tmp_path / "run")
+    assert per_module["zero3_leaf_modules"] is None
+    assert [p["loss"] for p in per_module["loss_curve"]] == pytest.approx(
+        [p["loss"] for p in per_block["loss_curve"]], rel=1e-4
+    )
+
+
 def test_offline_wikitext_substitution_is_recorded(finished_run):
     _, output_dir = finished_run
     notes = read_summary(output_dir)["data_notes"]

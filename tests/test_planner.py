@@ -28,6 +28,7 @@ from finetune.planner import (
     gpt2_shape,
     largest_micro_batch,
     largest_model,
+    out_of_memory_runs,
     plan,
     planned_strategies,
     read_measurements,
@@ -222,6 +223,26 @@ def test_without_layer_norm_autocast_keeps_bf16_activations_at_the_gated_mlp_sca
     assert calibration_kind(single, eager, llama) == "bf16"
     expected = activation_gib(llama, eager, calibration.layer_bytes["bf16"] * GATED_MLP_ACTIVATION_SCALE)
     assert estimate(single, llama, eager, 1, calibration).activations == pytest.approx(expected)
+
+
+def test_a_compiled_gated_mlp_model_keeps_the_scale_fitted_to_compiled_llama_peaks(calibration):
+    """The census' scale counts eager autograd; inductor keeps its own selection of a Llama layer."""
+    llama = replace(shape_of("gpt2-medium")[0], layer_norm=False, gated_mlp=True)
+    compiled = Workload(8, 1024, compiled=True)
+    scale = calibration.compiled_gated_mlp_scale
+    expected = activation_gib(llama, compiled, calibration.layer_bytes["compiled"] * scale)
+    assert estimate(load_strategy("single"), llama, compiled, 1, calibration).activations == pytest.approx(
+        expected
+    )
+    assert scale != pytest.approx(GATED_MLP_ACTIVATION_SCALE, abs=0.02)
+
+
+def test_no_run_that_ran_out_of_gpu_memory_is_predicted_to_fit(calibration):
+    """The 1B Llama at micro batch 32 fit by the census' scale and ran out of memory on an H100."""
+    runs = out_of_memory_runs()
+    assert runs
+    for run, gpu_memory in runs:
+        assert not estimate_for(run, calibration).fits(gpu_memory), run
 
 
 def test_plan_command_says_what_would_fit_when_nothing_does(capsys):

@@ -9,6 +9,11 @@
 #                          the FSDP profiles' default)
 #   zero3-regional         the same, compile switched on
 #   zero3-auto-buckets     ZeRO-3 with transformers' "auto" bucket sizes (zero3.json's before 2026-11-24)
+#   zero3-leaf-blocks      ZeRO-3 with the transformer blocks named as DeepSpeed leaf modules in its JSON
+#                          (zero_optimization.leaf_module): one gather and one hook per block, as FSDP2
+#                          wraps; run.py does the same by default since 2026-11-25 (gather_zero3_by_block)
+#   zero3-per-module       ZeRO-3 with no leaf modules: DeepSpeed's hooks on every module (the default before)
+#   fsdp-keep-unsharded    FSDP2 without resharding after forward (fsdp_reshard_after_forward false)
 #   zero3-deepcompile      ZeRO-3 with DeepSpeed's DeepCompile ("compile": {"deepcompile": true}), compiled;
 #                          its first 10 steps (compile, profiling, recompile) are left out of the rates
 STEPS=$1; shift
@@ -16,6 +21,10 @@ MODEL=${MODEL:-gpt2-medium} BATCH=${BATCH:-8}
 AUTO='"auto"'
 python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_auto-buckets.json zero_optimization.reduce_bucket_size=$AUTO \
   zero_optimization.stage3_prefetch_bucket_size=$AUTO zero_optimization.stage3_param_persistence_threshold=$AUTO
+python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_leaf-blocks.json \
+  'zero_optimization.leaf_module={"classes": ["GPT2Block", "LlamaDecoderLayer"]}'
+python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_per-module.json \
+  'zero_optimization.leaf_module={"classes": []}'
 python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_deepcompile.json compile='{"deepcompile": true}'
 REGIONAL=--dynamo_use_regional_compilation
 n=0
@@ -33,6 +42,11 @@ for CASE in "$@"; do
                       run finetune:--torch_compile,true ;;
     zero3-auto-buckets) PROFILE=zero3 TAG=auto-buckets LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_auto-buckets.json" \
                           run finetune ;;
+    zero3-leaf-blocks) PROFILE=zero3 TAG=leaf-blocks LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_leaf-blocks.json" \
+                         run finetune ;;
+    zero3-per-module) PROFILE=zero3 TAG=per-module LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_per-module.json" \
+                        run finetune ;;
+    fsdp-keep-unsharded) PROFILE=fsdp TAG=keep-unsharded LAUNCH_FLAGS="--fsdp_reshard_after_forward false" run finetune ;;
     zero3-deepcompile) PROFILE=zero3 TAG=deepcompile LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_deepcompile.json" \
                          run finetune:--torch_compile,true,--throughput_warmup_steps,10 ;;
     *) echo "cases.sh: unknown case $CASE" >&2; exit 2 ;;
