@@ -238,9 +238,12 @@ def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
     return activation_gib(shape, workload, 1.0) - activation_gib(shape, workload, 0.0)
 
 
-def read_measurements(path: Path = CALIBRATION_FILE) -> list[Measurement]:
-    """The measured peaks, each with the strategy of the shipped profile it was measured with."""
-    rows = json.loads(path.read_text())["measurements"]
+def read_measurements(path: Path = CALIBRATION_FILE, section: str = "measurements") -> list[Measurement]:
+    """The measured peaks, each with the strategy of the shipped profile it was measured with.
+
+    `measurements`: one micro batch per step, what the planner models and is fitted to;
+    `with_accumulation`: steps of several micro batches, checked only (see calibration.json)."""
+    rows = json.loads(path.read_text())[section]
     strategies = {name: load_strategy(name) for name in {row["profile"] for row in rows}}
     return [Measurement.from_row(row, strategies[row["profile"]]) for row in rows]
 

@@ -122,6 +122,16 @@ def test_every_measured_peak_is_predicted_within_15_percent(calibration):
         assert predicted == pytest.approx(measurement.peak_allocated_gib, rel=0.15), measurement
 
 
+def test_peaks_measured_with_gradient_accumulation_are_predicted_within_15_percent(calibration):
+    """Not fitted to: the planner does not model accumulation, under which the single profile kept
+    the earlier micro batches' fp32 gradients at the peak (4 bytes per parameter more than without)."""
+    rows = read_measurements(section="with_accumulation")
+    assert rows
+    for measurement in rows:
+        predicted = estimate_for(measurement, calibration).total
+        assert predicted == pytest.approx(measurement.peak_allocated_gib, rel=0.15), measurement
+
+
 def test_measured_forward_activations_are_predicted_within_15_percent(calibration):
     """Not fitted: checks that the peak is split right between model states and activations."""
     for m in (m for m in read_measurements() if m.forward_activations_gib is not None):
