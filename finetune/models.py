@@ -193,7 +193,7 @@ def drawn_on_the_accelerator(module: torch.nn.Module) -> Iterator[None]:
             tensor.data = home
 
 
-def gather_zero3_by_block(model: PreTrainedModel) -> list[str]:
+def gather_zero3_by_block(model: PreTrainedModel, adapters: bool) -> list[str]:
     """Under ZeRO-3, make each transformer block one DeepSpeed leaf module; the classes made so.
 
     The blocks are the model's `_no_split_modules`, the classes FSDP2's transformer-based wrap
@@ -203,8 +203,16 @@ def gather_zero3_by_block(model: PreTrainedModel) -> list[str]:
     block with the same losses and peak (benchmarks/h100-2026-11-25d). A DeepSpeed JSON that names
     its own `zero_optimization.leaf_module` is followed as written (an empty list of classes: hooks
     per module, DeepSpeed's default).
+
+    Not when adapters train on a frozen base (`adapters`): DeepSpeed 0.19.8 then left a frozen
+    weight of a leaf block released in backward (a zero-size tensor in the adapters' backward, seen
+    in 2-rank CPU runs of zero3_offload and GSM8K under zero3), so LoRA keeps the per-module hooks.
     """
-    if not is_deepspeed_zero3_enabled() or "leaf_module" in deepspeed_config().get("zero_optimization", {}):
+    if (
+        adapters
+        or not is_deepspeed_zero3_enabled()
+        or "leaf_module" in deepspeed_config().get("zero_optimization", {})
+    ):
         return []
     from deepspeed.utils import set_z3_leaf_modules
 

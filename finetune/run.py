@@ -142,7 +142,7 @@ def train_and_measure(
 
     memory = MemoryCallback(profile_phases=training_args.profile_memory)
     model = build_model(model_args, config, location)
-    record.update({"zero3_leaf_modules": gather_zero3_by_block(model) or None})
+    record.update({"zero3_leaf_modules": gather_zero3_by_block(model, bool(model_args.peft)) or None})
     use_the_tokenizers_pad_token(model, tokenizer)
     if training_args.chunked_loss:
         problem = chunked_loss_problem(model)

@@ -77,8 +77,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     ),
     "zero3_leaf_modules": (
         "list?",
-        "ZeRO-3: the block classes gathered and reduced as one DeepSpeed leaf module each (the model's "
-        "_no_split_modules, unless the DeepSpeed JSON names its own leaf_module); None otherwise",
+        "ZeRO-3 full fine-tuning: the block classes gathered and reduced as one DeepSpeed leaf module "
+        "each (the model's _no_split_modules, unless the DeepSpeed JSON names its own leaf_module); "
+        "None otherwise",
     ),
     "torch_compile": ("bool?", "model compiled by torch.compile (default with CUDA but ZeRO-3 and offload)"),
     "torch_compile_regional": (

@@ -314,6 +314,7 @@ def test_lora_trains_only_the_adapters_on_two_ranks(profile, base_dir, corpus, t
     summary = read_summary(output_dir)
     losses = [point["loss"] for point in summary["loss_curve"]]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+    assert summary["zero3_leaf_modules"] is None, "adapters keep ZeRO-3's hooks per module"
     model = add_adapters(AutoModelForCausalLM.from_pretrained(base_dir), lora_flags(), "fp32")
     assert summary["trainable_parameters"] == trainable_parameters(model)
     saved = load_file(output_dir / "adapter_model.safetensors")
