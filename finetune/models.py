@@ -194,7 +194,7 @@ def drawn_on_the_accelerator(module: torch.nn.Module) -> Iterator[None]:
 
 
 def gather_zero3_by_block(model: PreTrainedModel, adapters: bool) -> list[str]:
-    """Under ZeRO-3, make each transformer block one DeepSpeed leaf module; the classes made so.
+    """Under ZeRO-3, make each transformer block one DeepSpeed leaf module; the classes found so.
 
     The blocks are the model's `_no_split_modules`, the classes FSDP2's transformer-based wrap
     shards by. As a leaf, a block's parameters are gathered, and its gradients reduced, once per
@@ -217,9 +217,11 @@ def gather_zero3_by_block(model: PreTrainedModel, adapters: bool) -> list[str]:
     from deepspeed.utils import set_z3_leaf_modules
 
     blocks = list(model._no_split_modules or [])
-    if blocks:
-        set_z3_leaf_modules(model, blocks, raise_if_not_found=False)
-    return blocks
+    if not blocks:
+        return []
+    return sorted(
+        {type(module).__name__ for module in set_z3_leaf_modules(model, blocks, raise_if_not_found=False)}
+    )
 
 
 def name_causal_lm_loss(model: PreTrainedModel) -> PreTrainedModel:
