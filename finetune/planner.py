@@ -144,7 +144,7 @@ class ModelShape:
     adapted_in_out: int = 0  # sum of in + out features over the layers "all-linear" adapts
     adapted_out: int = 0  # sum of their out features (DoRA's magnitudes)
     layer_norm: bool = True  # nn.LayerNorm, which autocast runs in fp32 (GPT-2); False for RMSNorm models
-    gated_mlp: bool = False  # gate and up projections (Llama-style): Calibration.gated_mlp_scale
+    gated_mlp: bool = False  # gate and up projections (Llama-style): Calibration.layer_bytes_for
 
     @classmethod
     def from_config(cls, name: str, config: PretrainedConfig) -> ModelShape:
@@ -243,25 +243,22 @@ def read_measurements(path: Path = CALIBRATION_FILE, section: str = "measurement
 
     `measurements`: one micro batch per step, what the planner models and is fitted to;
     `with_accumulation`: steps of several micro batches, checked only (see calibration.json)."""
-    rows = json.loads(path.read_text())[section]
-    strategies = {name: load_strategy(name) for name in {row["profile"] for row in rows}}
-    return [Measurement.from_row(row, strategies[row["profile"]]) for row in rows]
+    return measurements_of(json.loads(path.read_text())[section])
 
 
 def out_of_memory_runs(path: Path = CALIBRATION_FILE) -> list[tuple[Measurement, float]]:
     """Runs that ran out of GPU memory, each with its GPU's memory in GiB; their peak is the lower
     bound the failed allocation gave."""
     rows = json.loads(path.read_text())["out_of_memory"]
-    return [
-        (
-            Measurement.from_row(
-                {**row, "peak_allocated_gib": row["peak_allocated_gib_at_least"]},
-                load_strategy(row["profile"]),
-            ),
-            row["gpu_memory_gib"],
-        )
-        for row in rows
-    ]
+    runs = measurements_of(
+        [{**row, "peak_allocated_gib": row["peak_allocated_gib_at_least"]} for row in rows]
+    )
+    return [(run, row["gpu_memory_gib"]) for run, row in zip(runs, rows, strict=True)]
+
+
+def measurements_of(rows: list[dict[str, Any]]) -> list[Measurement]:
+    strategies = {name: load_strategy(name) for name in {row["profile"] for row in rows}}
+    return [Measurement.from_row(row, strategies[row["profile"]]) for row in rows]
 
 
 @dataclass(frozen=True)
