@@ -268,10 +268,9 @@ class FinetuneTrainingArguments(TrainingArguments):
         metadata={
             "nargs": "?",  # a bare --torch_compile is true, as for every other switch
             "const": True,
-            "help": "Compile the model with torch.compile (default: on with CUDA for one GPU, DDP, FSDP2 "
-            "(block by block, as the FSDP profiles ask accelerate to) and ZeRO-1/2 without offload, where it "
-            "was measured faster; off under ZeRO-3 and offload, where it was measured slower or not at "
-            "all, and on CPU).",
+            "help": "Compile the model with torch.compile (default: on with CUDA for every profile without "
+            "offload, where it was measured faster: FSDP2 block by block, as the FSDP profiles ask "
+            "accelerate to, ZeRO-3 its leaf blocks' forwards; off with offload, not timed, and on CPU).",
         },
     )
     chunked_loss: bool = field(

@@ -48,8 +48,8 @@ GATED_MLP_ACTIVATION_SCALE, what the CPU census of autograd's saved tensors coun
 `Calibration.compiled_gated_mlp_scale`, fitted to the compiled Llama peaks measured on GPUs (inductor
 fuses GPT-2's GELU chain away, less of SwiGLU's and RMSNorm's, so the census' eager ratio was too
 low: a micro batch it called fitting ran out of memory, benchmarks/h100-2026-11-25d). A workload
-compiles as run.py compiles its strategy by default (`Strategy.compiled_by_default`: ZeRO-3 and
-offload eager, the rest compiled); `--torch_compile` overrides it. With gradient checkpointing
+compiles as run.py compiles its strategy by default (`Strategy.compiled_by_default`: offload
+eager, the rest compiled); `--torch_compile` overrides it. With gradient checkpointing
 each layer keeps only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at
 a time.
 """

@@ -92,17 +92,18 @@ class Strategy:
 
     @property
     def compiled_by_default(self) -> bool:
-        """Compile where it was measured to pay off: without sharding, DDP, FSDP2, ZeRO-1/2.
+        """Compile where it was measured to pay off: every profile without offload.
 
         Compiling fuses the elementwise work between matmuls, which made one GPU and ZeRO-2 markedly
         faster. FSDP2 compiled as one graph breaks at its hooks and was slower than eager, but compiled
         block by block (accelerate's regional compilation, which the FSDP profiles switch on) it was
-        faster. ZeRO-3 was slower compiled either way (its hooks around every layer break the graph);
-        offload was not timed compiled. The measurements: benchmarks/h200-2026-11-23b,
-        h200x2-2026-11-24, h200-2026-11-24c and -24d (docs/speed.md). A machine without a GPU never
-        compiles by default (`arguments.compiles_by_default`).
+        faster. ZeRO-3 was slower compiled through accelerate (its hooks break the graph), and faster,
+        with less memory, with only its leaf blocks' forwards compiled (`run.compile_under_zero3`).
+        Offload was not timed compiled. The measurements: benchmarks/h200-2026-11-23b,
+        h200x2-2026-11-24, h200-2026-11-24c and -24d, h100-2026-11-25e (docs/speed.md). A machine
+        without a GPU never compiles by default (`arguments.compiles_by_default`).
         """
-        return not (self.zero_stage == 3 or self.offloaded)
+        return not self.offloaded
 
     @property
     def speed_order(self) -> tuple[int, int, int, int]:

@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: import the 
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
-from transformers.integrations import TensorBoardCallback
+from transformers.integrations import TensorBoardCallback, is_deepspeed_zero3_enabled
 from transformers.utils import logging
 
 from finetune.adapters import adapter_flags, add_adapters
@@ -51,6 +51,7 @@ from finetune.models import (
     build_model,
     check_attention_implementation,
     choose_block_size,
+    compile_zero3_blocks,
     gather_zero3_by_block,
     load_config,
     load_tokenizer,
@@ -75,6 +76,24 @@ from finetune.summary import (
 from finetune.trainer import FinetuneTrainer
 
 logger = logging.get_logger("finetune")
+
+
+def compile_under_zero3(
+    model: PreTrainedModel, leaf_blocks: list[str], training_args: FinetuneTrainingArguments
+) -> int:
+    """Under ZeRO-3, --torch_compile compiles the leaf blocks' forwards (`compile_zero3_blocks`), never
+    the engine; without leaf blocks (adapters, or a DeepSpeed JSON's own leaf_module) ZeRO-3 runs
+    eager, since compiling across its per-module hooks was slower than eager. Blocks compiled."""
+    if not (is_deepspeed_zero3_enabled() and training_args.torch_compile):
+        return 0
+    if not leaf_blocks:
+        training_args.torch_compile = False
+        if training_args.process_index == 0:
+            logger.warning(
+                "finetune: ZeRO-3 runs eager: without leaf blocks its per-module hooks break the graph"
+            )
+        return 0
+    return compile_zero3_blocks(model, leaf_blocks, training_args.torch_compile_mode)
 
 
 def default_run_name(model: str, training_args: FinetuneTrainingArguments) -> str:
@@ -142,7 +161,10 @@ def train_and_measure(
 
     memory = MemoryCallback(profile_phases=training_args.profile_memory)
     model = build_model(model_args, config, location)
-    record.update({"zero3_leaf_modules": gather_zero3_by_block(model, bool(model_args.peft)) or None})
+    leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft))
+    compiled_blocks = compile_under_zero3(model, leaf_blocks, training_args)
+    record.update({"zero3_leaf_modules": leaf_blocks or None, "torch_compile": training_args.torch_compile})
+    record.update({"zero3_compiled_blocks": compiled_blocks or None})
     use_the_tokenizers_pad_token(model, tokenizer)
     if training_args.chunked_loss:
         problem = chunked_loss_problem(model)
@@ -180,6 +202,7 @@ def train_and_measure(
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice()],
         run_flags=run_defining_flags(model_args, data_args, training_args),
+        blocks_compiled=compiled_blocks > 0,
     )
     strategy = strategy_of(trainer.accelerator)
     if resume_from is not None:  # checked before from the launcher's environment; the Accelerator decides

@@ -81,7 +81,15 @@ FIELDS: dict[str, tuple[str, str]] = {
         "each (the model's _no_split_modules, unless the DeepSpeed JSON names its own leaf_module); "
         "None otherwise",
     ),
-    "torch_compile": ("bool?", "model compiled by torch.compile (default with CUDA but ZeRO-3 and offload)"),
+    "zero3_compiled_blocks": (
+        "int?",
+        "ZeRO-3 compiled: leaf blocks whose forward torch.compile compiled, DeepSpeed's hooks around "
+        "them left eager; None otherwise",
+    ),
+    "torch_compile": (
+        "bool?",
+        "model compiled by torch.compile (default with CUDA but offload; ZeRO-3: its leaf blocks)",
+    ),
     "torch_compile_regional": (
         "bool?",
         "compiled block by block (accelerate's regional compilation, as the FSDP profiles ask), "

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import DynamoBackend
+from accelerate.utils import DynamoBackend, TorchDynamoPlugin
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
@@ -62,8 +62,17 @@ class LossSumSoFar(TrainerCallback, ExportableState):
 
 
 class FinetuneTrainer(Trainer):
-    def __init__(self, *args: Any, run_flags: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest."""
+    def __init__(
+        self,
+        *args: Any,
+        run_flags: dict[str, Any] | None = None,
+        blocks_compiled: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest.
+        `blocks_compiled`: the model's blocks are compiled already (`models.compile_zero3_blocks`), so
+        accelerate must not compile the model again."""
+        self.blocks_compiled = blocks_compiled
         super().__init__(*args, **kwargs)
         self.run_flags = run_flags or {}
         self.add_callback(LossSumSoFar())
@@ -97,6 +106,12 @@ class FinetuneTrainer(Trainer):
         if self._loss_sum_before is None:
             output.metrics.pop("train_loss", None)
         return output
+
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        args = super()._build_accelerator_args(**kwargs)
+        if self.blocks_compiled or not self.args.torch_compile:  # switched off after __post_init__ set it up
+            args["dynamo_plugin"] = TorchDynamoPlugin(backend=DynamoBackend.NO)
+        return args
 
     def records_cuda_graphs(self) -> bool:
         """The compile mode of --torch_compile_mode, else of the profile (accelerate's dynamo_mode)."""

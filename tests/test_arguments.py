@@ -166,9 +166,9 @@ def test_fsdp_with_parameter_offload_is_not_compiled_by_default(monkeypatch):
 
 @pytest.mark.parametrize(
     ("deepspeed_config", "compiled"),
-    [("zero1", True), ("zero2", True), ("zero3", False), ("zero2_offload", False), ("zero3_offload", False)],
+    [("zero1", True), ("zero2", True), ("zero3", True), ("zero2_offload", False), ("zero3_offload", False)],
 )
-def test_zero1_and_zero2_without_offload_are_compiled_by_default(monkeypatch, deepspeed_config, compiled):
+def test_deepspeed_without_offload_is_compiled_by_default(monkeypatch, deepspeed_config, compiled):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     config_file = PROJECT_ROOT / "ds_configs" / f"{deepspeed_config}.json"

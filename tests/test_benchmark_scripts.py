@@ -129,3 +129,15 @@ def test_a_speed_rows_model_may_hold_dots_and_an_accumulating_step_counts_all_it
     assert rows["| finetune"][1:5] == ["llama-0.36b", "16", "1", "65,536"]  # 32 x 1024 / 0.5 s
     assert rows["| plain"][4] == "32,768"  # no accumulation: 16 x 1024 / 0.5 s
     assert rows["| finetune"][6] == "2.00"
+
+
+def test_a_plain_run_that_accumulates_counts_all_its_micro_batches(tmp_path):
+    """The plain script at micro batch 8 x 8 (a global batch of 64) trains 64 x 1024 tokens a step."""
+    finetune = {"model": "gpt2-medium", "flops_per_token": 6, "peak_tflops": 1.0}
+    store(tmp_path, "finetune.gpt2-medium.b32.run1", step_time_median_s=1.0, global_batch_size=64,
+          world_size=1, memory_peak_allocated_gib_max=50.0, **finetune)  # fmt: skip
+    store(tmp_path, "plain.gpt2-medium.b8.run1", step_time_median_s=2.0, gradient_accumulation_steps=8,
+          peak_allocated_gib=26.0)  # fmt: skip
+    rows = {row.split(" | ")[0]: row.split(" | ") for row in speed_table.rows(tmp_path)}
+    assert rows["| plain"][4] == "32,768"  # 8 x 8 x 1024 / 2 s
+    assert rows["| finetune"][6] == "2.00"  # 64 x 1024 / 1 s against it

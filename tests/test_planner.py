@@ -170,7 +170,7 @@ def test_plan_command_prints_the_table_and_the_recommendation(capsys):
     assert cli_main(["plan", "--model", "gpt2-xl", "--gpus", "4", "--gpu_memory", "80"]) == 0
     out = capsys.readouterr().out
     assert "| zero3 | 0.73 | 0.73 | 4.35 |" in out
-    assert "ddp, zero1, zero2, fsdp_grad_op, fsdp compiled; the rest eager" in out
+    assert "ddp, zero1, zero2, fsdp_grad_op, zero3, fsdp compiled; the rest eager" in out
     assert out.strip().splitlines()[-1].startswith("recommended: ddp")
 
 
@@ -276,7 +276,9 @@ def test_auto_choice_explains_itself(gpt2_xl):
     assert reason.startswith("the fastest profile predicted to fit")
 
 
-def test_ddp_and_fsdp_are_planned_compiled_and_zero3_eager_as_run_py_runs_them(gpt2_xl, calibration):
+def test_profiles_are_planned_compiled_and_deepspeeds_activations_counted_alike_either_way(
+    gpt2_xl, calibration
+):
     default = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024), 4, calibration)}
     eager = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=False), 4, calibration)}
     compiled = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=True), 4, calibration)}
@@ -288,7 +290,7 @@ def test_ddp_and_fsdp_are_planned_compiled_and_zero3_eager_as_run_py_runs_them(g
 def test_profiles_are_planned_compiled_where_run_py_compiles_them():
     workload = Workload(8, 1024)
     compiled = [s.name for s in planned_strategies(None, 4) if compiled_for(s, workload)]
-    assert compiled == ["ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp"]
+    assert compiled == ["ddp", "zero1", "zero2", "fsdp_grad_op", "zero3", "fsdp"]
 
 
 def test_largest_micro_batch_is_the_last_that_fits(gpt2_xl, calibration):

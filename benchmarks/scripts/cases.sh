@@ -7,7 +7,10 @@
 #   fsdp-eager, fsdp_grad_op-eager       the same with --torch_compile false
 #   single-regional, zero2-regional      compiled block by block (accelerate's regional compilation,
 #                          the FSDP profiles' default)
-#   zero3-regional         the same, compile switched on
+#   zero3-compiled         ZeRO-3 with --torch_compile true: each leaf block's forward compiled, DeepSpeed's
+#                          hooks left eager (run.py's compile_zero3_blocks, since 2026-11-25)
+#   zero3-regional         ZeRO-3 under accelerate's regional compilation (each block's __call__, hooks
+#                          included); since compile_zero3_blocks it runs as zero3-compiled does
 #   zero3-auto-buckets     ZeRO-3 with transformers' "auto" bucket sizes (zero3.json's before 2026-11-24)
 #   zero3-leaf-blocks      ZeRO-3 with the transformer blocks named as DeepSpeed leaf modules in its JSON
 #                          (zero_optimization.leaf_module): one gather and one hook per block, as FSDP2
@@ -38,6 +41,7 @@ for CASE in "$@"; do
     single-regional) TAG=regional LAUNCH_FLAGS=$REGIONAL run finetune ;;
     # accelerate's DeepSpeed launcher passes no dynamo flags: the variable reaches the ranks as it is
     zero2-regional) ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=True PROFILE=zero2 TAG=regional run finetune ;;
+    zero3-compiled) PROFILE=zero3 TAG=compiled run finetune:--torch_compile,true ;;
     zero3-regional) ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=True PROFILE=zero3 TAG=regional \
                       run finetune:--torch_compile,true ;;
     zero3-auto-buckets) PROFILE=zero3 TAG=auto-buckets LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_auto-buckets.json" \

@@ -5,7 +5,8 @@
 # and log go to $OUT as <index>.<variant name>.{json,log}. PROFILE=zero3 (etc.) runs the finetune variants
 # under that profile on one process (default: single). LAUNCH_FLAGS adds flags to accelerate launch
 # (e.g. --dynamo_use_regional_compilation) and TAG names them in the file names. BATCH gN runs the
-# finetune variants with --global_batch_size N, the planner's micro batch for the profile.
+# finetune variants with --global_batch_size N, the planner's micro batch for the profile, and the plain
+# script at micro batch PLAIN_BATCH (default 8) with the accumulation that makes N.
 MODEL=$1 BATCH=$2 STEPS=$3 PROFILE=${PROFILE:-single}; shift 3
 BATCH_FLAGS="--batch_size $BATCH"
 case $BATCH in g*) BATCH_FLAGS="--global_batch_size ${BATCH#g}" ;; esac
@@ -17,7 +18,9 @@ if [ -d "$MODEL" ]; then MODEL_DIR=$MODEL; else MODEL_DIR=$FINETUNE_DATA_DIR/$MO
 for V in "$@"; do
   i=$((i+1)); NAME=$PROFILE${TAG:+-$TAG}.$MODEL_NAME.b$BATCH.$(echo "$V" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-50)
   if [ "$V" = plain ]; then
-    timeout 300 python benchmarks/scripts/plain_trainer.py $MODEL_DIR $BATCH $STEPS $OUT/$i.$NAME.json > $OUT/$i.$NAME.log 2>&1
+    PLAIN_ARGS="$BATCH $STEPS $OUT/$i.$NAME.json"  # BATCH gN: micro batch PLAIN_BATCH (8) accumulated to N
+    case $BATCH in g*) PLAIN_ARGS="${PLAIN_BATCH:-8} $STEPS $OUT/$i.$NAME.json $(( ${BATCH#g} / ${PLAIN_BATCH:-8} ))" ;; esac
+    timeout 300 python benchmarks/scripts/plain_trainer.py $MODEL_DIR $PLAIN_ARGS > $OUT/$i.$NAME.log 2>&1
     rc=$?
   else
     EXTRA=$(echo "${V#finetune}" | sed 's/^://' | tr ',' ' ')

@@ -29,7 +29,8 @@ def learned(summary: dict) -> str:
 
 def rate(run: dict, micro_batch: int) -> float:
     """Tokens per GPU of an optimizer step (every micro batch it accumulates) over its median time."""
-    samples = run.get("global_batch_size", micro_batch) / run.get("world_size", 1)
+    plain_samples = micro_batch * run.get("gradient_accumulation_steps", 1)  # the plain script's summary
+    samples = run.get("global_batch_size", plain_samples) / run.get("world_size", 1)
     return samples * BLOCK_SIZE / run["step_time_median_s"]
 
 
