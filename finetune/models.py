@@ -233,8 +233,7 @@ def compile_zero3_blocks(model: PreTrainedModel, block_classes: list[str], mode:
     (benchmarks/h200-2026-11-23b, h100-2026-11-25d). A leaf block's parameters are all gathered by
     its own pre-forward hook before its forward runs and nothing inside it is hooked, so its forward
     is one graph, shared by every block of the class: 1.1x eager's tokens/s on a 1B Llama and on
-    gpt2-xl, with less memory (benchmarks/h100-2026-11-25e). Without leaf blocks (`block_classes`
-    empty) nothing is compiled.
+    gpt2-xl, with less memory (benchmarks/h100-2026-11-25e).
     """
     blocks = [module for module in model.modules() if type(module).__name__ in block_classes]
     for block in blocks:

@@ -163,8 +163,13 @@ def train_and_measure(
     model = build_model(model_args, config, location)
     leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft))
     compiled_blocks = compile_under_zero3(model, leaf_blocks, training_args)
-    record.update({"zero3_leaf_modules": leaf_blocks or None, "torch_compile": training_args.torch_compile})
-    record.update({"zero3_compiled_blocks": compiled_blocks or None})
+    record.update(
+        {
+            "zero3_leaf_modules": leaf_blocks or None,
+            "zero3_compiled_blocks": compiled_blocks or None,
+            "torch_compile": training_args.torch_compile,
+        }
+    )
     use_the_tokenizers_pad_token(model, tokenizer)
     if training_args.chunked_loss:
         problem = chunked_loss_problem(model)
@@ -202,7 +207,6 @@ def train_and_measure(
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice()],
         run_flags=run_defining_flags(model_args, data_args, training_args),
-        blocks_compiled=compiled_blocks > 0,
     )
     strategy = strategy_of(trainer.accelerator)
     if resume_from is not None:  # checked before from the launcher's environment; the Accelerator decides

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from accelerate.utils import DynamoBackend, TorchDynamoPlugin
 from transformers import Trainer, TrainerCallback
+from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
@@ -66,13 +67,9 @@ class FinetuneTrainer(Trainer):
         self,
         *args: Any,
         run_flags: dict[str, Any] | None = None,
-        blocks_compiled: bool = False,
         **kwargs: Any,
     ) -> None:
-        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest.
-        `blocks_compiled`: the model's blocks are compiled already (`models.compile_zero3_blocks`), so
-        accelerate must not compile the model again."""
-        self.blocks_compiled = blocks_compiled
+        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest."""
         super().__init__(*args, **kwargs)
         self.run_flags = run_flags or {}
         self.add_callback(LossSumSoFar())
@@ -108,8 +105,11 @@ class FinetuneTrainer(Trainer):
         return output
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        """accelerate compiles only what --torch_compile asks for (it may be switched off after
+        __post_init__ set accelerate up), and never under ZeRO-3, whose blocks
+        `run.compile_under_zero3` compiles itself."""
         args = super()._build_accelerator_args(**kwargs)
-        if self.blocks_compiled or not self.args.torch_compile:  # switched off after __post_init__ set it up
+        if is_deepspeed_zero3_enabled() or not self.args.torch_compile:
             args["dynamo_plugin"] = TorchDynamoPlugin(backend=DynamoBackend.NO)
         return args
 
