@@ -17,6 +17,9 @@
 #                          wraps; run.py does the same by default since 2026-11-25 (gather_zero3_by_block)
 #   zero3-per-module       ZeRO-3 with no leaf modules: DeepSpeed's hooks on every module (the default before)
 #   fsdp-keep-unsharded    FSDP2 without resharding after forward (fsdp_reshard_after_forward false)
+#   single-nodropout       single with GPT-2's dropout probabilities 0 (published: 0.1), GPT-2 models only
+#   zero3-subgroup-1e8     ZeRO-3 with sub_group_size 1e8 (zero3.json: 1e9, DeepSpeed's default): the
+#                          optimizer step makes each sub-group's fp32 gradients at once
 #   zero3-deepcompile      ZeRO-3 with DeepSpeed's DeepCompile ("compile": {"deepcompile": true}), compiled;
 #                          its first 10 steps (compile, profiling, recompile) are left out of the rates
 STEPS=$1; shift
@@ -28,6 +31,7 @@ python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_leaf-block
   'zero_optimization.leaf_module={"classes": ["GPT2Block", "LlamaDecoderLayer"]}'
 python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_per-module.json \
   'zero_optimization.leaf_module={"classes": []}'
+python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_subgroup-1e8.json zero_optimization.sub_group_size=100000000
 python benchmarks/scripts/ds_variant.py ds_configs/zero3.json /tmp/z3_deepcompile.json compile='{"deepcompile": true}'
 REGIONAL=--dynamo_use_regional_compilation
 n=0
@@ -50,6 +54,10 @@ for CASE in "$@"; do
                          run finetune ;;
     zero3-per-module) PROFILE=zero3 TAG=per-module LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_per-module.json" \
                         run finetune ;;
+    single-nodropout) PROFILE=single TAG=nodropout RUN_FLAGS="--config_overrides resid_pdrop=0,embd_pdrop=0,attn_pdrop=0" \
+                        run finetune ;;
+    zero3-subgroup-1e8) PROFILE=zero3 TAG=subgroup-1e8 LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_subgroup-1e8.json" \
+                          run finetune ;;
     fsdp-keep-unsharded) PROFILE=fsdp TAG=keep-unsharded LAUNCH_FLAGS="--fsdp_reshard_after_forward false" run finetune ;;
     zero3-deepcompile) PROFILE=zero3 TAG=deepcompile LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_deepcompile.json" \
                          run finetune:--torch_compile,true,--throughput_warmup_steps,10 ;;

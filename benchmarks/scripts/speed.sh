@@ -6,7 +6,8 @@
 # under that profile on one process (default: single). LAUNCH_FLAGS adds flags to accelerate launch
 # (e.g. --dynamo_use_regional_compilation) and TAG names them in the file names. BATCH gN runs the
 # finetune variants with --global_batch_size N, the planner's micro batch for the profile, and the plain
-# script at micro batch PLAIN_BATCH (default 8) with the accumulation that makes N.
+# script at micro batch PLAIN_BATCH (default 8) with the accumulation that makes N. RUN_FLAGS adds
+# flags to the finetune variants as they are, commas kept (--config_overrides a=0,b=0).
 MODEL=$1 BATCH=$2 STEPS=$3 PROFILE=${PROFILE:-single}; shift 3
 BATCH_FLAGS="--batch_size $BATCH"
 case $BATCH in g*) BATCH_FLAGS="--global_batch_size ${BATCH#g}" ;; esac
@@ -26,7 +27,7 @@ for V in "$@"; do
     EXTRA=$(echo "${V#finetune}" | sed 's/^://' | tr ',' ' ')
     timeout ${RUN_TIMEOUT:-400} accelerate launch --config_file accelerate_configs/$PROFILE.yaml --num_processes 1 $LAUNCH_FLAGS finetune/run.py --model $MODEL \
       --from_scratch --max_steps $STEPS $BATCH_FLAGS --block_size 1024 --logging_steps 10 \
-      --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/o_${PROFILE}${TAG}_${MODEL_NAME}_$i $EXTRA \
+      --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/o_${PROFILE}${TAG}_${MODEL_NAME}_$i $EXTRA ${RUN_FLAGS:-} \
       > $OUT/$i.$NAME.log 2>&1
     rc=$?
     cp /tmp/o_${PROFILE}${TAG}_${MODEL_NAME}_$i/run_summary.json $OUT/$i.$NAME.json
