@@ -290,6 +290,14 @@ class FinetuneTrainingArguments(TrainingArguments):
             "single, ddp and the FSDP profiles, full fine-tuning."
         },
     )
+    compile_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "Where the model is compiled block by block (regional compilation, ZeRO-3's blocks), "
+            "compile its loss too: eager, it keeps fp32 copies of the logits for backward. "
+            "--no_compile_loss runs it eager."
+        },
+    )
     align_output_matmul: bool = field(
         default=True,
         metadata={

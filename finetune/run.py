@@ -46,7 +46,7 @@ from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
 from finetune.generate import Sampling, generate
-from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
+from finetune.losses import align_output_matmul, chunked_loss_problem, compile_loss, use_chunked_loss
 from finetune.models import (
     build_model,
     check_attention_implementation,
@@ -213,6 +213,10 @@ def train_and_measure(
         identity = run_identity(trainer.run_flags, strategy, training_args)
         refuse_another_run(resume_from, identity, training_args.allow_world_size_change, False)
     record.update({**strategy, **resume_fields(resume_from)})
+    loss_compiled = training_args.compile_loss and bool(strategy["torch_compile_regional"] or compiled_blocks)
+    if loss_compiled:
+        compile_loss(model)
+    record.update({"loss_compiled": loss_compiled})
     if "tensorboard" in training_args.report_to:
         trainer.remove_callback(TensorBoardCallback)
         log_dir = logging_dir(training_args.output_dir, training_args.run_name)

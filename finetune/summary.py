@@ -100,6 +100,10 @@ FIELDS: dict[str, tuple[str, str]] = {
         "torch.compile's mode when compiled: reduce-overhead (CUDA graphs, as the single profile asks) "
         "or default",
     ),
+    "loss_compiled": (
+        "bool?",
+        "the loss compiled on its own, as where the model is compiled block by block (--compile_loss)",
+    ),
     "dataset": ("str?", "--dataset as given"),
     "data_source": ("str?", "the folder or Hub id it was read from"),
     "block_size": ("int?", "tokens per sample, T"),

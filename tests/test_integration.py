@@ -155,6 +155,7 @@ def test_compiled_run_trains_like_the_eager_run(finished_run, tmp_path):
     assert compiled["torch_compile"] and not eager["torch_compile"]
     assert compiled["torch_compile_regional"] is (profile == "fsdp")
     assert compiled["zero3_compiled_blocks"] == (2 if profile == "zero3" else None)  # n_layer=2
+    assert compiled["loss_compiled"] and not eager["loss_compiled"]
     # Inductor draws its own dropout masks, so the curves agree closely, not exactly (seen: 1.2e-3
     # apart by step 16 under FSDP2); a compile that lost gradients or FSDP's gathers stays near 10.8.
     assert [p["loss"] for p in compiled["loss_curve"]] == pytest.approx(

@@ -8,7 +8,13 @@ from tiny_configs import tiny_config
 from transformers import AutoModelForCausalLM
 
 import finetune.losses
-from finetune.losses import align_output_matmul, causal_lm_loss, chunked_loss_problem, use_chunked_loss
+from finetune.losses import (
+    align_output_matmul,
+    causal_lm_loss,
+    chunked_loss_problem,
+    compile_loss,
+    use_chunked_loss,
+)
 
 VOCAB = 1000  # not a multiple of the 64 the output weight is padded to
 
@@ -156,3 +162,28 @@ def test_an_aligned_vocabulary_is_left_alone():
     model = AutoModelForCausalLM.from_config(tiny_config("gpt2", vocab_size=1024, n_layer=1))
     assert not align_output_matmul(model)
     assert type(model.lm_head) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("family", sorted(TINY_MODELS))
+def test_compiled_loss_gives_the_models_own_loss_and_gradients(family):
+    own = TINY_MODELS[family]()
+    compiled = copy.deepcopy(own)
+    compile_loss(compiled)
+    input_ids, labels = batch_with_ignored_labels()
+    expected_loss, expected_grads = loss_and_gradients(own, input_ids, labels, 50)
+    loss, grads = loss_and_gradients(compiled, input_ids, labels, 50)
+    assert compiled.loss_function is not own.loss_function
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_compiled_loss_under_adapters_replaces_the_base_models_loss():
+    from peft import LoraConfig, get_peft_model
+
+    adapted = get_peft_model(TINY_MODELS["gpt2"](), LoraConfig(r=2, target_modules=["c_attn"]))
+    own_loss = adapted.get_base_model().loss_function
+    compile_loss(adapted)
+    assert adapted.get_base_model().loss_function is not own_loss
+    input_ids, labels = batch_with_ignored_labels()
+    assert torch.isfinite(adapted(input_ids=input_ids, labels=labels).loss)

@@ -17,6 +17,7 @@
 #                          wraps; run.py does the same by default since 2026-11-25 (gather_zero3_by_block)
 #   zero3-per-module       ZeRO-3 with no leaf modules: DeepSpeed's hooks on every module (the default before)
 #   fsdp-keep-unsharded    FSDP2 without resharding after forward (fsdp_reshard_after_forward false)
+#   single-loss-eager      single with the loss left eager (--compile_loss false; compiled since 2026-11-26)
 #   single-nodropout       single with GPT-2's dropout probabilities 0 (published: 0.1), GPT-2 models only
 #   zero3-subgroup-1e8     ZeRO-3 with sub_group_size 1e8 (zero3.json: 1e9, DeepSpeed's default): the
 #                          optimizer step makes each sub-group's fp32 gradients at once
@@ -54,6 +55,7 @@ for CASE in "$@"; do
                          run finetune ;;
     zero3-per-module) PROFILE=zero3 TAG=per-module LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_per-module.json" \
                         run finetune ;;
+    single-loss-eager) PROFILE=single TAG=loss-eager run finetune:--compile_loss,false ;;
     single-nodropout) PROFILE=single TAG=nodropout RUN_FLAGS="--config_overrides resid_pdrop=0,embd_pdrop=0,attn_pdrop=0" \
                         run finetune ;;
     zero3-subgroup-1e8) PROFILE=zero3 TAG=subgroup-1e8 LAUNCH_FLAGS="--deepspeed_config_file /tmp/z3_subgroup-1e8.json" \
