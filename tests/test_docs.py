@@ -36,7 +36,7 @@ TABLES = speed_tables(SPEED_PAGE) + speed_tables(README)
 
 
 def test_docs_speed_page_has_its_generated_tables():
-    assert len(speed_tables(SPEED_PAGE)) == 16
+    assert len(speed_tables(SPEED_PAGE)) == 24
 
 
 def test_readme_shows_the_instruction_and_lora_tables_generated():
