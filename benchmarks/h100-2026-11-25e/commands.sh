@@ -1,32 +1,8 @@
 #!/bin/bash
-# Issue 18 on one GPU, one model per call: named cases of `benchmarks/run.sh cases` (a case may be
-# repeated for a median) at `--global_batch_size` BATCH (default g32; the plain script at micro batch 8
-# accumulated to it), then torch.profiler over steps 9-11 of PROFILE_CASES at micro batch PROFILE_BATCH.
+# Issue 18 on one GPU, one model per call: this sitting's calls ran what is now
+# benchmarks/h100-2026-11-26/commands.sh with TAG, RUN_FLAGS and PROFILE_FLAGS unset (the same cases,
+# repeats, deadline, profiles and tarring into $OUT/MODEL.tgz; it since also reuses a Llama folder a
+# warm machine kept).
 # usage (project root, after `source .device/setup.sh`):
 #   bash benchmarks/h100-2026-11-25e/commands.sh MODEL CASE...   MODEL: a name, llama-1b or llama-0.36b
-# Everything is tarred again into $OUT/MODEL.tgz as each case ends (the device returns at most 8 files
-# a call, and a call cut off keeps what finished); cases that would start after DEADLINE s are skipped.
-set -u
-NAME=$1; shift
-R=/tmp/r.$NAME W=/tmp/w DEADLINE=${DEADLINE:-480}
-rm -rf "$R"; mkdir -p "$R" "$W"  # a warm machine keeps /tmp between calls
-{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-  python -c "import torch, transformers, accelerate, deepspeed; print(torch.__version__, transformers.__version__, accelerate.__version__, deepspeed.__version__)"
-} > "$OUT/gpu.txt" 2>/dev/null
-MODEL=$NAME
-case $NAME in
-  llama-*) MODEL=$W/$NAME; SIZE=${NAME#llama-} python benchmarks/scripts/make_llama.py "$MODEL" > "$R/make_llama.log" 2>&1 ;;
-esac
-n=0
-for CASE in "$@"; do
-  n=$((n+1))
-  if [ "$SECONDS" -ge "$DEADLINE" ]; then echo "skipped $n.$CASE after ${SECONDS}s"; continue; fi
-  mkdir -p "$R/$n.$CASE"; rm -rf /tmp/o_*  # speed.sh names its output folders per case, not per repeat
-  MODEL=$MODEL BATCH=${BATCH:-g32} RUN_TIMEOUT=${RUN_TIMEOUT:-150} bash benchmarks/run.sh cases --out "$R/$n.$CASE" 20 "$CASE"
-  tar -C "$R" -czf "$OUT/$NAME.tgz" .; echo "kept $n.$CASE at ${SECONDS}s"
-done
-if [ -n "${PROFILE_CASES:-}" ] && [ "$SECONDS" -lt "$DEADLINE" ]; then
-  mkdir -p "$R/profiles"
-  MODEL=$MODEL BATCH=${PROFILE_BATCH:-16} RUN_TIMEOUT=${PROFILE_TIMEOUT:-120} bash benchmarks/run.sh profile --out "$R/profiles" $PROFILE_CASES
-  tar -C "$R" -czf "$OUT/$NAME.tgz" .; echo "kept profiles at ${SECONDS}s"
-fi
+exec bash benchmarks/h100-2026-11-26/commands.sh "$@"
