@@ -34,10 +34,11 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
 Activations per GPU are `L·b·T·H·c_layer + b·T·V·(c_logits + 4)` bytes for L layers of width H,
 micro batch b, block T and vocabulary V (SDPA attention keeps no T-by-T scores). c_logits = 10:
 the bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 log-softmax (4);
-the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. Those are the
-eager loss's bytes; a compiled loss (run.py compiles it wherever it compiles the model) keeps
-COMPILED_LOSS_SAVED_BYTES fewer. Calibration rows whose blocks were compiled but whose loss ran
-eager (measured before run.py compiled it) say so (`loss_compiled: false`). c_layer is
+the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. These are the
+eager loss's bytes: compiled (run.py's `--compile_loss`, wherever it compiles the model) the loss
+kept 6 (single) to 8 (FSDP2, ZeRO-3) bytes a logit fewer (benchmarks/h100-2026-11-26). The
+calibration rows were measured before, the loss eager but under whole-model compilation, so the
+planner keeps the eager bytes and is conservative for such runs. c_layer is
 fitted to measured full fine-tuning peaks (finetune/calibration.json, least squares), separately
 for the three ways a layer's activations are held (CALIBRATION_KINDS): `autocast` (eager torch
 autocast over fp32 weights or adapters: GPT-2's LayerNorm and tanh-GELU then run in fp32, a third
@@ -88,11 +89,6 @@ GIB = 2**30
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
 LOGIT_BYTES = 10
 LOGIT_GRADIENT_BYTES = 4
-# Bytes a logit fewer at the peak with the loss compiled, by the profile's framework: the differences
-# of peaks measured with the loss eager and compiled (benchmarks/h100-2026-11-26: gpt2-medium,
-# gpt2-xl, a 1B Llama). Under torch autocast (single, ddp) accelerate's fp32 copy of the output
-# logits stays either way.
-COMPILED_LOSS_SAVED_BYTES = {"single": 6, "ddp": 6, "fsdp": 8, "deepspeed": 8}
 CHECKPOINTED_LAYER_BYTES = 4
 # Share of GPU memory a plan keeps free: the model's own error. Every measured peak is predicted within
 # 15% (tests/test_planner.py), and with 10% kept free the largest micro batch it chose ran out of
@@ -190,7 +186,6 @@ class Workload:
     peft: str | None = None  # lora or dora: adapters trained on a frozen base; None: every weight
     lora_rank: int = 16
     lora_dropout: float = DEFAULT_LORA_DROPOUT
-    loss_compiled: bool | None = None  # None: where the model is compiled, as run.py's --compile_loss
 
 
 @dataclass(frozen=True)
@@ -226,7 +221,6 @@ class Measurement:
             row.get("peft"),
             row.get("lora_rank", 16),
             row.get("lora_dropout", DEFAULT_LORA_DROPOUT),
-            row.get("loss_compiled"),
         )
         return cls(
             shape,
@@ -394,21 +388,6 @@ def activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) ->
     )
 
 
-def compiled_loss_saving_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:
-    """What a compiled loss does not keep of the eager loss's logits bytes; none in fp32 (not
-    measured), and none under ZeRO-3 with adapters, which run.py runs eager (no leaf blocks)."""
-    loss_compiled = (
-        compiled_for(strategy, workload) if workload.loss_compiled is None else workload.loss_compiled
-    )
-    zero3_with_adapters = (
-        strategy.framework == "deepspeed" and "parameters" in strategy.sharded and workload.peft
-    )
-    if not loss_compiled or workload.dtype == "fp32" or zero3_with_adapters:
-        return 0.0
-    tokens = workload.micro_batch * workload.block_size
-    return tokens * shape.vocab * COMPILED_LOSS_SAVED_BYTES[strategy.framework] / GIB
-
-
 def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:
     """What the adapters keep beyond the frozen layers' activations; one layer's with checkpointing."""
     if workload.peft is None:
@@ -472,8 +451,7 @@ def estimate(
         gradients=states["gradients"],
         optimizer=states["optimizer"],
         activations=activation_gib(shape, workload, layer_bytes)
-        + adapter_activation_gib(shape, workload, strategy)
-        - compiled_loss_saving_gib(shape, workload, strategy),
+        + adapter_activation_gib(shape, workload, strategy),
         host_per_gpu=host,
         nvme=moved["nvme"] * gpus,
     )
@@ -734,7 +712,6 @@ def largest_micro_batch_for_run(model_args: Any, data_args: Any, training_args: 
         model_args.peft,
         model_args.lora_rank,
         model_args.lora_dropout,
-        None if training_args.compile_loss else False,
     )
     strategy = launched_strategy()
     hardware = Hardware(training_args.world_size, memory)

@@ -11,7 +11,6 @@ from finetune.cli import auto_profile
 from finetune.cli import main as cli_main
 from finetune.errors import FinetuneError
 from finetune.planner import (
-    COMPILED_LOSS_SAVED_BYTES,
     GATED_MLP_ACTIVATION_SCALE,
     GIB,
     MODEL_LADDER,
@@ -70,21 +69,15 @@ def test_gpt2_xl_on_four_80_gib_gpus_matches_the_hand_calculation(gpt2_xl, calib
     psi = GPT2_XL_PARAMETERS
     tokens = 8 * 1024
     logits = tokens * 50257 * (10 + 4)  # logits, fp32 copy, log-softmax; the logits' gradient
-    deepspeed_layers = 48 * tokens * 1600 * calibration.layer_bytes["bf16"]
-    compiled_layers = 48 * tokens * 1600 * calibration.layer_bytes["compiled"]
-    compiled_loss = tokens * 50257  # bytes a logit fewer: 6 under autocast, 8 in bf16 weights
+    deepspeed_activations = (48 * tokens * 1600 * calibration.layer_bytes["bf16"] + logits) / GIB
+    compiled_activations = (48 * tokens * 1600 * calibration.layer_bytes["compiled"] + logits) / GIB
     expected = {  # (parameters, gradients, optimizer) in bytes per GPU, then activations in GiB
-        "ddp": (4 * psi, 4 * psi, 8 * psi, (compiled_layers + logits - 6 * compiled_loss) / GIB),
-        "zero1": (2 * psi, 2 * psi, 12 * psi / 4, (deepspeed_layers + logits - 8 * compiled_loss) / GIB),
-        "zero2": (2 * psi, 2 * psi / 4, 12 * psi / 4, (deepspeed_layers + logits - 8 * compiled_loss) / GIB),
-        "zero3": (
-            2 * psi / 4,
-            2 * psi / 4,
-            12 * psi / 4,
-            (deepspeed_layers + logits - 8 * compiled_loss) / GIB,
-        ),
-        "fsdp": (4 * psi / 4, 4 * psi / 4, 8 * psi / 4, (compiled_layers + logits - 8 * compiled_loss) / GIB),
-        "zero3_offload": (0, 2 * psi / 4, 0, (deepspeed_layers + logits) / GIB),  # eager, as run.py runs it
+        "ddp": (4 * psi, 4 * psi, 8 * psi, compiled_activations),  # compiled, as run.py does
+        "zero1": (2 * psi, 2 * psi, 12 * psi / 4, deepspeed_activations),
+        "zero2": (2 * psi, 2 * psi / 4, 12 * psi / 4, deepspeed_activations),
+        "zero3": (2 * psi / 4, 2 * psi / 4, 12 * psi / 4, deepspeed_activations),
+        "fsdp": (4 * psi / 4, 4 * psi / 4, 8 * psi / 4, compiled_activations),  # compiled by blocks
+        "zero3_offload": (0, 2 * psi / 4, 0, deepspeed_activations),
     }
     for profile, (parameters, gradients, optimizer, activations) in expected.items():
         e = by_profile[profile]
@@ -247,8 +240,7 @@ def test_a_compiled_gated_mlp_model_keeps_the_scale_fitted_to_compiled_llama_pea
     llama = replace(shape_of("gpt2-medium")[0], layer_norm=False, gated_mlp=True)
     compiled = Workload(8, 1024, compiled=True)
     scale = calibration.compiled_gated_mlp_scale
-    layers_and_logits = activation_gib(llama, compiled, calibration.layer_bytes["compiled"] * scale)
-    expected = layers_and_logits - 8 * 1024 * llama.vocab * COMPILED_LOSS_SAVED_BYTES["single"] / GIB
+    expected = activation_gib(llama, compiled, calibration.layer_bytes["compiled"] * scale)
     assert estimate(load_strategy("single"), llama, compiled, 1, calibration).activations == pytest.approx(
         expected
     )
@@ -284,36 +276,15 @@ def test_auto_choice_explains_itself(gpt2_xl):
     assert reason.startswith("the fastest profile predicted to fit")
 
 
-def test_profiles_are_planned_compiled_and_deepspeeds_layers_counted_alike_either_way(gpt2_xl, calibration):
+def test_profiles_are_planned_compiled_and_deepspeeds_activations_counted_alike_either_way(
+    gpt2_xl, calibration
+):
     default = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024), 4, calibration)}
     eager = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=False), 4, calibration)}
     compiled = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=True), 4, calibration)}
     assert default["ddp"].activations == compiled["ddp"].activations < eager["ddp"].activations
     assert default["fsdp"].activations == compiled["fsdp"].activations < eager["fsdp"].activations
-    assert default["zero3"].activations == compiled["zero3"].activations
-    compiled_loss = 8 * 1024 * gpt2_xl.vocab * COMPILED_LOSS_SAVED_BYTES["deepspeed"] / GIB
-    assert eager["zero3"].activations - compiled["zero3"].activations == pytest.approx(compiled_loss)
-
-
-@pytest.mark.parametrize(("profile", "saved_bytes"), [("single", 6), ("fsdp", 8), ("zero3", 8)])
-def test_a_compiled_loss_keeps_fewer_bytes_a_logit_by_framework(gpt2_xl, calibration, profile, saved_bytes):
-    """Measured as peaks with the loss eager and compiled (benchmarks/h100-2026-11-26)."""
-    strategy = load_strategy(profile)
-    eager_loss = estimate(
-        strategy, gpt2_xl, Workload(8, 1024, compiled=True, loss_compiled=False), 1, calibration
-    )
-    compiled_loss = estimate(strategy, gpt2_xl, Workload(8, 1024, compiled=True), 1, calibration)
-    saved = eager_loss.activations - compiled_loss.activations
-    assert saved == pytest.approx(8 * 1024 * gpt2_xl.vocab * saved_bytes / GIB)
-
-
-def test_an_fp32_run_keeps_the_eager_loss_bytes_compiled_or_not(gpt2_xl, calibration):
-    strategy = load_strategy("single")
-    eager_loss = Workload(8, 1024, "fp32", compiled=True, loss_compiled=False)
-    compiled_loss = Workload(8, 1024, "fp32", compiled=True)
-    assert estimate(strategy, gpt2_xl, compiled_loss, 1, calibration).activations == pytest.approx(
-        estimate(strategy, gpt2_xl, eager_loss, 1, calibration).activations
-    )
+    assert default["zero3"].activations == compiled["zero3"].activations == eager["zero3"].activations
 
 
 def test_profiles_are_planned_compiled_where_run_py_compiles_them():
@@ -445,12 +416,3 @@ def test_a_large_model_on_one_gpu_is_given_an_offload_profile(gpt2_xl):
 def test_the_single_profile_is_not_planned_on_several_gpus():
     with pytest.raises(FinetuneError, match="single runs one process: plan it with --gpus 1"):
         planned_strategies(["ddp", "single"], 2)
-
-
-def test_zero3_with_adapters_keeps_the_eager_loss_bytes_as_run_py_runs_it_eager(gpt2_xl, calibration):
-    strategy = load_strategy("zero3")
-    adapters = Workload(8, 1024, compiled=True, peft="lora")
-    eager_loss = Workload(8, 1024, compiled=True, peft="lora", loss_compiled=False)
-    assert estimate(strategy, gpt2_xl, adapters, 1, calibration).activations == pytest.approx(
-        estimate(strategy, gpt2_xl, eager_loss, 1, calibration).activations
-    )
