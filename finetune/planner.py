@@ -37,8 +37,8 @@ the bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 l
 the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. These are the
 eager loss's bytes: compiled (run.py's `--compile_loss`, wherever it compiles the model) the loss
 kept 6 (single) to 8 (FSDP2, ZeRO-3) bytes a logit fewer (benchmarks/h100-2026-11-26). The
-calibration rows were measured before, the loss eager but under whole-model compilation, so the
-planner keeps the eager bytes and is conservative for such runs. c_layer is
+calibration rows kept the eager bytes (whole-model compiled ones too), so the planner counts them
+and is conservative for compiled-loss runs. c_layer is
 fitted to measured full fine-tuning peaks (finetune/calibration.json, least squares), separately
 for the three ways a layer's activations are held (CALIBRATION_KINDS): `autocast` (eager torch
 autocast over fp32 weights or adapters: GPT-2's LayerNorm and tanh-GELU then run in fp32, a third
