@@ -11,11 +11,14 @@ import logging
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import yaml
+from accelerate.utils import patch_environment
 
 from finetune.errors import (
     ERROR_FILE_VARIABLE,
@@ -27,6 +30,9 @@ from finetune.errors import (
 from finetune.profiles import Profile
 
 RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
+# accelerate's DeepSpeed multi-node launchers (pdsh and the like) append every variable of the
+# launching shell, tokens included, to this file in the working directory for the remote nodes.
+DEEPSPEED_ENV_FILE_VARIABLE = "DS_ENV_FILE"
 FREE_PORT = 0  # accelerate launch --main_process_port 0: a port the operating system says is free
 
 
@@ -88,6 +94,27 @@ def launch_command(
     return [*command, str(RUN_SCRIPT), *run_args]
 
 
+@contextmanager
+def private_deepspeed_env_file(folder: Path) -> Iterator[None]:
+    """Point DeepSpeed's environment file into the launch's private folder (removed with it).
+
+    DeepSpeed reads the name from `$DS_ENV_FILE` when its runner is imported, and accelerate imports
+    the name from there when it writes the file; both are set so neither the launcher (this process)
+    nor the runner it starts writes or reads `.deepspeed_env` in the user's working directory.
+    """
+    path = str(folder / "deepspeed_env")
+    runner = sys.modules.get("deepspeed.launcher.runner")
+    before = getattr(runner, "DEEPSPEED_ENVIRONMENT_NAME", None)
+    if runner is not None:
+        runner.DEEPSPEED_ENVIRONMENT_NAME = path
+    try:
+        with patch_environment(**{DEEPSPEED_ENV_FILE_VARIABLE: path}):
+            yield
+    finally:
+        if runner is not None:
+            runner.DEEPSPEED_ENVIRONMENT_NAME = before
+
+
 def run_launcher(argv: list[str]) -> int:
     """`accelerate launch ARGV` in this process, returning the exit code the job should end with.
 
@@ -98,7 +125,6 @@ def run_launcher(argv: list[str]) -> int:
     """
     from accelerate.commands.launch import launch_command as accelerate_launch
     from accelerate.commands.launch import launch_command_parser
-    from accelerate.utils import patch_environment
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -108,7 +134,10 @@ def run_launcher(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="finetune-launch-") as folder:
         error_file = Path(folder) / "error"
         try:
-            with patch_environment(**{ERROR_FILE_VARIABLE: str(error_file)}):
+            with (
+                patch_environment(**{ERROR_FILE_VARIABLE: str(error_file)}),
+                private_deepspeed_env_file(Path(folder)),
+            ):
                 accelerate_launch(args)
             return 0
         except ChildFailedError as failure:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 import os
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from huggingface_hub import constants as hub_constants
-from huggingface_hub.utils import get_session
 
 DATA_DIR_ENV = "FINETUNE_DATA_DIR"
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -60,13 +60,17 @@ def hub_unreachable() -> str | None:
     huggingface_hub retries a failed connection five times with growing pauses (`http_backoff`,
     about 25 s) before it gives up, and only then would a missing local folder be reported; this
     probe, which no library offers, turns a machine without network into an answer in seconds.
-    Any HTTP answer, even an error status, means the Hub is reachable.
+    Any HTTP answer, even an error status, means the Hub is reachable. The standard library asks,
+    not huggingface_hub's HTTP client: which client that is changes between its major versions.
     """
+    request = urllib.request.Request(hub_constants.ENDPOINT, method="HEAD")
     try:
-        get_session().head(hub_constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
-    except httpx.HTTPError as error:
+        with urllib.request.urlopen(request, timeout=HUB_PROBE_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as error:  # URLError, timeouts and refused connections are OSErrors
         return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return None
 
 
 def describe_data_dir(root: Path) -> str:

@@ -14,19 +14,41 @@ of the environment it is submitted from, not a path of the machine that wrote it
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from finetune.errors import RESUMABLE_EXIT_CODE
+from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError
 from finetune.resolve import DATA_DIR_ENV, data_dir
 
 WORKER_PATTERN = r"^[^ ]*python[^ ]* (-u )?[^ ]*finetune/run\.py"  # the ranks, not the launchers
 CPUS_PER_RANK = 4
 MEMORY_PER_RANK_GB = 16
 CARRIED_ENVIRONMENT = ("HF_HUB_OFFLINE", "HF_HOME")
+# Each value written into an `#SBATCH` line, as sbatch's manual gives its format. A value is never
+# quoted there (sbatch reads the line's rest as it is), so anything else, a newline above all, is
+# refused: after a newline the rest would run as a command, and sbatch stops reading directives at
+# the first command, dropping the ones after it (the time limit, --requeue, --signal).
+DIRECTIVE_FORMATS = {
+    "time": (
+        re.compile(r"(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|unlimited|infinite)", re.IGNORECASE),
+        "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
+    ),
+    "mem": (re.compile(r"\d+[KMGT]?", re.IGNORECASE), "a number with an optional K, M, G or T, e.g. 64G"),
+    "mem_per_gpu": (re.compile(r"\d+[KMGT]?", re.IGNORECASE), "a number with an optional K, M, G or T"),
+    "partition": (re.compile(r"[\w.-]+(,[\w.-]+)*", re.ASCII), "names of letters, digits, '_', '.', '-'"),
+    "job_name": (re.compile(r"[\w.+-]{1,128}", re.ASCII), "up to 128 letters, digits, '_', '.', '+', '-'"),
+    "nccl_debug": (re.compile(r"VERSION|WARN|INFO|TRACE", re.IGNORECASE), "VERSION, WARN, INFO or TRACE"),
+    "nccl_socket_ifname": (
+        re.compile(r"[\^=]?[\w.:-]+(,[\w.:-]+)*", re.ASCII),
+        "interface names, e.g. ib0,eth0",
+    ),
+}
+COUNTS = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "signal_seconds": 1}
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 NODE_TASK = (
     'srun --ntasks-per-node=1 bash -c \'exec "$@" --machine_rank "$SLURM_NODEID"\' finetune "${run[@]}" &'
 )
@@ -69,6 +91,24 @@ class SlurmJob:
     nccl_socket_ifname: str | None = None
     nccl_ib_disable: bool = False
     run_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        """Every value the script writes is checked against its format: see DIRECTIVE_FORMATS."""
+        if self.processes_per_node < 1:
+            raise FinetuneError("give --gpus_per_node N (or --processes_per_node N for CPU ranks)")
+        for name, (pattern, expected) in DIRECTIVE_FORMATS.items():
+            value = getattr(self, name)
+            if value is not None and not pattern.fullmatch(value):
+                raise FinetuneError(f"--{name} {value!r}: expected {expected}")
+        for name, smallest in COUNTS.items():
+            value = getattr(self, name)
+            if value is not None and value < smallest:
+                raise FinetuneError(f"--{name} {value}: must be at least {smallest}")
+        for value in (self.profile, self.output_dir, *self.run_args):
+            if CONTROL_CHARACTER.search(value):
+                raise FinetuneError(
+                    f"{value!r}: control characters (a newline, a tab) are refused in a job script"
+                )
 
     def directives(self) -> list[str]:
         cpus = self.cpus_per_task or CPUS_PER_RANK * self.processes_per_node

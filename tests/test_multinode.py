@@ -30,20 +30,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def two_machines(profile: str, output_dir: Path, logs: Path) -> None:
-    """Machine ranks 0 and 1 on this host, each an accelerate launch with one process."""
+def two_machines(profile: str, output_dir: Path, logs: Path, cwd: Path) -> None:
+    """Machine ranks 0 and 1 on this host, each an accelerate launch with one process, started in `cwd`."""
     port = free_port()
     machines = []
     for rank in (0, 1):
-        command = accelerate_launch(profile)
-        script = command.index("finetune/run.py")
+        command = [str(PROJECT_ROOT / part) if part.endswith((".yaml", ".py")) else part
+                   for part in accelerate_launch(profile)]  # fmt: skip
+        script = command.index(str(PROJECT_ROOT / "finetune/run.py"))
         placement = ["--num_machines", "2", "--machine_rank", str(rank),
                      "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]  # fmt: skip
         command = [*command[:script], *placement, *command[script:], *FLAGS, "--output_dir", str(output_dir)]
         with (logs / f"machine{rank}.log").open("w") as log:
-            machines.append(
-                subprocess.Popen(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=log, stderr=log)
-            )
+            machines.append(subprocess.Popen(command, cwd=cwd, env=ENVIRONMENT, stdout=log, stderr=log))
     for rank, machine in enumerate(machines):
         assert machine.wait(timeout=LAUNCH_TIMEOUT_S) == 0, (logs / f"machine{rank}.log").read_text()[-4000:]
 
@@ -52,7 +51,10 @@ def two_machines(profile: str, output_dir: Path, logs: Path) -> None:
 def test_two_machines_train_as_one_machine_with_two_ranks(profile, tmp_path):
     one, two = tmp_path / "one-machine", tmp_path / "two-machines"
     launch(accelerate_launch(profile), one, FLAGS)
-    two_machines(profile, two, tmp_path)
+    working_directory = tmp_path / "cwd"
+    working_directory.mkdir()
+    two_machines(profile, two, tmp_path, working_directory)
+    assert list(working_directory.iterdir()) == []  # no .deepspeed_env with the launching shell's variables
     summary = read_summary(two)
     assert summary["world_size"] == 2
     assert [rank["steps"] for rank in summary["ranks"]] == [6, 6]

@@ -7,7 +7,11 @@ PYTHONPATH from a temporary working directory, so neither the checkout nor its e
 answer for it.
 """
 
+import ast
+import configparser
+import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +34,40 @@ SOURCES = (
     "recipes",
 )
 TIMEOUT_S = 300
+
+
+def imported_top_level_modules() -> set[str]:
+    modules = set()
+    for path in (PROJECT_ROOT / "finetune").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    return modules - set(sys.stdlib_module_names) - {"finetune"}
+
+
+def declared_distributions() -> set[str]:
+    """install_requires and every extra's names, normalised as pip compares them."""
+    config = configparser.ConfigParser()
+    config.read(PROJECT_ROOT / "setup.cfg")
+    lines = config["options"]["install_requires"].splitlines()
+    lines += [line for extra in config["options.extras_require"].values() for line in extra.splitlines()]
+    names = {re.split(r"[<>=!~\[; ]", line.strip())[0] for line in lines if line.strip()}
+    return {re.sub(r"[-_.]+", "-", name).lower() for name in names}
+
+
+def test_every_imported_module_is_a_declared_dependency():
+    """A module that comes only as another package's dependency disappears when that package drops it
+    (httpx went with huggingface_hub 2), and every command then fails on import."""
+    providers = importlib.metadata.packages_distributions()
+    declared = declared_distributions()
+    undeclared = {
+        module: providers.get(module)
+        for module in imported_top_level_modules()
+        if not {re.sub(r"[-_.]+", "-", name).lower() for name in providers.get(module, [])} & declared
+    }
+    assert not undeclared, f"imported but not declared in setup.cfg: {undeclared}"
 
 
 def test_profiles_copy_writes_the_yaml_and_the_json_it_names(capsys):

@@ -117,3 +117,27 @@ def test_unknown_dataset_with_the_hub_unreachable_fails_in_seconds_through_the_c
     assert "unreachable" in error
     # imports take a few seconds on a loaded machine; huggingface_hub's own retries alone take ~25 s
     assert elapsed < 25, f"took {elapsed:.0f} s"
+
+
+def test_a_hub_that_answers_with_an_error_status_is_reachable(monkeypatch):
+    """Any HTTP answer means the network is there; only no answer sends the user to local names."""
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 (the name http.server calls)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(hub_constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    hub_unreachable.cache_clear()
+    try:
+        assert hub_unreachable() is None
+    finally:
+        hub_unreachable.cache_clear()
+        server.shutdown()

@@ -300,3 +300,73 @@ def test_a_job_that_ends_on_bad_input_is_not_requeued(slurm_cluster, tmp_path):
     assert job_state(job) == "FAILED"
     log = next(tmp_path.glob("*.out")).read_text()
     assert "finetune: error: dataset 'no-such-dataset' not found" in log
+
+
+HOSTILE_VALUES = {
+    "time": "04:00:00\ntouch {marker}",
+    "mem": "16G\ntouch {marker}",
+    "mem_per_gpu": "8G touch",
+    "partition": "gpu\ntouch {marker}",
+    "job_name": "name\ntouch {marker}",
+    "nccl_debug": "INFO\ntouch {marker}",
+    "nccl_socket_ifname": "eth0\ntouch {marker}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_VALUES))
+def test_a_value_outside_its_sbatch_format_is_refused_in_one_line(name, tmp_path, capsys):
+    marker = tmp_path / "ran"
+    script = tmp_path / "job.sbatch"
+    value = HOSTILE_VALUES[name].format(marker=marker)
+    arguments = [
+        "slurm",
+        "--profile",
+        "ddp",
+        "--gpus_per_node",
+        "1",
+        "--output",
+        str(script),
+        f"--{name}",
+        value,
+    ]
+    with pytest.raises(SystemExit) as stop:
+        cli_main(arguments)
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith(f"finetune: error: --{name} ")
+    assert not script.exists()
+
+
+def test_a_newline_in_a_run_flag_is_refused(tmp_path, capsys):
+    script = tmp_path / "job.sbatch"
+    arguments = ["slurm", "--profile", "ddp", "--gpus_per_node", "1", "--output", str(script)]
+    with pytest.raises(SystemExit) as stop:
+        cli_main([*arguments, "--run_name", "a\ntouch x"])
+    assert stop.value.code == 2
+    assert "control characters" in capsys.readouterr().err
+    assert not script.exists()
+
+
+@pytest.mark.parametrize("time", ["30", "30:00", "4:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED"])
+def test_every_sbatch_time_format_is_accepted(time, tmp_path):
+    assert (
+        f"#SBATCH --time={time}\n"
+        in write_script(tmp_path, tmp_path / "out", gpus_per_node="1", time=time).read_text()
+    )
+
+
+def test_the_directive_block_runs_nothing_and_every_directive_comes_before_the_first_command(tmp_path):
+    """sbatch reads `#SBATCH` lines until the first command; bash runs the block as comments."""
+    marker = tmp_path / "ran"
+    options = {"gpus_per_node": "2", "nodes": "2", "partition": "gpu,debug", "job_name": "my-job.v2",
+               "mem": "64G", "nccl_debug": "WARN", "nccl_socket_ifname": "^lo,docker"}  # fmt: skip
+    text = write_script(tmp_path, tmp_path / "out", **options).read_text()
+    lines = text.splitlines()[1:]
+    block = lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+    assert len([line for line in lines if line.startswith("#SBATCH")]) == len(
+        [line for line in block if line.startswith("#SBATCH")]
+    )
+    assert {"--partition=gpu,debug", "--job-name=my-job.v2", "--mem=64G"} <= {line[8:] for line in block}
+    result = subprocess.run(["bash", "-c", "\n".join(block) + f"\n[ -e {marker} ] && echo ran"],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 1 and result.stdout == "" and not marker.exists()
