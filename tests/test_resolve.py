@@ -125,7 +125,7 @@ def test_a_hub_that_answers_with_an_error_status_is_reachable(monkeypatch):
     import threading
 
     class NotFound(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self):  # noqa: N802 (the name http.server calls)
+        def do_HEAD(self):
             self.send_response(404)
             self.end_headers()
 
