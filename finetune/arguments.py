@@ -313,6 +313,14 @@ class FinetuneTrainingArguments(TrainingArguments):
             "diverging runs and makes the host wait for the GPU at every micro-batch."
         },
     )
+    loss_spike_factor: float = field(
+        default=10.0,
+        metadata={
+            "help": "Stop as diverged when a logged loss exceeds this many times the median of the recent "
+            "logged losses and a uniform guess's loss (ln of the vocabulary); 0 turns this check off. A "
+            "non-finite gradient norm always stops the run."
+        },
+    )
     profile_memory: bool = field(
         default=False,
         metadata={

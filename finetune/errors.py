@@ -16,6 +16,7 @@ from contextlib import contextmanager
 USAGE_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command stopped by Ctrl-C
 RESUMABLE_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run again with --resume
+DIVERGED_EXIT_CODE = 3  # the loss or gradients blew up: nothing was saved from the diverged weights
 ERROR_FILE_VARIABLE = "FINETUNE_ERROR_FILE"
 # How long a rank other than 0 waits before printing its error itself. Bad input fails every rank
 # alike; the launcher stops the others as soon as rank 0 exits, so they never print. Only an error
@@ -32,6 +33,11 @@ def first_line(error: BaseException) -> str:
 
 class FinetuneError(Exception):
     """Bad input (unknown name, impossible setting). Reported as one line, never as a traceback."""
+
+
+class Diverged(Exception):
+    """The run diverged (finetune/divergence.py): the message names the step and the value. Every rank
+    sees the same values and stops at the same step; rank 0 says so."""
 
 
 class StoppedForResume(Exception):
@@ -57,13 +63,17 @@ def report_user_error(message: str) -> None:
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """One line and an exit code instead of a traceback: bad input 2, stopped with a checkpoint 75,
-    interrupted 130."""
+    """One line and an exit code instead of a traceback: bad input 2, diverged 3, stopped with a
+    checkpoint 75, interrupted 130."""
     try:
         yield
     except FinetuneError as error:
         report_user_error(str(error))
         raise SystemExit(USAGE_EXIT_CODE) from None
+    except Diverged as diverged:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"finetune: {diverged}", file=sys.stderr)
+        raise SystemExit(DIVERGED_EXIT_CODE) from None
     except StoppedForResume as stop:
         print(f"finetune: {stop}", file=sys.stderr)
         raise SystemExit(RESUMABLE_EXIT_CODE) from None

@@ -21,6 +21,7 @@ import yaml
 from accelerate.utils import patch_environment
 
 from finetune.errors import (
+    DIVERGED_EXIT_CODE,
     ERROR_FILE_VARIABLE,
     INTERRUPTED_EXIT_CODE,
     RESUMABLE_EXIT_CODE,
@@ -150,7 +151,7 @@ def run_launcher(argv: list[str]) -> int:
             code, who = 128 + stop.sigval, f"the launcher, on {stop.sigval.name},"
         if error_file.exists():
             raise FinetuneError(error_file.read_text(encoding="utf-8").strip())
-    if code not in (RESUMABLE_EXIT_CODE, INTERRUPTED_EXIT_CODE):  # those ranks have said why
+    if code not in (RESUMABLE_EXIT_CODE, INTERRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE):  # the ranks said why
         print(f"finetune: {who} stopped with exit code {code} (its output is above)", file=sys.stderr)
     return code
 

@@ -41,6 +41,7 @@ from finetune.checkpoint import (
 )
 from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
+from finetune.divergence import check_weights_finite
 from finetune.errors import StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
@@ -238,6 +239,7 @@ def train_and_measure(
     if data.test is not None:
         record.update(evaluation_fields(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
     trainer.log(run_scalars(record.fields))
+    check_weights_finite(trainer.model, trainer.state.global_step, "the model")
     save_consolidated_model(trainer, training_args.output_dir, tokenizer)
     if training_args.generation_prompt and training_args.process_index == 0:
         prompts = training_args.generation_prompt

@@ -27,7 +27,7 @@ from finetune.arguments import as_record
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.data import DataSummary
-from finetune.errors import StoppedForResume, first_line
+from finetune.errors import Diverged, StoppedForResume, first_line
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
 from finetune.models import count_parameters
 
@@ -36,7 +36,13 @@ PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "datasets")
 
 # name: (type, meaning). A type ending in "?" may be null.
 FIELDS: dict[str, tuple[str, str]] = {
-    "status": ("str", "completed, failed or interrupted (stopped by a signal, with or without a checkpoint)"),
+    "status": (
+        "str",
+        (
+            "completed, failed, diverged (a non-finite gradient norm, weight or a loss spike stopped it; "
+            "nothing saved from it) or interrupted (stopped by a signal, with or without a checkpoint)"
+        ),
+    ),
     "error": ("str?", "why the run did not complete, in one line"),
     "run_name": ("str", "TensorBoard run name; logs in output_dir/runs/run_name"),
     "output_dir": ("str", "where the model, logs and this file are"),
@@ -453,6 +459,10 @@ class RunRecord:
             raise
         except StoppedForResume as stop:
             self.update({"status": "interrupted", "error": str(stop)})
+            self.write()
+            raise
+        except Diverged as diverged:
+            self.update({"status": "diverged", "error": str(diverged)})
             self.write()
             raise
         except BaseException as error:

@@ -20,6 +20,10 @@
   uninterrupted one, with identical weights, reported 10.60). Each checkpoint's trainer_state.json
   now holds the sum so far (`LossSumSoFar`, a stateful callback, the Trainer's own mechanism for
   state it does not know), and a resumed run starts its sum from there.
+- `_maybe_log_save_evaluate` and `log` stop a diverged run (finetune/divergence.py) at the step it
+  diverged, before that step's log, evaluation or checkpoint: a non-finite gradient norm (read at every
+  step, which makes the host wait for that step's GPU work), a logged loss spike, or, before a
+  checkpoint, a weight that is not finite.
 - `training_step` and `prediction_step` mark a new CUDA-graph step before each forward when the
   compile mode records CUDA graphs (reduce-overhead, as the single profile asks, or max-autotune):
   torch's graph trees cannot tell the Trainer's steps apart on their own, and a block-by-block
@@ -43,6 +47,7 @@ from transformers.utils import logging
 from finetune.arguments import CUDA_GRAPH_MODES
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
+from finetune.divergence import DivergenceGuard, check_weights_finite
 from finetune.profiles import strategy_of
 from finetune.resume import run_identity
 
@@ -78,6 +83,16 @@ class FinetuneTrainer(Trainer):
                 self.add_callback(console())
         self._loss_sum_before: float | None = 0.0
         self._loss_sum_to_restore = False
+        vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        self.divergence = DivergenceGuard(self.args.loss_spike_factor, vocab_size)
+
+    def _maybe_log_save_evaluate(
+        self, tr_loss: torch.Tensor, grad_norm: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        """Every optimizer step ends here: its gradient norm is checked before anything is logged or saved."""
+        if grad_norm is not None and not self.accelerator.optimizer_step_was_skipped:
+            self.divergence.check_gradient_norm(self.state.global_step, float(grad_norm))
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
     def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         """Once the state is restored, take the loss sum its checkpoint recorded."""
@@ -147,6 +162,8 @@ class FinetuneTrainer(Trainer):
                 if isinstance(callback, (MemoryCallback, ThroughputCallback)):
                     logs.update(callback.log_scalars())
         super().log(logs, start_time)
+        if "loss" in logs:  # logged first, so the loss curve shows the value that stopped the run
+            self.divergence.check_logged_loss(self.state.global_step, logs["loss"])
 
     def _loss_sum_so_far(self) -> float:
         """The logged sum plus the losses since the last log, averaged over ranks as a log would.
@@ -157,6 +174,7 @@ class FinetuneTrainer(Trainer):
         return self._total_loss_scalar + unlogged
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        check_weights_finite(self.model, self.state.global_step, "this checkpoint")
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, LossSumSoFar):
                 callback.loss_sum = None if self._loss_sum_before is None else self._loss_sum_so_far()

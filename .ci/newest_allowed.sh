@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# What a user's `pip install .` gets: the newest versions setup.cfg's ranges allow, no constraints, in a
+# venv of its own, then the quick start from a folder outside the checkout (profiles, plan, a CPU run).
+# usage: bash .ci/newest_allowed.sh VENV_DIR   (from the project root; FINETUNE_DATA_DIR set)
+set -euo pipefail
+VENV=$1
+ROOT=$(pwd)
+python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q torch==2.13.0                  # the CPU build, as .ci/run installs it
+"$VENV/bin/pip" install -q .
+"$VENV/bin/pip" freeze | grep -iE '^(torch|transformers|accelerate|deepspeed|datasets|peft|huggingface.hub)=' \
+    | tr '\n' ' ' | sed 's/^/ci: newest allowed: /'; echo
+WORK=$(mktemp -d)
+cd "$WORK"
+export HF_HUB_OFFLINE=1 FINETUNE_DATA_DIR
+FINETUNE_DATA_DIR=$(cd "$ROOT" && cd "$FINETUNE_DATA_DIR" && pwd)
+"$VENV/bin/finetune" profiles > /dev/null
+"$VENV/bin/finetune" plan --model gpt2-medium --gpus 4 --gpu_memory 80 > /dev/null
+"$VENV/bin/finetune" run --profile single "$ROOT/recipes/cpu_quickstart.yaml" --max_steps 5 \
+    --max_eval_samples 8 --output_dir "$WORK/quickstart" --report_to none > "$WORK/run.log" 2>&1 \
+    || { tail -20 "$WORK/run.log"; exit 1; }
+python3 -c "import json, sys; s = json.load(open(sys.argv[1])); assert s['status'] == 'completed', s['status']" \
+    "$WORK/quickstart/run_summary.json"
+echo "ci: the newest allowed versions install and run the quick start"
+rm -rf "$WORK"

@@ -1,0 +1,105 @@
+"""A diverged run stops at the step it diverged, says so in one line, exits 3, and saves nothing from it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from finetune import run
+from finetune.divergence import DivergenceGuard
+from finetune.errors import DIVERGED_EXIT_CODE, Diverged
+from finetune.summary import read_summary
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+
+VOCAB = 50257
+FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "32", "--batch_size", "2",
+    "--max_steps", "8", "--logging_steps", "1", "--save_steps", "1", "--max_eval_samples", "4",
+    "--report_to", "none", "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("norm", [math.nan, math.inf])
+def test_a_non_finite_gradient_norm_names_the_step(norm):
+    with pytest.raises(Diverged, match=f"step 7: gradient norm {norm}"):
+        DivergenceGuard(10, VOCAB).check_gradient_norm(7, norm)
+
+
+def test_a_finite_gradient_norm_passes_however_large():
+    DivergenceGuard(10, VOCAB).check_gradient_norm(1, 1e30)
+
+
+def test_a_loss_spike_over_the_factor_and_a_uniform_guess_stops():
+    guard = DivergenceGuard(10, VOCAB)
+    for step, loss in enumerate([10.9, 9.0, 7.5], start=1):
+        guard.check_logged_loss(step, loss)
+    with pytest.raises(Diverged, match=r"step 4: loss 1e\+07 is over 10x the recent median 9"):
+        guard.check_logged_loss(4, 1e7)
+
+
+def test_a_spike_below_a_uniform_guess_is_training_not_divergence():
+    """Overfitting a small set, the loss may sit near 0.1 and jump to a few nats on a new epoch."""
+    guard = DivergenceGuard(10, VOCAB)
+    for step, loss in enumerate([0.1, 0.1, 0.1], start=1):
+        guard.check_logged_loss(step, loss)
+    guard.check_logged_loss(4, 3.0)
+
+
+def test_factor_zero_turns_the_spike_check_off_but_not_the_non_finite_one():
+    guard = DivergenceGuard(0, VOCAB)
+    guard.check_logged_loss(1, 10.0)
+    guard.check_logged_loss(2, 1e9)
+    with pytest.raises(Diverged):
+        guard.check_logged_loss(3, math.nan)
+
+
+def diverged_run(flags: list[str], output_dir, capsys) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        run.main([*flags, "--output_dir", str(output_dir)])
+    assert stopped.value.code == DIVERGED_EXIT_CODE
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: diverged")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_huge_learning_rate_stops_as_diverged_without_a_nan_model_or_checkpoint(
+    tmp_path, capsys, in_process_commands
+):
+    output_dir = tmp_path / "out"
+    line = diverged_run([*FLAGS, "--learning_rate", "1e38"], output_dir, capsys)
+    summary = read_summary(output_dir)
+    assert summary["status"] == "diverged"
+    step = int(summary["error"].split("step ")[1].split(":")[0])
+    assert f"step {step}:" in line and step < 8
+    assert not (output_dir / "model.safetensors").exists()
+    checkpoints = sorted(output_dir.glob("checkpoint-*"))
+    expected = [f"checkpoint-{n}" for n in range(1, step)]
+    assert [path.name for path in checkpoints] == expected[len(expected) - len(checkpoints) :]
+    for checkpoint in checkpoints:
+        for name, tensor in load_file(checkpoint / "model.safetensors").items():
+            assert tensor.isfinite().all(), f"{checkpoint.name}: {name}"
+
+
+def test_a_learning_rate_that_blows_the_loss_up_stops_at_the_spike(tmp_path, capsys, in_process_commands):
+    output_dir = tmp_path / "out"
+    diverged_run([*FLAGS, "--learning_rate", "1e3", "--save_strategy", "no"], output_dir, capsys)
+    assert read_summary(output_dir)["status"] == "diverged"
+
+
+@pytest.mark.integration
+def test_two_ranks_stop_together_with_one_line_and_exit_3(tmp_path):
+    output_dir = tmp_path / "out"
+    command = [sys.executable, "-m", "finetune", "run", "--profile", "ddp", "--num_processes", "2",
+               *FLAGS, "--learning_rate", "1e38", "--output_dir", str(output_dir)]  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True,
+                            timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert result.returncode == DIVERGED_EXIT_CODE, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if "diverged at step" in line]) == 1
+    assert json.loads((output_dir / "run_summary.json").read_text())["status"] == "diverged"
