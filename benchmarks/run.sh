@@ -11,7 +11,9 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   largest NPROC PROFILE SHAPE [STEPS]  train a `finetune plan --largest` shape beside its prediction
   metrics NPROC PROFILE...             run metrics beside an independent memory sampler and nvidia-smi
   resume NPROC PROFILE...              train, SIGTERM, resume, export, eval, generate
-  resume_matches NPROC PROFILE...      uninterrupted vs SIGTERM+resume vs resumed on NPROC-1 (loss table)
+  resume_matches NPROC PROFILE...      uninterrupted vs SIGTERM+resume vs resumed on NPROC/2 (loss table)
+  two_launchers NPROC PROFILE...       2 x NPROC processes from one launcher vs two (--num_machines 2)
+  several_gpus CALL                    one device call's cases on a 4-GPU machine (scripts/several_gpus.sh)
   calibrate NPROC MODELS PROFILES BATCHES [STEPS]  planner calibration rows beside the planner's predictions
   profile CASE...                      torch.profiler around steps 9-11 of run.py per PROFILE[:flags]
                                        (TOOL=memory_snapshot: what is alive at the first steps' memory peak)
@@ -39,6 +41,8 @@ case $COMMAND in
   metrics) exec bash $SCRIPTS/check_metrics.sh "$@" ;;
   resume) exec bash $SCRIPTS/check_resume.sh "$@" ;;
   resume_matches) exec bash $SCRIPTS/resume_matches.sh "$@" ;;
+  two_launchers) exec bash $SCRIPTS/two_launchers.sh "$@" ;;
+  several_gpus) exec bash $SCRIPTS/several_gpus.sh "$@" ;;
   calibrate) exec bash $SCRIPTS/calibrate.sh "$@" ;;
   profile) exec bash $SCRIPTS/profile_cases.sh "$@" ;;
   attention) exec python $SCRIPTS/attention.py "$OUT/attention.json" ;;

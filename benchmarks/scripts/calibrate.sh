@@ -15,7 +15,7 @@ for M in $MODELS; do for P in $PROFILES; do for B in $BATCHES; do
   SOURCE=(--from_scratch)
   [ -d "$M" ] && SOURCE=()
   NAME=$(basename "$M").$P.b$B.n$N${PEFT:+.$PEFT}$KIND${TAG:+.$TAG}
-  COMMAND="accelerate launch --config_file accelerate_configs/$P.yaml --num_processes $N finetune/run.py
+  COMMAND="accelerate launch --config_file accelerate_configs/$P.yaml --num_processes $N --main_process_port 0 finetune/run.py
     --model $M ${SOURCE[*]} ${ADAPTER_FLAGS[*]} --max_steps $STEPS --batch_size $B --block_size 1024
     --logging_steps 1 --throughput_warmup_steps 1 --max_eval_samples 2 --save_strategy no --report_to none
     --disable_tqdm true ${COMPILE_FLAGS[*]} ${EXTRA:-} --profile_memory"

@@ -1,0 +1,27 @@
+#!/bin/bash
+# One device call on a 4-GPU machine, its cases in turn, each phase under its own time limit so that a
+# slow one cannot take the others' results with it. usage: bash benchmarks/run.sh several_gpus --out DIR CALL
+# Every phase writes under DIR/<phase>/; DIR/results.tgz packs them (the device tool brings 8 files back).
+CALL=$1
+ROOT=$OUT
+phase() {  # NAME LIMIT_S GPUS COMMAND ARGS... : run.sh COMMAND --out ROOT/NAME on the GPUs listed
+  local NAME=$1 LIMIT=$2 GPUS=$3; shift 3
+  echo "== $NAME ($GPUS, at most $LIMIT s): $*"
+  CUDA_VISIBLE_DEVICES=$GPUS timeout $LIMIT bash benchmarks/run.sh "$1" --out "$ROOT/$NAME" "${@:2}" \
+    > "$ROOT/$NAME.out" 2>&1
+  echo "== $NAME rc $?"; tail -n 30 "$ROOT/$NAME.out"
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m
+  python -c "import torch, transformers, accelerate, deepspeed; print(torch.__version__, transformers.__version__, accelerate.__version__, deepspeed.__version__)"
+} > "$ROOT/gpu.txt" 2>&1
+case $CALL in
+  1)  # issue 30: planner calibration on 2 GPUs (two pairs at once: peaks do not depend on the neighbour) and 4
+    phase n2-a 200 0,1 calibrate 2 "gpt2-medium gpt2-xl" "ddp zero3" 8 &
+    phase n2-b 200 2,3 calibrate 2 "gpt2-medium gpt2-xl" "zero2 fsdp" 8 &
+    wait
+    phase n4 230 0,1,2,3 calibrate 4 "gpt2-medium gpt2-xl" "ddp zero3 fsdp zero2" 8
+    phase two-launchers 100 0,1,2,3 two_launchers 2 zero3
+    ;;
+  *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
+esac
+tar -czf "$ROOT/results.tgz" -C "$ROOT" --exclude results.tgz .
