@@ -22,10 +22,11 @@ case $CALL in
     phase n4 230 0,1,2,3 calibrate 4 "gpt2-medium gpt2-xl" "ddp zero3 fsdp zero2" 8
     phase two-launchers 100 0,1,2,3 two_launchers 2 zero3
     ;;
-  2)  # issue 30: compiled (the profiles' default) calibration rows on 4 GPUs, beside resume 4 -> 2 of two
-    # more profiles on the same GPUs (peaks do not depend on the neighbour; these speeds are not results)
-    COMPILE=1 phase n4-compiled 420 0,1,2,3 calibrate 4 "gpt2-medium gpt2-xl" "ddp zero3 fsdp" 8 20 &
-    phase resume 400 0,1,2,3 resume_matches 4 zero2 ddp &
+  2)  # issue 30: compiled (the profiles' default) calibration rows on all GPUs, beside resume N -> N/2 of
+    # two more profiles on the same GPUs (peaks do not depend on the neighbour; these speeds are not results)
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    COMPILE=1 phase n$N-compiled 420 $ALL calibrate $N "gpt2-medium gpt2-xl" "ddp zero3 fsdp" 8 20 &
+    phase resume 400 $ALL resume_matches $N zero2 ddp &
     wait
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
