@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from finetune.launch import resolved_profile_file
+from finetune.profiles import load_profile
 from finetune.summary import read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
@@ -34,10 +36,12 @@ def two_machines(profile: str, output_dir: Path, logs: Path, cwd: Path) -> None:
     """Machine ranks 0 and 1 on this host, each an accelerate launch with one process, started in `cwd`."""
     port = free_port()
     machines = []
+    config = resolved_profile_file(load_profile(profile), logs)  # its DeepSpeed JSON named absolutely
     for rank in (0, 1):
-        command = [str(PROJECT_ROOT / part) if part.endswith((".yaml", ".py")) else part
-                   for part in accelerate_launch(profile)]  # fmt: skip
-        script = command.index(str(PROJECT_ROOT / "finetune/run.py"))
+        command = accelerate_launch(profile)
+        command[command.index("--config_file") + 1] = str(config)
+        script = command.index("finetune/run.py")
+        command[script] = str(PROJECT_ROOT / "finetune/run.py")
         placement = ["--num_machines", "2", "--machine_rank", str(rank),
                      "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]  # fmt: skip
         command = [*command[:script], *placement, *command[script:], *FLAGS, "--output_dir", str(output_dir)]

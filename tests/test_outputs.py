@@ -15,6 +15,7 @@ import pytest
 
 from finetune import cli, outputs, run
 from finetune.checkpoint import MANIFEST
+from finetune.errors import FinetuneError
 from finetune.outputs import LOCK_FILE, claim_on_main, earlier_results, lock_output_dir, read_holder
 from finetune.summary import read_summary
 
@@ -250,3 +251,22 @@ def test_kill_9_of_the_launcher_stops_its_ranks_and_resume_then_works(tmp_path):
     resumed = read_summary(output_dir)
     assert resumed["status"] == "completed"
     assert resumed["resumed_from_step"] == stopped["steps"]
+
+
+def test_overwrite_output_dir_removes_an_adapter_and_universal_checkpoints_too(tmp_path, monkeypatch):
+    output_dir = tmp_path / "out"
+    (output_dir / "universal-checkpoint-4" / "zero").mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors", "config.json", "tokenizer.json"):
+        (output_dir / name).write_text("{}")
+    said = warnings(monkeypatch)
+    claim_on_main(output_dir, resume=False, overwrite=True)
+    assert "adapter_config.json, adapter_model.safetensors" in said[0] and "universal-checkpoint-4" in said[0]
+    assert sorted(listing(output_dir)) == [LOCK_FILE]
+
+
+def test_a_folder_holding_only_an_adapter_is_another_runs_results(tmp_path):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    (output_dir / "adapter_model.safetensors").write_text("")
+    with pytest.raises(FinetuneError, match="adapter_model.safetensors"):
+        claim_on_main(output_dir, resume=False, overwrite=False)

@@ -31,7 +31,13 @@ import torch
 
 from finetune.checkpoint import checkpoint_problem, checkpoints_newest_first
 from finetune.errors import FinetuneError
-from finetune.reshard import Geometry, checkpoint_geometry, keep_global_batch, place_step_counters
+from finetune.reshard import (
+    Geometry,
+    checkpoint_geometry,
+    continue_on_this_world_size,
+    keep_global_batch,
+    place_step_counters,
+)
 from finetune.summary import read_summary
 
 from launching import accelerate_launch, launch
@@ -204,3 +210,18 @@ def test_an_unfused_adams_step_counters_stay_on_the_cpu():
     inner = optimizer_state(False, parameter, torch.tensor(20.0))
     place_step_counters(Wrapped(inner))
     assert inner.state[parameter]["step"].device == torch.device("cpu")
+
+
+def test_a_world_size_change_sets_the_accumulation_through_the_batch_geometry_rules(tmp_path, monkeypatch):
+    """The accumulation it adds turns the profile's CUDA graphs off, as set_batch_geometry does for any."""
+    checkpoint = tmp_path / "checkpoint-5"
+    checkpoint.mkdir()
+    run = {"world_size": 2, "micro_batch_size": 4, "gradient_accumulation_steps": 1}
+    (checkpoint / "finetune_checkpoint.json").write_text(json.dumps({"step": 5, "run": run, "files": {}}))
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")
+    args = SimpleNamespace(
+        allow_world_size_change=True, world_size=1, per_device_train_batch_size=4, gradient_accumulation_steps=1,
+        process_index=0, torch_compile=True, torch_compile_mode=None, gradient_checkpointing=False,
+    )  # fmt: skip
+    assert continue_on_this_world_size(checkpoint, args) == checkpoint
+    assert (args.gradient_accumulation_steps, args.torch_compile_mode) == (2, "default")
