@@ -177,7 +177,9 @@ def continue_on_this_world_size(checkpoint: Path | None, training_args: Training
     is_main = training_args.process_index == 0
     if now.gradient_accumulation_steps != training_args.gradient_accumulation_steps and is_main:
         logger.warning(f"finetune: resuming {checkpoint.name} ({saved.describe()}) with {now.describe()}")
-    set_batch_geometry(training_args, training_args.per_device_train_batch_size, now.gradient_accumulation_steps)
+    set_batch_geometry(
+        training_args, training_args.per_device_train_batch_size, now.gradient_accumulation_steps
+    )
     if saved.world_size == now.world_size:
         return checkpoint
     tag = deepspeed_tag(checkpoint)

@@ -41,6 +41,7 @@ from finetune.checkpoint import (
 )
 from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
+from finetune.disk_space import kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
 from finetune.errors import StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
@@ -224,6 +225,12 @@ def train_and_measure(
         resumed_step = record.fields["resumed_from_step"]
         trainer.add_callback(GroupedTensorBoardCallback(log_dir, record.fields, purge_step=resumed_step))
 
+    if training_args.save_strategy != "no" and training_args.process_index == 0:
+        problem = kept_checkpoints_problem(
+            Path(training_args.output_dir), model, training_args.save_total_limit
+        )
+        if problem:
+            logger.warning(f"finetune: {problem}")
     train_metrics = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics
     record.update(training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput))
     record.update(startup.summary())

@@ -47,7 +47,10 @@ from transformers.utils import logging
 from finetune.arguments import CUDA_GRAPH_MODES
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
+from finetune.disk_space import is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DivergenceGuard, check_weights_finite
+from finetune.errors import FinetuneError
+from finetune.outputs import share_from_main
 from finetune.profiles import strategy_of
 from finetune.resume import run_identity
 
@@ -175,6 +178,10 @@ class FinetuneTrainer(Trainer):
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         check_weights_finite(self.model, self.state.global_step, "this checkpoint")
+        room = room_problem(Path(self.args.output_dir), self.model, self.state.global_step)
+        verdict = share_from_main(room if self.args.should_save else None)  # every rank stops, or none
+        if verdict is not None:
+            raise FinetuneError(verdict)
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, LossSumSoFar):
                 callback.loss_sum = None if self._loss_sum_before is None else self._loss_sum_so_far()
@@ -184,6 +191,10 @@ class FinetuneTrainer(Trainer):
         self.args.output_dir = str(staged.parent)
         try:
             super()._save_checkpoint(model, trial)
+        except OSError as error:
+            if is_disk_full(error):
+                raise report_disk_full(error, staged, Path(output_dir)) from None
+            raise
         finally:
             self.args.output_dir = output_dir
         if self.args.should_save and not (staged / "config.json").exists():

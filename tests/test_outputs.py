@@ -268,5 +268,5 @@ def test_a_folder_holding_only_an_adapter_is_another_runs_results(tmp_path):
     output_dir = tmp_path / "out"
     output_dir.mkdir()
     (output_dir / "adapter_model.safetensors").write_text("")
-    with pytest.raises(FinetuneError, match="adapter_model.safetensors"):
+    with pytest.raises(FinetuneError, match=r"adapter_model\.safetensors"):
         claim_on_main(output_dir, resume=False, overwrite=False)

@@ -220,8 +220,9 @@ def test_a_world_size_change_sets_the_accumulation_through_the_batch_geometry_ru
     (checkpoint / "finetune_checkpoint.json").write_text(json.dumps({"step": 5, "run": run, "files": {}}))
     monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")
     args = SimpleNamespace(
-        allow_world_size_change=True, world_size=1, per_device_train_batch_size=4, gradient_accumulation_steps=1,
-        process_index=0, torch_compile=True, torch_compile_mode=None, gradient_checkpointing=False,
+        allow_world_size_change=True, world_size=1, per_device_train_batch_size=4,
+        gradient_accumulation_steps=1, process_index=0, torch_compile=True, torch_compile_mode=None,
+        gradient_checkpointing=False,
     )  # fmt: skip
     assert continue_on_this_world_size(checkpoint, args) == checkpoint
     assert (args.gradient_accumulation_steps, args.torch_compile_mode) == (2, "default")

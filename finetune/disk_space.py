@@ -1,0 +1,93 @@
+"""Disk space for checkpoints: checked before each save, freed and reported in one line when a save
+runs out of it, and warned about at the start when the checkpoints the run keeps cannot all fit.
+
+A save that fills the disk otherwise ends in chained tracebacks, leaves a partial staging folder that
+keeps the space taken, and a `--resume` then fails for lack of the same space.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+import torch
+
+from finetune.checkpoint import checkpoints_newest_first, read_manifest
+from finetune.errors import FinetuneError
+
+ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trainable parameter
+
+
+def free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def gib(size: float) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+def full_numel(parameter: torch.Tensor) -> int:
+    """All of a parameter, sharded or not: DeepSpeed ZeRO-3 keeps its size in `ds_numel`; an FSDP2
+    DTensor's numel is already the whole parameter's."""
+    return getattr(parameter, "ds_numel", parameter.numel())
+
+
+def expected_checkpoint_bytes(output_dir: Path, model: torch.nn.Module) -> int:
+    """The newest checkpoint's size, as its manifest records it; before the first, the weights plus
+    Adam's two fp32 states for the trainable ones."""
+    for checkpoint in checkpoints_newest_first(output_dir):
+        try:
+            files = read_manifest(checkpoint)["files"]
+        except (OSError, ValueError, KeyError):
+            continue
+        return sum(record if isinstance(record, int) else record["size"] for record in files.values())
+    weights = sum(full_numel(p) * p.element_size() for p in model.parameters())
+    return weights + sum(full_numel(p) * ADAM_STATE_BYTES for p in model.parameters() if p.requires_grad)
+
+
+def room_problem(output_dir: Path, model: torch.nn.Module, step: int) -> str | None:
+    """Why checkpoint-`step` will not fit beside what output_dir holds, or None."""
+    expected, free = expected_checkpoint_bytes(output_dir, model), free_bytes(output_dir)
+    if free >= expected:
+        return None
+    return (
+        f"not enough disk space for checkpoint-{step} in {output_dir}: {gib(free)} free, about "
+        f"{gib(expected)} needed; {last_complete(output_dir)}; free space (or lower --save_total_limit), "
+        "then run again with --resume"
+    )
+
+
+def kept_checkpoints_problem(
+    output_dir: Path, model: torch.nn.Module, save_total_limit: int | None
+) -> str | None:
+    """Why the checkpoints the run keeps may not fit, or None: `save_total_limit` of them plus the one being
+    written before the oldest is rotated out, or at least one when every checkpoint is kept."""
+    keep = save_total_limit + 1 if save_total_limit else 1
+    expected, free = expected_checkpoint_bytes(output_dir, model), free_bytes(output_dir)
+    if free >= keep * expected:
+        return None
+    return (
+        f"{output_dir} has {gib(free)} free, {keep} checkpoints of about {gib(expected)} each will not fit: "
+        "a save will stop the run (lower --save_total_limit or free space)"
+    )
+
+
+def last_complete(output_dir: Path) -> str:
+    newest = checkpoints_newest_first(output_dir)
+    return f"the last complete checkpoint is {newest[0].name}" if newest else "no checkpoint was completed"
+
+
+def is_disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def report_disk_full(error: OSError, staged: Path, output_dir: Path) -> FinetuneError:
+    """Remove the partial checkpoint (it holds the space a resume needs) and say what is left."""
+    shutil.rmtree(staged, ignore_errors=True)
+    if staged.parent.is_dir() and not any(staged.parent.iterdir()):
+        staged.parent.rmdir()
+    return FinetuneError(
+        f"disk full while writing {staged.name} into {output_dir} ({error.strerror}): the partial copy is "
+        f"removed; {last_complete(output_dir)}; free space, then run again with --resume"
+    )

@@ -1,0 +1,106 @@
+"""A full disk is one line and a resumable run: checked before each save, the partial copy removed on
+ENOSPC, the summary written, and `--resume` continuing from the last complete checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+from finetune import disk_space, run
+from finetune.checkpoint import checkpoints_newest_first
+from finetune.summary import read_summary
+
+from launching import TINY_MODEL
+
+FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "32", "--batch_size", "2",
+    "--max_steps", "4", "--save_steps", "2", "--logging_steps", "1", "--max_eval_samples", "4",
+    "--report_to", "none", "--disable_tqdm", "true",
+]  # fmt: skip
+Usage = namedtuple("Usage", "total used free")
+
+
+def one_line_failure(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        run.main(argv)
+    assert stopped.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("finetune: error:")]
+    return line
+
+
+def fill_the_disk_after_the_first_checkpoint(monkeypatch, output_dir: Path) -> None:
+    """Free space reported as plenty until a checkpoint exists, then as 1 kB."""
+    real = shutil.disk_usage
+
+    def usage(path):
+        free = 1024 if checkpoints_newest_first(output_dir) else real(path).free
+        return Usage(real(path).total, real(path).used, free)
+
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", usage)
+
+
+def test_a_save_that_would_not_fit_stops_in_one_line_keeping_the_last_checkpoint(
+    tmp_path, monkeypatch, capsys, in_process_commands
+):
+    output_dir = tmp_path / "out"
+    fill_the_disk_after_the_first_checkpoint(monkeypatch, output_dir)
+    line = one_line_failure([*FLAGS, "--output_dir", str(output_dir)], capsys)
+    assert f"not enough disk space for checkpoint-4 in {output_dir}" in line
+    assert "the last complete checkpoint is checkpoint-2" in line
+    summary = read_summary(output_dir)
+    assert summary["status"] == "failed" and str(output_dir) in summary["error"]
+    assert [path.name for path in checkpoints_newest_first(output_dir)] == ["checkpoint-2"]
+    assert not (output_dir / ".staging").exists()
+
+
+def test_disk_full_during_a_save_removes_the_partial_copy_and_resume_continues(
+    tmp_path, monkeypatch, capsys, in_process_commands
+):
+    output_dir = tmp_path / "out"
+    real_save = torch.save
+
+    def save_until_full(obj, f, *args, **kwargs):
+        if "checkpoint-4" in str(f):
+            Path(f).write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    line = one_line_failure([*FLAGS, "--output_dir", str(output_dir)], capsys)
+    assert "disk full while writing checkpoint-4" in line and "checkpoint-2" in line
+    assert read_summary(output_dir)["status"] == "failed"
+    assert not (output_dir / ".staging").exists()
+
+    monkeypatch.setattr(torch, "save", real_save)
+    run.main([*FLAGS, "--output_dir", str(output_dir), "--resume"])
+    summary = read_summary(output_dir)
+    assert (summary["status"], summary["resumed_from_step"], summary["steps"]) == ("completed", 2, 4)
+
+
+def test_the_start_warns_when_the_kept_checkpoints_cannot_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 10 * 2**20)
+    model = torch.nn.Linear(1000, 1000)  # 4 MB of weights, 8 MB of Adam states: 12 MB a checkpoint
+    assert "1 checkpoints of about 0.01 GiB" in disk_space.kept_checkpoints_problem(tmp_path, model, None)
+    assert "3 checkpoints of about 0.01 GiB" in disk_space.kept_checkpoints_problem(tmp_path, model, 2)
+
+
+def test_no_warning_when_they_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 40 * 2**20)
+    assert disk_space.kept_checkpoints_problem(tmp_path, torch.nn.Linear(1000, 1000), 2) is None
+
+
+def test_the_expected_size_is_the_newest_checkpoints(tmp_path):
+    from finetune.checkpoint import write_manifest
+
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"x" * 1000)
+    write_manifest(checkpoint, 3, "run")
+    assert disk_space.expected_checkpoint_bytes(tmp_path, torch.nn.Linear(1000, 1000)) == 1000
