@@ -22,6 +22,7 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
 from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, PEFT_METHODS, target_modules
+from finetune.build_locks import refuse_stale_build_locks
 from finetune.devices import adapt_arguments_to_cpu
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import DATA_FORMATS
@@ -416,6 +417,8 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
     config_path, deepspeed_config = active_deepspeed_config()
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
+    if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
+        refuse_stale_build_locks()
     if training_args.fp8 and config_path is not None:
         raise FinetuneError(
             "--fp8 runs under single, ddp and the FSDP profiles, not DeepSpeed's: its engine is not "

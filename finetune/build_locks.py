@@ -1,0 +1,74 @@
+"""A build lock left by a killed process is one line, not an endless wait.
+
+torch builds C++/CUDA extensions (DeepSpeed's ops, on first use) under one `lock` file per op,
+created with O_EXCL and kept open by the building process until it removes it. A process killed
+mid-build leaves the file, and every later build of that op waits for it forever (torch's
+`FileBaton.wait`, no time limit): a ZeRO run hangs after "Setting accelerator to CPU" with no word.
+Before a DeepSpeed run builds anything, each lock is checked for a process that holds it open; one
+that nobody holds is stale. No library offers this check.
+
+On several machines sharing a home directory the holder may be on another machine, where this one
+cannot see it: there a lock counts as stale only once it is older than any build takes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from finetune.errors import FinetuneError
+
+SHARED_LOCK_STALE_AFTER_S = 1800.0
+RECHECK_AFTER_S = 0.5  # a build that has just finished closes its lock a moment before removing it
+
+
+def extensions_root() -> Path:
+    """Where torch.utils.cpp_extension builds: `$TORCH_EXTENSIONS_DIR`, else its default under ~/.cache."""
+    configured = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "torch_extensions"
+
+
+def held_open(path: Path) -> bool:
+    """Whether a process of this machine (that we may inspect) has `path` open."""
+    target = str(path.resolve())
+    for process in psutil.process_iter():
+        try:
+            if any(opened.path == target for opened in process.open_files()):
+                return True
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return False
+
+
+def on_one_machine() -> bool:
+    return os.environ.get("LOCAL_WORLD_SIZE", "1") == os.environ.get("WORLD_SIZE", "1")
+
+
+def stale_build_locks(root: Path, one_machine: bool = True) -> list[Path]:
+    locks = [path for pattern in ("*/lock", "*/*/lock") for path in root.glob(pattern)]
+    if not locks:
+        return []
+    time.sleep(RECHECK_AFTER_S)
+    stale = []
+    for lock in locks:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:  # released meanwhile
+            continue
+        if not held_open(lock) and (one_machine or age > SHARED_LOCK_STALE_AFTER_S):
+            stale.append(lock)
+    return stale
+
+
+def refuse_stale_build_locks() -> None:
+    """FinetuneError naming the first stale lock under the extensions folder, if there is one."""
+    stale = stale_build_locks(extensions_root(), on_one_machine())
+    if stale:
+        raise FinetuneError(
+            f"{stale[0]} is a build lock left by a process that no longer runs (killed while building "
+            f"{stale[0].parent.name}); every DeepSpeed run would wait for it forever: remove it "
+            f"(rm {stale[0]}) and run again"
+        )

@@ -1,0 +1,53 @@
+"""A build lock whose process is gone stops a DeepSpeed run in one line instead of a wait without end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from finetune.build_locks import stale_build_locks
+
+from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL
+
+
+def make_lock(root, op="deepspeed_shm_comm"):
+    lock = root / "py311_cpu" / op / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    return lock
+
+
+def test_a_lock_nobody_holds_is_stale(tmp_path):
+    lock = make_lock(tmp_path)
+    assert stale_build_locks(tmp_path) == [lock]
+
+
+def test_a_lock_a_live_build_holds_open_is_not_stale(tmp_path):
+    lock = make_lock(tmp_path)
+    descriptor = os.open(lock, os.O_RDONLY)  # as torch's FileBaton keeps it during the build
+    try:
+        assert stale_build_locks(tmp_path) == []
+    finally:
+        os.close(descriptor)
+
+
+def test_on_several_machines_a_young_unheld_lock_may_be_another_machines_build(tmp_path):
+    make_lock(tmp_path)
+    assert stale_build_locks(tmp_path, one_machine=False) == []
+
+
+def test_a_zero_run_with_a_stale_lock_fails_in_one_line_instead_of_waiting(tmp_path):
+    lock = make_lock(tmp_path / "extensions")
+    environment = {**ENVIRONMENT, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    command = [sys.executable, "-m", "finetune", "run", "--profile", "zero2", "--num_processes", "2",
+               *TINY_MODEL, "--max_steps", "2", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    assert errors == [
+        f"finetune: error: {lock} is a build lock left by a process that no longer runs (killed while "
+        f"building deepspeed_shm_comm); every DeepSpeed run would wait for it forever: remove it (rm {lock}) "
+        "and run again"
+    ]
