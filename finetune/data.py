@@ -463,10 +463,15 @@ def instruction_data(
             lambda row: any(label != IGNORE_INDEX for label in row["labels"][:block_size]),
             desc=f"drop {name} examples without an answer token in the first {block_size}",
         )
+        if name == "train" and len(encoded) and not len(examples):
+            raise FinetuneError(
+                f"{source}: none of its {len(encoded)} {name} examples has an answer to train on (every "
+                f"answer is empty, or starts after the first {block_size} tokens)"
+            )
         if len(examples) < len(encoded):
             notes.append(
-                f"{len(encoded) - len(examples)} {name} examples have no answer token in their first "
-                f"{block_size} tokens and were left out"
+                f"{len(encoded) - len(examples)} {name} examples have no answer (an empty one, or none in "
+                f"their first {block_size} tokens) and were left out"
             )
         examples, truncated[name] = truncate(examples, block_size)
         if truncated[name]:

@@ -15,6 +15,7 @@ template that renders a conversation as a prefix of its continuation; transforme
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,18 +130,31 @@ def chat_segments(
     return [(text, trained) for text, trained in segments if text]
 
 
+def as_text(value: Any) -> str:
+    """A cell as text: CSV columns of numbers arrive as ints, or as floats (3.0) where a cell is empty
+    (None or NaN), and an answer "3" must stay "3"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def text_segments(row: dict[str, Any], data_format: str, eos: str) -> list[tuple[str, bool]]:
     """prompt/completion joined as given (TRL's convention: the split point is the dataset's); an
-    instruction, its input and a question are followed by SEPARATOR. Every answer ends with EOS."""
+    instruction, its input and a question are followed by SEPARATOR. Every answer ends with EOS; a row
+    without an answer has no trained segment (it is left out, with a note, rather than teaching EOS)."""
     if data_format == "prompt_completion":
-        prompt, answer = row["prompt"], row["completion"]
+        prompt, answer = as_text(row["prompt"]), as_text(row["completion"])
     elif data_format == "instruction":
-        given = row.get("input")
-        prompt = row["instruction"] + (f"{SEPARATOR}{SEPARATOR}{given}" if given else "") + SEPARATOR
-        answer = row["output"]
+        given = as_text(row.get("input"))
+        prompt = as_text(row["instruction"]) + (f"{SEPARATOR}{SEPARATOR}{given}" if given else "") + SEPARATOR
+        answer = as_text(row["output"])
     else:
-        prompt, answer = row["question"] + SEPARATOR, row["answer"]
-    return [(prompt or "", False), ((answer or "") + eos, True)]
+        prompt, answer = as_text(row["question"]) + SEPARATOR, as_text(row["answer"])
+    if not answer.strip():
+        return [(prompt, False)]
+    return [(prompt, False), (answer + eos, True)]
 
 
 def encode(

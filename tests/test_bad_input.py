@@ -299,3 +299,11 @@ def test_bare_accelerate_launch_prints_a_rank_error_once(tmp_path):
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
     assert len(lines) == 1 and "model 'no-such-model' not found" in lines[0], result.stderr[-3000:]
+
+
+def test_a_jsonl_with_an_unterminated_object_names_its_line(output_flags, make_text_file, capsys):
+    lines = "".join(f'{{"text": "line {n} of the file"}}\n' for n in range(100)) + '{"text": "abc"\n'
+    path = make_text_file("docs.jsonl", lines)
+    assert_one_error(
+        [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags], capsys, "line 101: not valid JSON"
+    )

@@ -217,3 +217,26 @@ def test_a_run_on_instruction_data_trains_and_records_the_data_fields(
     assert summary["train_tokens"] > 0 and summary["masked_tokens"] > 0
     assert 0 < summary["packing_efficiency"] <= 1
     assert summary["truncated_examples"] == 0
+
+
+def test_answers_that_are_numbers_train_as_their_digits(make_text_file, tokenizer):
+    rows = "".join(f"What is {n} plus 1?,{n + 1}\n" for n in range(20))
+    data = prepare(make_text_file("sums.csv", "question,answer\n" + rows), tokenizer, packing=False)
+    spans = sorted(all_spans(tokenizer, data.train) + all_spans(tokenizer, data.evaluation))
+    assert spans == sorted(f"{n + 1}<|endoftext|>" for n in range(20))
+
+
+def test_rows_without_an_answer_are_left_out_with_a_note(make_text_file, tokenizer):
+    """A CSV column with empty cells arrives as floats with NaN: 3.0 is still the answer "3"."""
+    rows = "".join(f"What is {n} plus 1?,{'' if n % 4 == 0 else n + 1}\n" for n in range(40))
+    path = make_text_file("sums.csv", "question,answer\n" + rows)
+    data = prepare(path, tokenizer, packing=False, validation_split_percentage=25)
+    spans = sorted(all_spans(tokenizer, data.train) + all_spans(tokenizer, data.evaluation))
+    assert spans == sorted(f"{n + 1}<|endoftext|>" for n in range(40) if n % 4)
+    assert any("have no answer (an empty one" in note for note in data.summary.notes)
+
+
+def test_a_file_whose_answers_are_all_empty_is_one_error(make_text_file, tokenizer):
+    path = make_text_file("empty.csv", "question,answer\n" + "".join(f"q{n}?,\n" for n in range(20)))
+    with pytest.raises(FinetuneError, match="has an answer to train on"):
+        prepare(path, tokenizer)
