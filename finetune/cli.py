@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from finetune.adapters import DEFAULT_LORA_DROPOUT, PEFT_METHODS
-from finetune.errors import FinetuneError, exit_on_user_error
+from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import (
     Strategy,
@@ -82,9 +84,12 @@ def parse_run_flags(
     return parse_arguments([*defaults, *expand_recipe(run_args)])
 
 
+ORPHANED_RANKS_WAIT_S = 600.0  # a checkpoint of a large model takes minutes to write
+
+
 def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
     run_args = with_shipped_recipe(run_args)
-    parse_run_flags(run_args)
+    _, _, training_args = parse_run_flags(run_args)
     if options.profile == "auto":
         options.profile, reason = auto_profile(run_args, options.num_processes)
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
@@ -96,9 +101,44 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
         environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
         with subprocess.Popen(command, env=environment) as launcher:
             try:
-                return launcher.wait()
+                code = launcher.wait()
             except KeyboardInterrupt:  # Ctrl-C reached the launcher too: let it stop its ranks
-                return launcher.wait()
+                code = launcher.wait()
+    if code < 0:  # the launcher was killed (kill -9): its ranks stop on their own and may have saved
+        return orphaned_ranks_outcome(Path(training_args.output_dir), signal.Signals(-code))
+    return code
+
+
+def orphaned_ranks_outcome(output_dir: Path, killed_by: signal.Signals) -> int:
+    """The exit code of a run whose launcher was killed: 75 when its ranks saved a checkpoint and stopped
+    (finetune/outputs.py makes ranks stop when their launcher dies), so that a requeue resumes.
+
+    The ranks outlive the launcher for as long as their save takes: they are waited for through the
+    output_dir lock rank 0 holds until it exits, then the run summary says what they did.
+    """
+    from finetune.outputs import LOCK_FILE, read_holder
+    from finetune.summary import read_summary
+
+    deadline = time.monotonic() + ORPHANED_RANKS_WAIT_S
+    while time.monotonic() < deadline:
+        holder = read_holder(output_dir / LOCK_FILE)
+        if holder is None or holder.is_gone():
+            break
+        time.sleep(0.5)
+    try:
+        summary = read_summary(output_dir)
+    except (OSError, ValueError):
+        summary = {}
+    checkpoint = summary.get("checkpoint")
+    if summary.get("status") == "interrupted" and checkpoint:
+        print(
+            f"finetune: the launcher was killed ({killed_by.name}); its ranks saved {checkpoint} and "
+            "stopped: run the same command with --resume",
+            file=sys.stderr,
+        )
+        return RESUMABLE_EXIT_CODE
+    print(f"finetune: the launcher was killed ({killed_by.name}); no checkpoint was saved", file=sys.stderr)
+    return 128 + killed_by
 
 
 def check_export_folder(checkpoint: Path, folder: Path, overwrite: bool) -> None:

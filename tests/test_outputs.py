@@ -270,3 +270,24 @@ def test_a_folder_holding_only_an_adapter_is_another_runs_results(tmp_path):
     (output_dir / "adapter_model.safetensors").write_text("")
     with pytest.raises(FinetuneError, match=r"adapter_model\.safetensors"):
         claim_on_main(output_dir, resume=False, overwrite=False)
+
+
+@pytest.mark.integration
+def test_finetune_run_exits_75_when_its_killed_launchers_ranks_saved_a_checkpoint(tmp_path):
+    output_dir = tmp_path / "out"
+    command = [sys.executable, "-m", "finetune", "run", "--profile", "ddp", "--num_processes", "2", *FLAGS,
+               "--output_dir", str(output_dir)]  # fmt: skip
+    with (tmp_path / "run.log").open("w") as log:
+        run_process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=log, stderr=log)
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (output_dir / f"checkpoint-{SAVE_STEPS}" / MANIFEST).exists():
+        assert run_process.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    [launcher] = [p for p in psutil.Process(run_process.pid).children() if "finetune.launch" in p.cmdline()]
+    launcher.kill()
+    assert run_process.wait(timeout=RANKS_GONE_WITHIN_S + 30) == 75, (tmp_path / "run.log").read_text()[
+        -3000:
+    ]
+    assert "its ranks saved" in (tmp_path / "run.log").read_text()
+    assert read_summary(output_dir)["status"] == "interrupted"
