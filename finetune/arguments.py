@@ -24,7 +24,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, PEFT_METHODS, target_modules
 from finetune.build_locks import refuse_stale_build_locks
 from finetune.devices import adapt_arguments_to_cpu
-from finetune.errors import FinetuneError, first_line
+from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.instruction import DATA_FORMATS
 from finetune.profiles import _check_deepspeed as check_deepspeed_config
 from finetune.profiles import active_deepspeed_config, launched_strategy, needs_nvme_path, write_filled_config
@@ -516,8 +516,12 @@ def compiles_by_default(use_cpu: bool) -> bool:
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, FinetuneTrainingArguments)
 
 
+class RunFlagParser(OneLineArgumentErrors, HfArgumentParser):
+    """run.py's flags, declared by the dataclasses above."""
+
+
 def make_parser() -> HfArgumentParser:
-    return HfArgumentParser(ARGUMENT_CLASSES, allow_abbrev=False)
+    return RunFlagParser(ARGUMENT_CLASSES, prog="finetune/run.py", allow_abbrev=False)
 
 
 def known_keys() -> set[str]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from finetune.adapters import DEFAULT_LORA_DROPOUT, PEFT_METHODS
-from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, exit_on_user_error
+from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, OneLineArgumentErrors, exit_on_user_error
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import (
     Strategy,
@@ -625,8 +625,12 @@ COMMANDS = {
 }
 
 
+class CommandParser(OneLineArgumentErrors, argparse.ArgumentParser):
+    """The `finetune` command and, through add_subparsers, each of its commands."""
+
+
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="finetune", description=__doc__)
+    parser = CommandParser(prog="finetune", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS.values():
         command.register(commands)
@@ -634,14 +638,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_parser()
-    options, rest = parser.parse_known_args(argv)
-    if rest[:1] == ["--"]:  # `finetune slurm ... -- <run flags>`: the separator is not a run flag
-        rest = rest[1:]
-    command = COMMANDS[options.command]
-    if rest and not command.takes_run_flags:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    pin_data_dir()  # before any child environment is built from os.environ
     with exit_on_user_error():
+        parser = make_parser()
+        options, rest = parser.parse_known_args(argv)
+        if rest[:1] == ["--"]:  # `finetune slurm ... -- <run flags>`: the separator is not a run flag
+            rest = rest[1:]
+        command = COMMANDS[options.command]
+        if rest and not command.takes_run_flags:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        pin_data_dir()  # before any child environment is built from os.environ
         return command.execute(options, rest) if command.takes_run_flags else command.execute(options)
     return 0

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 USAGE_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command stopped by Ctrl-C
@@ -33,6 +34,16 @@ def first_line(error: BaseException) -> str:
 
 class FinetuneError(Exception):
     """Bad input (unknown name, impossible setting). Reported as one line, never as a traceback."""
+
+
+class OneLineArgumentErrors:
+    """For argparse parsers: a mistake in the flags is one line, not the whole usage before it (134
+    lines for run.py's); `--help` still prints the usage."""
+
+    prog: str
+
+    def error(self, message: str) -> NoReturn:
+        raise FinetuneError(f"{message} (`{self.prog} --help` lists the flags)")
 
 
 class Diverged(Exception):

@@ -307,3 +307,20 @@ def test_a_jsonl_with_an_unterminated_object_names_its_line(output_flags, make_t
     assert_one_error(
         [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags], capsys, "line 101: not valid JSON"
     )
+
+
+def test_a_flag_of_the_wrong_type_is_one_line_without_the_usage(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run.main(["--max_steps", "two"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "finetune: error: argument --max_steps/--max-steps: invalid int value: 'two' "
+        "(`finetune/run.py --help` lists the flags)"
+    ]
+
+
+def test_a_commands_flag_of_the_wrong_type_is_one_line_without_the_usage(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["plan", "--gpus", "two"])
+    assert stopped.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
