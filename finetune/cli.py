@@ -421,18 +421,48 @@ def shipped_for_help() -> list[Strategy]:
         return []
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise ValueError(text)
+    return value
+
+
+positive_int.__name__ = "positive int"  # argparse names the type in its message: "invalid positive int value"
+positive_float.__name__ = "positive number"
+fraction.__name__ = "fraction (0 to below 1)"
+
+
 def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     shipped = shipped_for_help()
     planning = commands.add_parser("plan", help="predict memory per GPU for every profile, and recommend one")
     planning.add_argument("--model", default="gpt2", help="name, GPT-2 alias or local folder (config only)")
     planning.add_argument("--config_overrides", help='change the shape: "n_layer=32,n_embd=4096,n_head=32"')
-    planning.add_argument("--gpus", type=int, default=1, help="GPUs in all")
+    planning.add_argument("--gpus", type=positive_int, default=1, help="GPUs in all")
     planning.add_argument(
-        "--gpus_per_node", type=int, help="GPUs per machine, for host RAM (default: --gpus)"
+        "--gpus_per_node", type=positive_int, help="GPUs per machine, for host RAM (default: --gpus)"
     )
-    planning.add_argument("--gpu_memory", type=float, help="GiB per GPU (default: the visible GPU's)")
-    planning.add_argument("--batch_size", type=int, default=8, help="micro batch per GPU")
-    planning.add_argument("--block_size", type=int, help="tokens per sample (default: context, at most 1024)")
+    planning.add_argument(
+        "--gpu_memory", type=positive_float, help="GiB per GPU (default: the visible GPU's)"
+    )
+    planning.add_argument("--batch_size", type=positive_int, default=8, help="micro batch per GPU")
+    planning.add_argument(
+        "--block_size", type=positive_int, help="tokens per sample (default: context, at most 1024)"
+    )
     planning.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     planning.add_argument("--gradient_checkpointing", action="store_true")
     planning.add_argument(
@@ -441,10 +471,10 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         help="plan adapter training (finetune run --peft): gradients and optimizer states for the adapters "
         "only, the base frozen in --precision",
     )
-    planning.add_argument("--lora_rank", type=int, default=16, help="--peft: adapter rank")
+    planning.add_argument("--lora_rank", type=positive_int, default=16, help="--peft: adapter rank")
     planning.add_argument(
         "--lora_dropout",
-        type=float,
+        type=fraction,
         default=DEFAULT_LORA_DROPOUT,
         help="--peft: dropout on the adapters' input (its mask is kept for backward)",
     )
@@ -464,9 +494,11 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="instead: the largest GPT-style model each profile is predicted to fit (--model is ignored)",
     )
-    planning.add_argument("--host_memory", type=float, help="GiB of host RAM per node, for --largest")
     planning.add_argument(
-        "--margin", type=float, help="share of GPU memory kept free (default: the planner's error, 0.15)"
+        "--host_memory", type=positive_float, help="GiB of host RAM per node, for --largest"
+    )
+    planning.add_argument(
+        "--margin", type=fraction, help="share of GPU memory kept free (default: the planner's error, 0.15)"
     )
 
 

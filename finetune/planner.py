@@ -73,7 +73,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.utils import logging
 
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
-from finetune.errors import FinetuneError
+from finetune.errors import FinetuneError, first_line
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,
@@ -608,7 +608,13 @@ def shape_of(model: str, config_overrides: str | None = None) -> tuple[ModelShap
 
     model_args = ModelArguments(model=model, config_overrides=config_overrides)
     config = load_config(model_args, resolve_model(model))
-    return ModelShape.from_config(model, config), choose_block_size(None, config)
+    try:  # the model's own constructor checks its shape (heads dividing the width, and so on)
+        shape = ModelShape.from_config(model, config)
+    except ValueError as error:
+        raise FinetuneError(
+            f"{model} with --config_overrides {config_overrides}: {first_line(error)}"
+        ) from None
+    return shape, choose_block_size(None, config)
 
 
 def visible_gpu_memory_gib() -> float | None:

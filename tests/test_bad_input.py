@@ -324,3 +324,18 @@ def test_a_commands_flag_of_the_wrong_type_is_one_line_without_the_usage(capsys)
         cli.main(["plan", "--gpus", "two"])
     assert stopped.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--gpus", "0"], "argument --gpus: invalid positive int value: '0'"),
+        (["--batch_size", "0"], "argument --batch_size: invalid positive int value: '0'"),
+        (["--gpu_memory", "-80"], "argument --gpu_memory: invalid positive number value: '-80'"),
+        (["--margin", "1.5"], "argument --margin: invalid fraction (0 to below 1) value: '1.5'"),
+        (["--config_overrides", "n_embd=100,n_head=3"], "`embed_dim` must be divisible by num_heads"),
+    ],
+)
+def test_plan_refuses_numbers_it_cannot_plan_in_one_line(flags, expected, capsys):
+    argv = ["plan", "--model", "gpt2", "--gpu_memory", "80", *flags]
+    assert_one_error(argv, capsys, expected, entry=cli.main)
