@@ -10,6 +10,7 @@ warning in favour of the one before.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ logger = logging.get_logger("finetune")
 
 STAGING_DIR = ".staging"
 MANIFEST = "finetune_checkpoint.json"
+TRAINER_STATE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -108,6 +110,48 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     for name, record in files.items():
         if sha256_of(checkpoint / name) != record["sha256"]:
             return f"{name} does not hold the bytes that were written (its sha256 differs)"
+    return trainer_state_problem(checkpoint / TRAINER_STATE)
+
+
+# What each of trainer_state.json's fields (transformers.TrainerState) may hold. The Trainer loads the
+# file into its dataclass unchecked: an unknown key is a TypeError, a string step a TypeError deep in
+# the loop, a negative step a run that "trains" from there and reports success.
+COUNT, NUMBER, OPTIONAL_COUNT = (int,), (int, float), (int, type(None))
+TRAINER_STATE_FIELDS: dict[str, tuple[type, ...]] = {
+    "epoch": NUMBER, "global_step": COUNT, "max_steps": COUNT, "logging_steps": NUMBER,
+    "eval_steps": NUMBER, "save_steps": NUMBER, "train_batch_size": OPTIONAL_COUNT,
+    "num_train_epochs": NUMBER, "num_input_tokens_seen": COUNT, "total_flos": NUMBER,
+    "log_history": (list,), "best_metric": (int, float, type(None)), "best_global_step": OPTIONAL_COUNT,
+    "best_model_checkpoint": (str, type(None)), "is_local_process_zero": (bool,),
+    "is_world_process_zero": (bool,), "is_hyper_param_search": (bool,), "trial_name": (str, type(None)),
+    "trial_params": (dict, type(None)), "stateful_callbacks": (dict, type(None)),
+}  # fmt: skip
+
+
+def trainer_state_problem(path: Path) -> str | None:
+    """What is wrong with a checkpoint's trainer_state.json, or None (also when it has none)."""
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        return f"{path.name} is not readable JSON ({str(error).splitlines()[0]})"
+    if not isinstance(state, dict):
+        return f"{path.name} must hold a JSON object, not {type(state).__name__}"
+    known = {field.name for field in dataclasses.fields(TrainerState)}  # this transformers' own
+    unknown = sorted(set(state) - known)
+    if unknown:
+        return f"{path.name} has keys the Trainer does not know: {', '.join(unknown)}"
+    for key, value in state.items():
+        allowed = TRAINER_STATE_FIELDS.get(key, (object,))
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            return (
+                f"{path.name}: {key} is {value!r:.40}, not {' or '.join(kind.__name__ for kind in allowed)}"
+            )
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            return f"{path.name}: {key} is {value}, below 0"
+    if state.get("max_steps") and state.get("global_step", 0) > state["max_steps"]:
+        return f"{path.name}: global_step {state['global_step']} is past max_steps {state['max_steps']}"
     return None
 
 

@@ -260,3 +260,38 @@ def test_after_a_stop_the_launchers_sigterm_cannot_kill_a_rank_on_its_way_out(ev
     callback.on_step_end(*events)
     callback.on_train_end(*events)
     assert [signal.getsignal(number) for number in STOP_SIGNALS] == [signal.SIG_IGN] * len(STOP_SIGNALS)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("not json", "trainer_state.json is not readable JSON"),
+        ('["a list"]', "must hold a JSON object, not list"),
+        ('{"global_step": 3, "extra": 1}', "keys the Trainer does not know: extra"),
+        ('{"global_step": "3"}', "global_step is '3', not int"),
+        ('{"global_step": true}', "global_step is True, not int"),
+        ('{"global_step": -5}', "global_step is -5, below 0"),
+        ('{"global_step": 9, "max_steps": 6}', "global_step 9 is past max_steps 6"),
+        ('{"log_history": {}}', "log_history is {}, not list"),
+    ],
+)
+def test_a_trainer_state_the_trainer_cannot_trust_is_a_problem_of_its_checkpoint(tmp_path, content, problem):
+    (tmp_path / "trainer_state.json").write_text(content)
+    write_manifest(tmp_path, 3, "run")  # recomputed over the edited file: the hashes cannot tell
+    assert problem in checkpoint_problem(tmp_path)
+
+
+def test_resume_falls_back_from_a_newest_checkpoint_with_a_bad_trainer_state(tmp_path):
+    for step, state in ((2, '{"global_step": 2}'), (4, '{"global_step": -5}')):
+        checkpoint = tmp_path / f"checkpoint-{step}"
+        checkpoint.mkdir()
+        (checkpoint / "trainer_state.json").write_text(state)
+        write_manifest(checkpoint, step, "run")
+    assert checkpoint_to_resume(str(tmp_path), resume=True, resume_from=None) == tmp_path / "checkpoint-2"
+
+
+def test_a_named_checkpoint_with_a_bad_trainer_state_is_one_error(tmp_path):
+    (tmp_path / "trainer_state.json").write_text('{"global_step": "x"}')
+    write_manifest(tmp_path, 3, "run")
+    with pytest.raises(FinetuneError, match="global_step is 'x', not int"):
+        checkpoint_to_resume(str(tmp_path), resume=False, resume_from=str(tmp_path))
