@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 from transformers.integrations import deepspeed_config, is_deepspeed_zero3_enabled
@@ -117,11 +118,25 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
         )
     try:
         model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch.float32, **common)
+    except SafetensorError as error:  # a truncated or damaged weights file
+        damaged = next((path for path in sorted(folder.glob("*.safetensors")) if unreadable(path)), folder)
+        raise FinetuneError(
+            f"cannot load weights of model '{args.model}': {damaged}: {first_line(error)}"
+        ) from None
     except OSError as error:
         raise FinetuneError(
             f"cannot load weights of model '{args.model}' from {location}: {first_line(error)}"
         ) from None
     return name_causal_lm_loss(model)
+
+
+def unreadable(weights: Path) -> bool:
+    try:
+        with safe_open(weights, "pt") as opened:
+            opened.keys()
+    except (SafetensorError, OSError):
+        return True
+    return False
 
 
 def initialize_weights(model: PreTrainedModel) -> None:

@@ -265,3 +265,12 @@ def test_custom_code_in_a_model_folder_never_runs_even_if_the_terminal_says_yes(
     code, err = use_model(command, model_folder, tmp_path, capsys)
     assert code == 2
     assert_one_error_line_naming(err, "custom code")
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_a_truncated_safetensors_file_is_refused_in_one_line(model_folder, tmp_path, capsys, command):
+    weights = model_folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code, err = use_model(command, model_folder, tmp_path, capsys)
+    assert code == 2, err[-2000:]
+    assert_one_error_line_naming(err, "model.safetensors")
