@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
 from finetune.arguments import ModelArguments
 from finetune.checkpoint import load_weights_only
-from finetune.errors import FinetuneError
+from finetune.errors import FinetuneError, first_line
 from finetune.models import build_model, load_config, load_tokenizer, resolve_model
 
 
@@ -78,7 +79,13 @@ class Chat:
             )
         system = [{"role": "system", "content": self.system}] if self.system else []
         messages = [*system, {"role": "user", "content": prompt}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:  # transformers renders in Jinja's sandbox, which refuses what a template may not do
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except jinja2.TemplateError as error:
+            raise FinetuneError(
+                f"--chat: the chat template of {model_path} cannot be rendered "
+                f"({type(error).__name__}: {first_line(error)})"
+            ) from None
 
 
 @torch.no_grad()

@@ -274,3 +274,14 @@ def test_a_truncated_safetensors_file_is_refused_in_one_line(model_folder, tmp_p
     code, err = use_model(command, model_folder, tmp_path, capsys)
     assert code == 2, err[-2000:]
     assert_one_error_line_naming(err, "model.safetensors")
+
+
+def test_a_chat_template_the_sandbox_refuses_is_one_line_in_generate_chat(model_folder, capsys):
+    escape = (
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    (model_folder / "chat_template.jinja").write_text(escape)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["generate", str(model_folder), "--chat", "--prompt", "hi", "--max_new_tokens", "2"])
+    assert stopped.value.code == 2
+    assert_one_error_line_naming(capsys.readouterr().err, "SecurityError")
