@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import DynamoBackend
@@ -455,6 +456,33 @@ def _check_deepspeed(path: Path, config: dict[str, Any]) -> None:
             raise FinetuneError(
                 f'{path}: {key}: use "auto" so the training flags set it, got {config[key]!r}'
             )
+    _check_with_deepspeeds_model(path, zero)
+
+
+def _without_auto(section: dict[str, Any]) -> dict[str, Any]:
+    """The section less its "auto" values, which accelerate fills in before DeepSpeed reads them."""
+    return {
+        key: _without_auto(value) if isinstance(value, dict) else value
+        for key, value in section.items()
+        if value != "auto"
+    }
+
+
+def _check_with_deepspeeds_model(path: Path, zero: dict[str, Any]) -> None:
+    """zero_optimization read by DeepSpeed's own config model, as every rank reads it at start: a
+    misspelt or mistyped key is this one line here, not a pydantic traceback on every rank later."""
+    if not torch.accelerator.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as run.py names it: no fallback warning
+    try:
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    except ImportError:  # not installed: launching a DeepSpeed profile fails on that, in its own words
+        return
+    try:
+        DeepSpeedZeroConfig(**_without_auto(zero))
+    except ValueError as error:  # pydantic's ValidationError is one
+        details = error.errors()[0] if hasattr(error, "errors") else {"loc": (), "msg": first_line(error)}
+        where = ".".join(str(part) for part in ("zero_optimization", *details["loc"]))
+        raise FinetuneError(f"{path}: {where}: {details['msg']} (DeepSpeed's own check)") from None
 
 
 def _nvme_sections(config: dict[str, Any]) -> list[dict[str, Any]]:

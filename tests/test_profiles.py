@@ -299,3 +299,28 @@ def test_readme_holds_the_generated_profiles_table():
     text = README.read_text()
     between = text[text.index(start) + len(start) : text.index(end)]
     assert between.strip() == profiles_table(shipped_strategies())
+
+
+@pytest.mark.parametrize(
+    ("zero", "problem"),
+    [
+        (
+            {"stage": 3, "stage3_prefech_bucket_size": 5},
+            "zero_optimization.stage3_prefech_bucket_size: Extra inputs",
+        ),
+        (
+            {"stage": 2, "overlap_comm": "often"},
+            "zero_optimization.overlap_comm: Input should be a valid boolean",
+        ),
+    ],
+)
+def test_a_zero_key_deepspeed_refuses_is_one_line_at_load(tmp_path, zero, problem):
+    path, json_path = write_deepspeed_profile(tmp_path, zero)
+    with pytest.raises(FinetuneError, match=problem) as error:
+        load_profile(path)
+    assert str(json_path.resolve()) in str(error.value)
+
+
+def test_every_shipped_deepspeed_json_passes_deepspeeds_own_check():
+    for name in ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"):
+        load_profile(name)
