@@ -72,6 +72,19 @@ def report_user_error(message: str) -> None:
     print(f"finetune: error: {message}", file=sys.stderr)
 
 
+def reported_by_another_rank() -> str | None:
+    """The error another rank of this job has reported (under `finetune run`), if any: a rank then
+    fails in its next collective, and its own traceback says only that the other rank left."""
+    error_file = os.environ.get(ERROR_FILE_VARIABLE)
+    if not error_file:
+        return None
+    try:
+        with open(error_file, encoding="utf-8") as stream:
+            return stream.read().strip() or None
+    except OSError:
+        return None
+
+
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
     """One line and an exit code instead of a traceback: bad input 2, diverged 3, stopped with a
@@ -91,3 +104,7 @@ def exit_on_user_error() -> Iterator[None]:
     except KeyboardInterrupt as interrupt:
         print(f"finetune: interrupted ({str(interrupt) or 'SIGINT'})", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+    except Exception:
+        if reported_by_another_rank() is not None:  # the launcher prints that rank's line
+            raise SystemExit(USAGE_EXIT_CODE) from None
+        raise

@@ -27,7 +27,7 @@ from finetune.arguments import as_record
 from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.data import DataSummary
-from finetune.errors import Diverged, StoppedForResume, first_line
+from finetune.errors import Diverged, StoppedForResume, first_line, reported_by_another_rank
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
 from finetune.models import count_parameters
 
@@ -473,7 +473,8 @@ class RunRecord:
                 self.write()
                 raise KeyboardInterrupt(*interrupt.args) from error
             message = first_line(error) if str(error).strip() else ""
-            self.update({"status": "failed", "error": f"{type(error).__name__}: {message}".rstrip(": ")})
+            reason = reported_by_another_rank() or f"{type(error).__name__}: {message}".rstrip(": ")
+            self.update({"status": "failed", "error": reason})
             self.write()
             raise
         else:

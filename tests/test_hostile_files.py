@@ -15,6 +15,7 @@ import pickle
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,19 @@ def test_a_chat_template_the_sandbox_refuses_is_one_line_in_generate_chat(model_
         cli.main(["generate", str(model_folder), "--chat", "--prompt", "hi", "--max_new_tokens", "2"])
     assert stopped.value.code == 2
     assert_one_error_line_naming(capsys.readouterr().err, "SecurityError")
+
+
+@pytest.mark.integration
+def test_a_refusal_on_one_rank_stops_the_other_without_its_traceback(reference_run, tmp_path, marker):
+    """rng_state_1.pth is read by rank 1 alone; rank 0 is then waiting in a collective."""
+    checkpoint = copy_checkpoint(reference_run("ddp"), tmp_path / "out", FIRST)
+    plant_pickle(checkpoint / "rng_state_1.pth", marker)
+    refresh_manifest(checkpoint)
+    command = [sys.executable, "-m", "finetune", "run", "--profile", "ddp", "--num_processes", "2", *FLAGS,
+               "--output_dir", str(checkpoint.parent), "--resume"]  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True,
+                            timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert_one_error_line_naming(result.stderr, "rng_state_1.pth")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert not marker.exists()
