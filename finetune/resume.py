@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerState, TrainingArguments
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
@@ -218,10 +219,50 @@ def refuse_another_run(
             "a new run in another --output_dir"
         )
     differences = run_differences(recorded, current)
+    if extends_max_steps(recorded, current):  # training a run further, as the Trainer allows
+        differences = [d for d in differences if d.field != "max_steps"]
     if allow_world_size_change:
         differences = [d for d in differences if d.field not in WORLD_SIZE_CHANGE_FIELDS]
     if differences:
         raise FinetuneError(describe_differences(checkpoint, recorded, current, differences))
+
+
+def extends_max_steps(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether this run asks for more steps than the checkpoint's run did, and is otherwise that run."""
+    then, now = recorded.get("flags", {}).get("max_steps"), current["flags"].get("max_steps")
+    return isinstance(then, int) and then > 0 and isinstance(now, int) and now > then
+
+
+def extended_from(checkpoint: Path | None, training_args: TrainingArguments) -> tuple[int, int] | None:
+    """(the checkpoint's --max_steps, its step) when this run continues it to a larger --max_steps."""
+    if checkpoint is None:
+        return None
+    manifest = read_manifest(checkpoint)
+    then = manifest.get("run", {}).get("flags", {}).get("max_steps")
+    if isinstance(then, int) and 0 < then < training_args.max_steps:
+        return then, manifest["step"]
+    return None
+
+
+class ContinueTheReplannedSchedule(TrainerCallback):
+    """Resumed to a larger --max_steps, the Trainer plans the schedule for the new end and continues it
+    from the checkpoint's step, but the optimizer's learning rates come from the checkpoint, where the
+    old schedule had (nearly) ended: the first step would train at that rate. Once both are loaded
+    (the loop starts after), the rates are set to the new schedule's at the checkpoint's step."""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        scheduler, optimizer = kwargs.get("lr_scheduler"), kwargs.get("optimizer")
+        if not isinstance(scheduler, LambdaLR) or optimizer is None:
+            return
+        rates = [
+            base * factor(scheduler.last_epoch)
+            for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+        ]
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        scheduler._last_lr = rates  # what get_last_lr() reports, and the Trainer logs
 
 
 def finished_run(output_dir: str, checkpoint: Path | None, resume: bool) -> str | None:
@@ -270,7 +311,8 @@ def check_resume(checkpoint: Path | None, flags: dict[str, Any], training_args: 
             training_args.process_index == 0,
             training_args.global_batch_size,
         )
-    finished = finished_run(training_args.output_dir, checkpoint, training_args.resume)
+    extending = extended_from(checkpoint, training_args) is not None  # a finished run trains further
+    finished = None if extending else finished_run(training_args.output_dir, checkpoint, training_args.resume)
     if finished is None and checkpoint is not None and swapped_to_nvme(checkpoint):
         raise FinetuneError(
             f"{checkpoint} holds optimizer states swapped to NVMe (zero3_nvme), which DeepSpeed does not "

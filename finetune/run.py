@@ -64,7 +64,15 @@ from finetune.planner import apply_global_batch
 from finetune.profiles import launched_strategy, strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
-from finetune.resume import check_resume, defining_flags, how_to_continue, refuse_another_run, run_identity
+from finetune.resume import (
+    ContinueTheReplannedSchedule,
+    check_resume,
+    defining_flags,
+    extended_from,
+    how_to_continue,
+    refuse_another_run,
+    run_identity,
+)
 from finetune.summary import (
     RunRecord,
     configuration_fields,
@@ -195,6 +203,15 @@ def train_and_measure(
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)
     record.update(model_fields(model, config, token_flops, peak))
     throughput = ThroughputCallback(training_args.throughput_warmup_steps, token_flops, peak)
+    extension = extended_from(resume_from, training_args)
+    record.update({"max_steps_extended_from": extension[0] if extension else None})
+    if extension and training_args.process_index == 0:
+        planned, step = extension
+        logger.warning(
+            f"finetune: --resume: {resume_from.name} of a {planned}-step run continues to --max_steps "
+            f"{training_args.max_steps}: the learning-rate schedule is planned anew for "
+            f"{training_args.max_steps} steps and continues from step {step}"
+        )
     stop = SaveAndStopOnSignal()
 
     promote_cpu_fsdp()
@@ -207,7 +224,8 @@ def train_and_measure(
         data_collator=data.collator,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
-        callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice()],
+        callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice()]
+        + ([ContinueTheReplannedSchedule()] if extension else []),
         run_flags=run_defining_flags(model_args, data_args, training_args),
     )
     strategy = strategy_of(trainer.accelerator)

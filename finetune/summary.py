@@ -149,6 +149,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "datasets_version": ("str?", "datasets"),
     "resumed_from": ("str?", "the checkpoint this run continued from"),
     "resumed_from_step": ("int?", "the step of that checkpoint"),
+    "max_steps_extended_from": (
+        "int?",
+        "--resume with a larger --max_steps: the checkpoint's run's; the learning-rate schedule was "
+        "planned anew for the larger one and continued from the checkpoint's step",
+    ),
     "checkpoint": ("str?", "the last checkpoint this run saved"),
     "steps": ("int?", "optimizer steps taken (counting those before a resume)"),
     "train_loss": ("float?", "Trainer's mean training loss over all steps"),
