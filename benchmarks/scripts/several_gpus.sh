@@ -29,6 +29,23 @@ case $CALL in
     phase resume 400 $ALL resume_matches $N zero2 ddp &
     wait
     ;;
+  3)  # issue 29: gpt2-medium on all GPUs, finetune's defaults beside the plain Trainer script launched with
+    # the same profile, micro batch 8 x block 1024, 30 steps, one run each, in turn (timings)
+    N=$(nvidia-smi -L | wc -l)
+    mkdir -p "$ROOT/speed"
+    for P in ddp zero3 fsdp; do
+      echo "== $P plain"
+      timeout 150 accelerate launch --config_file accelerate_configs/$P.yaml --num_processes $N \
+        --main_process_port 0 benchmarks/scripts/plain_trainer.py $FINETUNE_DATA_DIR/gpt2-medium 8 30 \
+        "$ROOT/speed/$P.plain.json" > "$ROOT/speed/$P.plain.log" 2>&1; echo "rc $?"
+      echo "== $P finetune"
+      timeout 200 python -m finetune run --profile $P --num_processes $N --model gpt2-medium --from_scratch \
+        --max_steps 30 --batch_size 8 --block_size 1024 --logging_steps 10 --max_eval_samples 16 \
+        --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/speed_$P \
+        > "$ROOT/speed/$P.finetune.log" 2>&1; echo "rc $?"
+      cp /tmp/speed_$P/run_summary.json "$ROOT/speed/$P.finetune.json"
+    done
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
