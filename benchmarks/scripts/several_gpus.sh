@@ -44,6 +44,7 @@ case $CALL in
         --save_strategy no --report_to none --disable_tqdm true --output_dir /tmp/speed_$P \
         > "$ROOT/speed/$P.finetune.log" 2>&1; echo "rc $?"
       cp /tmp/speed_$P/run_summary.json "$ROOT/speed/$P.finetune.json"
+      tar -czf /tmp/results.tgz -C "$ROOT" speed && mv /tmp/results.tgz "$ROOT/results.tgz"  # if cut short
     done
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
