@@ -18,6 +18,7 @@ from finetune.summary import format_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_PAGE = ROOT / "docs" / "speed.md"
+PLANNER_PAGE = ROOT / "docs" / "planner.md"
 README = ROOT / "README.md"
 SPEED_TABLE = re.compile(r"<!-- speed table: python (benchmarks/scripts/\S+\.py) (benchmarks/\S+) -->")
 REPORT_SUMMARY = "benchmarks/h200-2026-11-24e/finetune.gpt2-medium.b8.run1.json"
@@ -32,11 +33,18 @@ def speed_tables(page: Path) -> list[tuple[str, str, str]]:
     return tables
 
 
-TABLES = speed_tables(SPEED_PAGE) + speed_tables(README)
+TABLES = speed_tables(SPEED_PAGE) + speed_tables(README) + speed_tables(PLANNER_PAGE)
 
 
 def test_docs_speed_page_has_its_generated_tables():
-    assert len(speed_tables(SPEED_PAGE)) == 24
+    assert len(speed_tables(SPEED_PAGE)) == 25
+
+
+def test_the_planner_page_shows_its_several_gpu_tables_generated():
+    assert [folder for _, folder, _ in speed_tables(PLANNER_PAGE)] == [
+        "benchmarks/h100x4-2026-11-26/call1",
+        "benchmarks/h100x2-2026-11-26",
+    ]
 
 
 def test_readme_shows_the_instruction_and_lora_tables_generated():

@@ -63,18 +63,22 @@ def adapter_fields(summary: dict, shape: ModelShape) -> dict:
     }
 
 
-def main(folder: Path) -> None:
+def measured_rows(folder: Path) -> list[dict]:
+    """A row per completed run that calibrate.sh left in `folder` (a summary beside its command)."""
     versions = (folder / "versions.txt").read_text().strip() if (folder / "versions.txt").exists() else ""
     rows = []
     for path in sorted(folder.glob("*.json")):
-        if path.name == "calibration_rows.json":
+        if path.name == "calibration_rows.json" or not path.with_suffix(".command").exists():
             continue
         summary = json.loads(path.read_text())
         if summary.get("status") != "completed":
             continue
         command = path.with_suffix(".command").read_text().strip()
         rows.append(row(summary, PROFILE.search(command)[1], command, versions))
-    (folder / "calibration_rows.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
     calibration = Calibration.measured()
     print("| model | profile | GPUs | micro batch | measured GiB | predicted GiB | predicted/measured |")
     print("|---|---|---|---|---|---|---|")
@@ -86,6 +90,12 @@ def main(folder: Path) -> None:
             f"| {values['model']} | {values['profile']} | {values['gpus']} | {values['micro_batch']} | "
             f"{measured:.2f} | {predicted:.2f} | {predicted / measured:.2f} |"
         )
+
+
+def main(folder: Path) -> None:
+    rows = measured_rows(folder)
+    (folder / "calibration_rows.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print_table(rows)
 
 
 if __name__ == "__main__":
