@@ -22,8 +22,11 @@ def main(folder: Path) -> None:
     profiles = [path.name.split(".")[0] for path in sorted(speed.glob("*.finetune.json"))]
     runs = {p: json.loads((speed / f"{p}.finetune.json").read_text()) for p in profiles}
     ddp = runs["ddp"]["tokens_per_second_per_device"] if "ddp" in runs else None
-    print("| profile | plain tokens/s per GPU | plain peak GiB | finetune tokens/s per GPU | finetune peak GiB "
-          "| finetune / plain | % of finetune's DDP | finetune MFU | compiled |")  # fmt: skip
+    columns = [
+        "profile", "plain tokens/s per GPU", "plain peak GiB", "finetune tokens/s per GPU",
+        "finetune peak GiB", "finetune / plain", "% of finetune's DDP", "finetune MFU", "compiled",
+    ]  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
     print("|---|---|---|---|---|---|---|---|---|")
     for profile in sorted(profiles, key=["ddp", "zero3", "fsdp"].index):
         plain = json.loads((speed / f"{profile}.plain.json").read_text())
