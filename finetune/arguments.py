@@ -24,6 +24,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, PEFT_METHODS, target_modules
 from finetune.build_locks import refuse_stale_build_locks
 from finetune.devices import adapt_arguments_to_cpu
+from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.instruction import DATA_FORMATS
 from finetune.profiles import _check_deepspeed as check_deepspeed_config
@@ -315,7 +316,7 @@ class FinetuneTrainingArguments(TrainingArguments):
         },
     )
     loss_spike_factor: float = field(
-        default=10.0,
+        default=DEFAULT_LOSS_SPIKE_FACTOR,
         metadata={
             "help": "Stop as diverged when a logged loss exceeds this many times the median of the recent "
             "logged losses and a uniform guess's loss (ln of the vocabulary); 0 turns this check off. A "

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from finetune.errors import Diverged
 
 RECENT_LOSSES = 20
+DEFAULT_LOSS_SPIKE_FACTOR = 10.0
 
 
 class DivergenceGuard:

@@ -48,7 +48,7 @@ from finetune.arguments import CUDA_GRAPH_MODES
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
 from finetune.disk_space import is_disk_full, report_disk_full, room_problem
-from finetune.divergence import DivergenceGuard, check_weights_finite
+from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError
 from finetune.outputs import share_from_main
 from finetune.profiles import strategy_of
@@ -87,7 +87,10 @@ class FinetuneTrainer(Trainer):
         self._loss_sum_before: float | None = 0.0
         self._loss_sum_to_restore = False
         vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", None)
-        self.divergence = DivergenceGuard(self.args.loss_spike_factor, vocab_size)
+        spike_factor = getattr(
+            self.args, "loss_spike_factor", DEFAULT_LOSS_SPIKE_FACTOR
+        )  # plain TrainingArguments
+        self.divergence = DivergenceGuard(spike_factor, vocab_size)
 
     def _maybe_log_save_evaluate(
         self, tr_loss: torch.Tensor, grad_norm: Any, *args: Any, **kwargs: Any
