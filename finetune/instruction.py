@@ -157,6 +157,45 @@ def text_segments(row: dict[str, Any], data_format: str, eos: str) -> list[tuple
     return [(prompt, False), (answer + eos, True)]
 
 
+def tokenized_once(
+    examples: list[list[tuple[str, bool]]], tokenizer: PreTrainedTokenizerBase
+) -> list[tuple[list[int], list[bool]]]:
+    """Each example's text tokenized as one string, as `apply_chat_template(tokenize=True)` does at
+    inference and TRL does in training, with each token marked trained when it overlaps a trained
+    segment's characters (transformers' assistant-token mask, by character offsets).
+
+    Tokenizing the segments one by one would give other tokens where BPE merges across a boundary
+    (GPT-2 gives `>` `<` for `><` between ChatML turns that nothing separates). A tokenizer without
+    offsets (a slow one) is tokenized segment by segment, as the only way left to know the spans.
+    """
+    texts = ["".join(text for text, _ in segments) for segments in examples]
+    if not tokenizer.is_fast:
+        return [segment_by_segment(segments, tokenizer) for segments in examples]
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    results = []
+    for segments, ids, offsets in zip(examples, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+        spans, position = [], 0
+        for text, trained in segments:
+            if trained:
+                spans.append((position, position + len(text)))
+            position += len(text)
+        marks = [any(start < end_ and end > start_ for start_, end_ in spans) for start, end in offsets]
+        results.append((ids, marks))
+    return results
+
+
+def segment_by_segment(
+    segments: list[tuple[str, bool]], tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[int], list[bool]]:
+    ids: list[int] = []
+    marks: list[bool] = []
+    for text, trained in segments:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        marks += [trained] * len(piece)
+    return ids, marks
+
+
 def encode(
     dataset: Dataset,
     data_format: str,
@@ -179,16 +218,10 @@ def encode(
             ]
         else:
             examples = [text_segments(row, data_format, eos) for row in rows]
-        texts = [text for segments in examples for text, _ in segments]
-        pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])
         out: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
-        for segments in examples:
-            ids: list[int] = []
-            labels: list[int] = []
-            for _, trained in segments:
-                piece = next(pieces)
-                ids += piece
-                labels += piece if trained or train_on_prompt else [IGNORE_INDEX] * len(piece)
+        for ids, trained in tokenized_once(examples, tokenizer):
+            pairs = zip(ids, trained, strict=True)
+            labels = [token if keep or train_on_prompt else IGNORE_INDEX for token, keep in pairs]
             out["input_ids"].append(ids)
             out["labels"].append([IGNORE_INDEX, *labels[1:]] if labels else [])
         return out

@@ -171,7 +171,9 @@ def test_chat_template_file_renders_the_conversation(make_jsonl_file, make_text_
     path = make_jsonl_file("chat.jsonl", [{"messages": CHAT[1:3]}] * 4)
     sample = prepare(path, tokenizer, packing=False, chat_template=str(template)).train[0]
     assert tokenizer.decode(sample["input_ids"]) == "USER: Capital of France?\nASSISTANT: Paris\n"
-    assert labelled_spans(tokenizer, sample) == ["Paris\n"]
+    # tokenized as one string, GPT-2's " Paris" carries the template's space: the answer's first token,
+    # as at inference, and trained as transformers' assistant mask would (it overlaps the answer)
+    assert labelled_spans(tokenizer, sample) == [" Paris\n"]
 
 
 def test_a_message_without_a_known_role_is_a_user_error(make_jsonl_file, tokenizer):
@@ -240,3 +242,47 @@ def test_a_file_whose_answers_are_all_empty_is_one_error(make_text_file, tokeniz
     path = make_text_file("empty.csv", "question,answer\n" + "".join(f"q{n}?,\n" for n in range(20)))
     with pytest.raises(FinetuneError, match="has an answer to train on"):
         prepare(path, tokenizer)
+
+
+CHATML_TRIMMED = (  # as transformers' ChatML renders it: trim_blocks leaves nothing between the turns
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MULTI_TURN = [
+    message
+    for n in range(3)
+    for message in (
+        {"role": "user", "content": f"What is {n} plus {n}?"},
+        {"role": "assistant", "content": f"{2 * n}."},
+    )
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "template", [CHATML_TRIMMED, DEFAULT_CHAT_TEMPLATE.read_text()], ids=["chatml", "default"]
+)
+def test_training_ids_are_the_ids_of_the_rendered_conversation(make_jsonl_file, tokenizer, template):
+    """What apply_chat_template(tokenize=True) gives at inference, boundary tokens included."""
+    tokenizer.chat_template = template
+    path = make_jsonl_file("chat.jsonl", [{"messages": MULTI_TURN}] * 4)
+    sample = prepare(path, tokenizer, packing=False).train[0]
+    expected = tokenizer.apply_chat_template(MULTI_TURN, tokenize=True, return_dict=False)
+    assert sample["input_ids"] == list(expected)
+
+
+def test_trained_tokens_are_transformers_assistant_tokens(make_jsonl_file, tokenizer):
+    """The mask TRL's assistant_only_loss uses: the template's {% generation %} blocks, by offsets."""
+    marked = CHATML_TRIMMED.replace(
+        "{{ m['content'] }}<|im_end|>",
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}"
+        "{% else %}{{ m['content'] }}<|im_end|>{% endif %}",
+    )
+    tokenizer.chat_template = marked
+    path = make_jsonl_file("chat.jsonl", [{"messages": MULTI_TURN}] * 4)
+    sample = prepare(path, tokenizer, packing=False).train[0]
+    reference = tokenizer.apply_chat_template(
+        MULTI_TURN, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    assert sample["input_ids"] == list(reference["input_ids"])
+    trained = [label != IGNORE_INDEX for label in sample["labels"]]
+    assert trained[1:] == [bool(mask) for mask in reference["assistant_masks"]][1:]
