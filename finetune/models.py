@@ -72,6 +72,30 @@ def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBa
     return tokenizer
 
 
+def vocabulary_growth(
+    args: ModelArguments, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase
+) -> int:
+    """How many tokens the tokenizer has beyond the model's embedding rows (its added special tokens,
+    ChatML's <|im_start|> and <|im_end|> say), checked before any data is built: a token id past the
+    embedding is an IndexError deep in the first forward. Adapters cannot learn the new rows."""
+    grown = len(tokenizer) - config.vocab_size
+    if grown > 0 and args.peft:
+        raise FinetuneError(
+            f"the tokenizer has {len(tokenizer)} tokens, the model's embedding {config.vocab_size} rows: "
+            "--peft adapters cannot learn the new tokens' embeddings; train without --peft, or use a "
+            "tokenizer without added tokens"
+        )
+    return max(grown, 0)
+
+
+def resize_to_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> int:
+    """Embedding and output rows for every token of the tokenizer, tied or not, the new rows drawn around
+    the mean of the others (transformers' mean_resizing, which gathers ZeRO-3's partitions itself).
+    The saved config records the new size, so `from_pretrained` gets the same shapes. Rows now."""
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    return model.config.vocab_size
+
+
 def has_weights(folder: Path) -> bool:
     return any((folder / name).is_file() for name in WEIGHT_FILES)
 

@@ -57,7 +57,9 @@ from finetune.models import (
     gather_zero3_by_block,
     load_config,
     load_tokenizer,
+    resize_to_tokenizer,
     resolve_model,
+    vocabulary_growth,
 )
 from finetune.outputs import claim_output_dir
 from finetune.planner import apply_global_batch
@@ -156,6 +158,7 @@ def train_and_measure(
     check_attention_implementation(model_args, config)
     block_size = choose_block_size(data_args.block_size, config)
     tokenizer = load_tokenizer(model_args, location)
+    new_tokens = vocabulary_growth(model_args, config, tokenizer)  # before the data, which uses them
     data = build_datasets(
         data_args,
         tokenizer,
@@ -171,6 +174,10 @@ def train_and_measure(
 
     memory = MemoryCallback(profile_phases=training_args.profile_memory)
     model = build_model(model_args, config, location)
+    rows = resize_to_tokenizer(model, tokenizer) if new_tokens else None
+    if rows and training_args.process_index == 0:
+        logger.warning(f"finetune: the tokenizer adds {new_tokens} tokens: embeddings resized to {rows} rows")
+    record.update({"embeddings_resized_to": rows})
     leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft))
     compiled_blocks = compile_under_zero3(model, leaf_blocks, training_args)
     record.update(

@@ -149,6 +149,10 @@ FIELDS: dict[str, tuple[str, str]] = {
     "datasets_version": ("str?", "datasets"),
     "resumed_from": ("str?", "the checkpoint this run continued from"),
     "resumed_from_step": ("int?", "the step of that checkpoint"),
+    "embeddings_resized_to": (
+        "int?",
+        "rows of the embedding (and output layer) after growing them for the tokenizer's added tokens",
+    ),
     "max_steps_extended_from": (
         "int?",
         "--resume with a larger --max_steps: the checkpoint's run's; the learning-rate schedule was "
