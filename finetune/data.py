@@ -453,9 +453,16 @@ def instruction_data(
     Chat data sets tokenizer.chat_template to the template it was rendered with, so the saved model
     carries it for `from_pretrained` users.
     """
-    template = chat_template_for(tokenizer, args.chat_template) if data_format == "messages" else ""
+    chat = data_format in ("messages", "sharegpt")
+    own_template = args.data_format == "auto" and not chat and bool(tokenizer.chat_template)
+    template = chat_template_for(tokenizer, args.chat_template) if chat or own_template else ""
     if template:
         tokenizer.chat_template = template
+    if own_template:
+        notes.append(
+            "rendered through the tokenizer's chat template, as a user turn and an assistant turn "
+            f"(--data_format {data_format} keeps the plain layout)"
+        )
     samples, real_tokens, truncated = {}, {}, {}
     for name, split in splits.items():
         encoded = encode(split, data_format, tokenizer, template, args.train_on_prompt, name)

@@ -30,7 +30,13 @@ IGNORE_INDEX = -100
 DEFAULT_CHAT_TEMPLATE = Path(__file__).with_name("templates") / "default_chat.jinja"
 # Between a non-chat prompt (question, instruction and input) and its answer.
 SEPARATOR = "\n"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+# ShareGPT's speakers ("from") as chat roles: the names its exports and the fine-tuning tools use.
+SHAREGPT_ROLES = {
+    "system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+    "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "tool": "tool", "observation": "tool",
+    "function_response": "tool",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ FORMATS = {
     f.name: f
     for f in (
         DataFormat("messages", ("messages",), "chat messages"),
+        DataFormat("sharegpt", ("conversations",), "ShareGPT conversations (from/value)"),
         DataFormat("prompt_completion", ("prompt", "completion"), "prompt/completion"),
         DataFormat("instruction", ("instruction", "output"), "instruction/input/output"),
         DataFormat("question_answer", ("question", "answer"), "question/answer"),
@@ -86,6 +93,31 @@ def chat_template_for(tokenizer: PreTrainedTokenizerBase, path: str | None) -> s
         except OSError as error:
             raise FinetuneError(f"--chat_template {path}: cannot read it ({error.strerror})") from None
     return tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE.read_text()
+
+
+def sharegpt_messages(conversations: Any, row: int) -> list[dict[str, str]]:
+    """A ShareGPT row's `conversations` ([{from, value}]) as chat messages."""
+    if not isinstance(conversations, list) or not conversations:
+        raise FinetuneError(f"row {row}: 'conversations' must be a non-empty list of {{from, value}}")
+    messages = []
+    for turn in conversations:
+        speaker = turn.get("from") if isinstance(turn, dict) else None
+        if speaker not in SHAREGPT_ROLES:
+            raise FinetuneError(
+                f"row {row}: every turn needs a 'from' among {', '.join(SHAREGPT_ROLES)}, got {turn!r:.80}"
+            )
+        messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn.get("value")})
+    return messages
+
+
+def text_as_messages(row: dict[str, Any], data_format: str, eos: str) -> list[dict[str, str]] | None:
+    """A prompt/answer row as a user turn and an assistant turn, for a tokenizer's chat template;
+    None when it has no answer (left out, as in the plain layout)."""
+    segments = text_segments(row, data_format, eos)
+    if len(segments) < 2:
+        return None
+    prompt, answer = segments[0][0].removesuffix(SEPARATOR), segments[1][0].removesuffix(eos)
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
 
 
 def check_messages(messages: Any, row: int) -> list[dict[str, str]]:
@@ -209,15 +241,22 @@ def encode(
     packed block never trains one example's first token from the end of another."""
     eos = tokenizer.eos_token or ""
 
+    def segments_of(row: dict[str, Any], number: int) -> list[tuple[str, bool]]:
+        if data_format == "messages":
+            messages = row["messages"]
+        elif data_format == "sharegpt":
+            messages = sharegpt_messages(row["conversations"], number)
+        elif template:  # a prompt/answer format through the tokenizer's own chat template
+            messages = text_as_messages(row, data_format, eos)
+            if messages is None:
+                return text_segments(row, data_format, eos)
+        else:
+            return text_segments(row, data_format, eos)
+        return chat_segments(check_messages(messages, number), tokenizer, template, number)
+
     def encode_batch(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[list[int]]]:
         rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-        if data_format == "messages":
-            examples = [
-                chat_segments(check_messages(row["messages"], index + 1), tokenizer, template, index + 1)
-                for row, index in zip(rows, indices, strict=True)
-            ]
-        else:
-            examples = [text_segments(row, data_format, eos) for row in rows]
+        examples = [segments_of(row, index + 1) for row, index in zip(rows, indices, strict=True)]
         out: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
         for ids, trained in tokenized_once(examples, tokenizer):
             pairs = zip(ids, trained, strict=True)

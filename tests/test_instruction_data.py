@@ -54,6 +54,7 @@ def all_spans(tokenizer, dataset):
         (["instruction", "output"], "instruction"),
         (["question", "answer"], "question_answer"),
         (["messages", "id"], "messages"),
+        (["conversations", "id"], "sharegpt"),
     ],
 )
 def test_the_format_is_detected_from_the_columns(columns, expected):
@@ -286,3 +287,43 @@ def test_trained_tokens_are_transformers_assistant_tokens(make_jsonl_file, token
     assert sample["input_ids"] == list(reference["input_ids"])
     trained = [label != IGNORE_INDEX for label in sample["labels"]]
     assert trained[1:] == [bool(mask) for mask in reference["assistant_masks"]][1:]
+
+
+SHAREGPT = [
+    {"from": "system", "value": "Answer in one word."},
+    {"from": "human", "value": "Capital of France?"},
+    {"from": "gpt", "value": "Paris"},
+    {"from": "human", "value": "And of Italy?"},
+    {"from": "gpt", "value": "Rome"},
+]
+
+
+def test_sharegpt_conversations_train_on_every_gpt_turn_as_chat_messages_do(make_jsonl_file, tokenizer):
+    path = make_jsonl_file("sharegpt.jsonl", [{"conversations": SHAREGPT, "id": "a"}] * 4)
+    data = prepare(path, tokenizer, packing=False)
+    assert labelled_spans(tokenizer, data.train[0]) == ["Paris<|endoftext|>", "Rome<|endoftext|>"]
+    chat = prepare(make_jsonl_file("chat.jsonl", [{"messages": CHAT}] * 4), tokenizer, packing=False)
+    assert data.train[0]["input_ids"] == chat.train[0]["input_ids"]
+
+
+def test_a_sharegpt_speaker_it_does_not_know_is_one_error(make_jsonl_file, tokenizer):
+    turns = [{"from": "narrator", "value": "Once"}, {"from": "gpt", "value": "upon"}]
+    with pytest.raises(FinetuneError, match="row 1: every turn needs a 'from' among system, human"):
+        prepare(make_jsonl_file("sharegpt.jsonl", [{"conversations": turns}] * 4), tokenizer)
+
+
+QA = [{"question": f"What is {n} plus {n}?", "answer": f"{2 * n}"} for n in range(20)]
+
+
+def test_question_answer_goes_through_the_tokenizers_own_chat_template(make_jsonl_file, tokenizer):
+    tokenizer.chat_template = CHATML_TRIMMED
+    data = prepare(make_jsonl_file("qa.jsonl", QA), tokenizer, packing=False)
+    text = tokenizer.decode(data.train[0]["input_ids"])
+    assert text.startswith("<|im_start|>user\nWhat is") and "<|im_start|>assistant\n" in text
+    assert any("rendered through the tokenizer's chat template" in note for note in data.summary.notes)
+
+
+def test_an_explicit_data_format_keeps_the_plain_layout(make_jsonl_file, tokenizer):
+    tokenizer.chat_template = CHATML_TRIMMED
+    data = prepare(make_jsonl_file("qa.jsonl", QA), tokenizer, packing=False, data_format="question_answer")
+    assert "<|im_start|>" not in tokenizer.decode(data.train[0]["input_ids"])
