@@ -585,12 +585,22 @@ def parse_arguments(
         raise FinetuneError(first_line(error)) from None
     if training_args.global_batch_size is not None:
         training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
+    model_args.model = absolute_if_local(model_args.model)
+    model_args.tokenizer = model_args.tokenizer and absolute_if_local(model_args.tokenizer)
     if training_args.fp8 and model_args.peft:
         raise FinetuneError("--fp8 is for full fine-tuning: with --peft the frozen base gains little from it")
     return model_args, data_args, training_args
 
 
 BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+
+
+def absolute_if_local(name: str) -> str:
+    """A model or tokenizer given as a local path, made absolute: checkpoints, adapter configs and
+    summaries record it, and `finetune export` or a resume may run from another directory. A name
+    (gpt2, a Hub id, a folder of $FINETUNE_DATA_DIR) stays a name, portable between machines."""
+    path = Path(name).expanduser()
+    return os.path.abspath(path) if path.exists() else name
 
 
 def flags_given(argv: list[str], names: tuple[str, ...]) -> frozenset[str]:

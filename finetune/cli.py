@@ -164,7 +164,9 @@ def export_command(options: argparse.Namespace) -> int:
 
     check_export_folder(Path(options.checkpoint), Path(options.output_dir), options.overwrite)
     load_weights_only()
-    folder = export_checkpoint(options.checkpoint, options.output_dir, options.dtype, options.merge)
+    folder = export_checkpoint(
+        options.checkpoint, options.output_dir, options.dtype, options.merge, options.base_model
+    )
     print(f"finetune: exported {options.checkpoint} to {folder} ({options.dtype})")
     return 0
 
@@ -541,6 +543,11 @@ def add_export_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="a --peft run's checkpoint: merge the adapters into the base model and write a plain model "
         "(default: the adapter folder, for PeftModel.from_pretrained)",
+    )
+    export.add_argument(
+        "--base_model",
+        help="a --peft run's checkpoint: the base model to put its adapters on (default: the one its run "
+        "recorded, an absolute path or a name)",
     )
 
 

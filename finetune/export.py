@@ -109,13 +109,18 @@ def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def export_checkpoint(
-    checkpoint: str | Path, output_dir: str | Path, dtype: str = "fp32", merge: bool = False
+    checkpoint: str | Path,
+    output_dir: str | Path,
+    dtype: str = "fp32",
+    merge: bool = False,
+    base_model: str | None = None,
 ) -> Path:
     """A checkpoint of any profile as a plain Hugging Face model folder (config, tokenizer, safetensors).
 
     Only a checkpoint whose files match its manifest is read, and never with code it brings along:
     no custom config, model or tokenizer code, pickles restricted (finetune.checkpoint.load_weights_only).
-    A `--peft` run's checkpoint gives its adapter folder, or with `merge` the merged model.
+    A `--peft` run's checkpoint gives its adapter folder, or with `merge` the merged model, on the base
+    model its manifest names or on `base_model` (the base moved, or lives elsewhere on this machine).
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     if not (checkpoint / "config.json").is_file():
@@ -127,7 +132,11 @@ def export_checkpoint(
     load_weights_only()
     flags = (read_manifest(checkpoint).get("run") or {}).get("flags", {})
     if flags.get("peft"):
-        return export_adapters(checkpoint, output_dir, flags, dtype, merge)
+        return export_adapters(
+            checkpoint, output_dir, {**flags, "model": base_model or flags["model"]}, dtype, merge
+        )
+    if base_model:
+        raise FinetuneError(f"--base_model: {checkpoint} is not from a --peft run, it holds the whole model")
     if merge:
         raise FinetuneError(
             f"{checkpoint} is not from a --peft run: it holds the whole model, there are no adapters to merge"

@@ -340,3 +340,39 @@ def test_lora_on_gsm8k_trains_the_answers_packed_on_two_zero3_ranks(base_dir, da
     losses = [point["loss"] for point in summary["loss_curve"]]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
     assert summary["trainable_parameters"] < summary["parameters"] / 10
+
+
+@pytest.fixture
+def run_from_a_relative_path(base_dir, corpus, tmp_path, monkeypatch, in_process_commands):
+    """A LoRA run whose --model is relative to the directory it was launched from."""
+    project = tmp_path / "project"
+    shutil.copytree(base_dir, project / "base")
+    monkeypatch.chdir(project)
+    output_dir = project / "runs" / "chat"
+    run.main(run_flags(Path("base"), corpus, Path("runs/chat"), "--save_steps", "2"))
+    monkeypatch.chdir(tmp_path)
+    return project, output_dir
+
+
+def test_a_relative_base_model_is_recorded_as_an_absolute_path(run_from_a_relative_path):
+    project, output_dir = run_from_a_relative_path
+    base = str(project / "base")
+    assert read_manifest(output_dir / "checkpoint-4")["run"]["flags"]["model"] == base
+    assert json.loads((output_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+
+
+def test_export_from_another_directory_finds_the_base(run_from_a_relative_path, tmp_path):
+    _, output_dir = run_from_a_relative_path
+    export_checkpoint(output_dir / "checkpoint-4", tmp_path / "merged", merge=True)
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+
+
+def test_export_takes_a_base_model_that_moved(run_from_a_relative_path, tmp_path):
+    project, output_dir = run_from_a_relative_path
+    shutil.move(project / "base", tmp_path / "moved-base")
+    with pytest.raises(FinetuneError, match=r"cannot load its base model|not found"):
+        export_checkpoint(output_dir / "checkpoint-4", tmp_path / "a", merge=True)
+    export_checkpoint(
+        output_dir / "checkpoint-4", tmp_path / "b", merge=True, base_model=str(tmp_path / "moved-base")
+    )
+    assert (tmp_path / "b" / "model.safetensors").is_file()
