@@ -183,7 +183,11 @@ def eval_command(options: argparse.Namespace) -> int:
     if not options.generate and (options.answer_pattern is not None or options.max_new_tokens is not None):
         raise FinetuneError("--answer_pattern and --max_new_tokens score generated answers: add --generate")
     max_new_tokens = 256 if options.max_new_tokens is None else options.max_new_tokens
-    answers = AnswerCheck(options.answer_pattern, max_new_tokens) if options.generate else None
+    if options.stop and not options.generate:
+        raise FinetuneError("--stop ends generated answers: add --generate")
+    answers = (
+        AnswerCheck(options.answer_pattern, max_new_tokens, tuple(options.stop)) if options.generate else None
+    )
     data_args = DataArguments(
         dataset=options.dataset, text_column=options.text_column, data_format=options.data_format
     )
@@ -198,11 +202,32 @@ def eval_command(options: argparse.Namespace) -> int:
         answers,
         options.max_examples,
     )
+    completions = result.pop("_completions", None)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))
         if options.output:
             Path(options.output).write_text(json.dumps(result, indent=2) + "\n")
+        if completions is not None:
+            write_completions(completions, options.completions or completions_path(options.output))
     return 0
+
+
+def completions_path(output: str | None) -> str:
+    """Beside --output (RESULT.completions.jsonl), else eval-completions.jsonl here."""
+    return str(Path(output).with_suffix(".completions.jsonl")) if output else "eval-completions.jsonl"
+
+
+def write_completions(records: list[dict], path: str) -> None:
+    """Every prompt, completion, extracted answer and reference: a wrong answer can be read."""
+    try:
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    except OSError as error:
+        raise FinetuneError(f"--completions {path}: cannot write it ({error.strerror})") from None
+    print(f"finetune: {len(records)} completions written to {path}", file=sys.stderr)
+
+
+COMPLETION_MARK = "\u2192"  # "→", printed between a plain prompt and its completion
 
 
 def generate_command(options: argparse.Namespace) -> int:
@@ -218,10 +243,14 @@ def generate_command(options: argparse.Namespace) -> int:
         top_p=options.top_p,
         greedy=options.greedy,
         seed=options.seed,
+        stop=tuple(options.stop),
     )
     chat = Chat(options.system) if options.chat else None
     for prompt, completion in zip(prompts, generate(options.model, prompts, sampling, chat), strict=True):
-        print(f"user: {prompt}\nassistant: {completion}" if chat else f"{prompt}{completion}")
+        # the marker shows where the prompt ends and the model's text begins
+        print(
+            f"user: {prompt}\nassistant: {completion}" if chat else f"{prompt}{COMPLETION_MARK}{completion}"
+        )
     return 0
 
 
@@ -583,6 +612,14 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
         "--max_examples", type=int, help="instruction data: evaluate only the split's first N examples"
     )
     evaluate.add_argument("--output", help="also write the result to this JSON file")
+    evaluate.add_argument(
+        "--completions",
+        help="--generate: write every prompt, completion, answer and reference to this JSONL file "
+        "(default: beside --output as RESULT.completions.jsonl, else eval-completions.jsonl here)",
+    )
+    evaluate.add_argument(
+        "--stop", action="append", default=[], help="--generate: text that ends an answer (repeat for more)"
+    )
 
 
 def add_generate_parser(commands: argparse._SubParsersAction) -> None:
@@ -596,6 +633,9 @@ def add_generate_parser(commands: argparse._SubParsersAction) -> None:
     generation.add_argument("--top_p", type=float, default=1.0)
     generation.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     generation.add_argument("--seed", type=int, default=42, help="sampling seed (same seed, same text)")
+    generation.add_argument(
+        "--stop", action="append", default=[], help="text that ends a completion (repeat for more)"
+    )
     generation.add_argument(
         "--chat",
         action="store_true",

@@ -31,7 +31,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments
 from finetune.errors import FinetuneError, first_line
-from finetune.instruction import chat_template_for, detect_format, encode
+from finetune.instruction import detect_format, encode, end_of_turn_ids, template_for
 from finetune.packing import pack_examples, packed_collator, truncate
 from finetune.resolve import describe_tried, resolve
 
@@ -453,12 +453,10 @@ def instruction_data(
     Chat data sets tokenizer.chat_template to the template it was rendered with, so the saved model
     carries it for `from_pretrained` users.
     """
-    chat = data_format in ("messages", "sharegpt")
-    own_template = args.data_format == "auto" and not chat and bool(tokenizer.chat_template)
-    template = chat_template_for(tokenizer, args.chat_template) if chat or own_template else ""
+    template = template_for(data_format, args.data_format, tokenizer, args.chat_template)
     if template:
         tokenizer.chat_template = template
-    if own_template:
+    if template and data_format not in ("messages", "sharegpt"):
         notes.append(
             "rendered through the tokenizer's chat template, as a user turn and an assistant turn "
             f"(--data_format {data_format} keeps the plain layout)"
@@ -490,7 +488,15 @@ def instruction_data(
     limit_and_check(samples, args, block_size)
     kept = len(samples["train"])
     real = sum(real_tokens["train"][:kept])
-    trained = int((flat_column(samples["train"], "labels") != IGNORE_INDEX).sum())
+    labels = flat_column(samples["train"], "labels")
+    trained = int((labels != IGNORE_INDEX).sum())
+    stops = end_of_turn_ids(tokenizer)
+    if stops and not np.isin(labels, stops).any():
+        names = ", ".join(tokenizer.convert_ids_to_tokens(stops))
+        notes.append(
+            f"no trained answer ends with an end-of-turn token ({names}): the model will not learn to stop "
+            "generating (train on it, or use a template whose answers end with one)"
+        )
     padded = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
     return prepared(
         samples,

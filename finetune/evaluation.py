@@ -28,7 +28,7 @@ from finetune.checkpoint import load_weights_only
 from finetune.data import IGNORE_INDEX, load_raw, named_split, split_tokens
 from finetune.errors import FinetuneError
 from finetune.generate import complete_greedily
-from finetune.instruction import chat_template_for, detect_format, encode
+from finetune.instruction import detect_format, encode, template_for
 from finetune.models import (
     build_model,
     choose_block_size,
@@ -224,6 +224,7 @@ class AnswerCheck:
 
     pattern: str | None
     max_new_tokens: int
+    stop: tuple[str, ...] = ()  # --stop: text that ends a completion, beside the end-of-turn tokens
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -304,7 +305,7 @@ def evaluate_examples(
     is cut to its last tokens, and counted.
     """
     state = PartialState()
-    template = chat_template_for(tokenizer, data_args.chat_template) if data_format == "messages" else ""
+    template = template_for(data_format, data_args.data_format, tokenizer, data_args.chat_template)
     encoded = encode(rows, data_format, tokenizer, template, False, "evaluation")
     encoded = encoded.filter(lambda row: any(label != IGNORE_INDEX for label in row["labels"]))
     if not len(encoded):
@@ -333,10 +334,23 @@ def evaluate_examples(
         )
     with state.split_between_processes(list(range(len(prompts)))) as mine:
         local = complete_greedily(
-            model, tokenizer, [prompts[index] for index in mine], answers.max_new_tokens, batch_size
+            model,
+            tokenizer,
+            [prompts[index] for index in mine],
+            answers.max_new_tokens,
+            batch_size,
+            answers.stop,
         )
     completions = [text for part in gather_object([local]) for text in part]
-    correct = sum(answers.extract(text) == answer for text, answer in zip(completions, expected, strict=True))
+    extracted = [answers.extract(text) for text in completions]
+    correct = sum(found == answer for found, answer in zip(extracted, expected, strict=True))
+    result["_completions"] = [
+        {"prompt": tokenizer.decode(prompt), "completion": text, "answer": found, "reference": reference,
+         "expected": answer, "correct": found == answer}
+        for prompt, text, found, reference, answer in zip(
+            prompts, completions, extracted, references, expected, strict=True
+        )
+    ]  # fmt: skip
     result.update(
         answer_pattern=answers.pattern,
         max_new_tokens=answers.max_new_tokens,

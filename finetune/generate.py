@@ -7,11 +7,14 @@ from pathlib import Path
 
 import jinja2
 import torch
+from accelerate import PartialState
+from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
 from finetune.arguments import ModelArguments
 from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError, first_line
+from finetune.instruction import end_of_turn_ids
 from finetune.models import build_model, load_config, load_tokenizer, resolve_model
 
 
@@ -23,6 +26,7 @@ class Sampling:
     top_p: float = 1.0
     greedy: bool = False
     seed: int = 42
+    stop: tuple[str, ...] = ()  # --stop: text that ends a completion, beside the end-of-turn tokens
 
     def __post_init__(self) -> None:
         """transformers takes some of these silently (max_new_tokens -5 generates nothing) and fails
@@ -36,19 +40,30 @@ class Sampling:
         if self.top_k < 0:
             raise FinetuneError(f"--top_k must be 0 (no limit) or more, got {self.top_k}")
 
-    def generation_config(self, pad_token_id: int) -> GenerationConfig:
+    def generation_config(self, pad_token_id: int, stop_ids: list[int]) -> GenerationConfig:
+        common = {
+            "max_new_tokens": self.max_new_tokens,
+            "pad_token_id": pad_token_id,
+            "eos_token_id": stop_ids,
+            "stop_strings": list(self.stop) or None,
+        }
         if self.greedy:
-            return GenerationConfig(
-                max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=pad_token_id
-            )
+            return GenerationConfig(do_sample=False, **common)
         return GenerationConfig(
-            max_new_tokens=self.max_new_tokens,
-            do_sample=True,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            pad_token_id=pad_token_id,
+            do_sample=True, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, **common
         )
+
+
+def completion_text(
+    tokenizer: PreTrainedTokenizerBase, generated: list[int], stop_ids: list[int], stop: tuple[str, ...]
+) -> str:
+    """The completion up to its first end-of-turn token or --stop text, special tokens dropped: a batch
+    row that ended goes on receiving tokens (padding) while the others generate."""
+    cut = next((index for index, token in enumerate(generated) if token in stop_ids), len(generated))
+    text = tokenizer.decode(generated[:cut], skip_special_tokens=True)
+    for marker in stop:
+        text = text.split(marker, 1)[0]
+    return text
 
 
 def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
@@ -104,16 +119,16 @@ def generate(model_path: str, prompts: list[str], sampling: Sampling, chat: Chat
     model = build_model(model_args, config, location).eval()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    generation_config = sampling.generation_config(tokenizer.pad_token_id)
+    stop_ids = end_of_turn_ids(tokenizer)
+    generation_config = sampling.generation_config(tokenizer.pad_token_id, stop_ids)
     completions = []
     for prompt in prompts:
         set_seed(sampling.seed)
         text = prompt if chat is None else chat.render(tokenizer, prompt, model_path)
         inputs = tokenizer(text, return_tensors="pt", add_special_tokens=chat is None).to(device)
-        output = model.generate(**inputs, generation_config=generation_config)
-        completions.append(
-            tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        )
+        output = model.generate(**inputs, generation_config=generation_config, tokenizer=tokenizer)
+        generated = output[0, inputs["input_ids"].shape[1] :].tolist()
+        completions.append(completion_text(tokenizer, generated, stop_ids, sampling.stop))
     return completions
 
 
@@ -124,29 +139,35 @@ def complete_greedily(
     prompts: list[list[int]],
     max_new_tokens: int,
     batch_size: int,
+    stop: tuple[str, ...] = (),
 ) -> list[str]:
-    """The greedy completion of each tokenized prompt (the generated text only), up to the tokenizer's
-    EOS, which training ends every answer with.
+    """The greedy completion of each tokenized prompt (the generated text only), up to EOS, which
+    training ends every answer with, or the chat template's end of turn (`end_of_turn_ids`).
 
     Prompts of similar length are batched together and left-padded: a decoder-only model continues
     from the last position of each row, so the padding must come before the prompt (transformers
     derives the position ids from the attention mask).
     """
     device = next(model.parameters()).device
+    stop_ids = end_of_turn_ids(tokenizer)
     config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=stop_ids,
+        stop_strings=list(stop) or None,
     )
     order = sorted(range(len(prompts)), key=lambda index: len(prompts[index]))
     completions = [""] * len(prompts)
-    for start in range(0, len(order), batch_size):
-        chosen = order[start : start + batch_size]
-        inputs = tokenizer.pad(
-            {"input_ids": [prompts[index] for index in chosen]}, padding_side="left", return_tensors="pt"
-        ).to(device)
-        output = model.generate(**inputs, generation_config=config)
-        for index, generated in zip(chosen, output[:, inputs["input_ids"].shape[1] :], strict=True):
-            completions[index] = tokenizer.decode(generated, skip_special_tokens=True)
+    shown = PartialState().is_main_process  # each rank generates its share; one bar
+    with tqdm(total=len(prompts), desc="generate", unit="example", disable=not shown) as progress:
+        for start in range(0, len(order), batch_size):
+            chosen = order[start : start + batch_size]
+            inputs = tokenizer.pad(
+                {"input_ids": [prompts[index] for index in chosen]}, padding_side="left", return_tensors="pt"
+            ).to(device)
+            output = model.generate(**inputs, generation_config=config, tokenizer=tokenizer)
+            for index, generated in zip(chosen, output[:, inputs["input_ids"].shape[1] :], strict=True):
+                completions[index] = completion_text(tokenizer, generated.tolist(), stop_ids, stop)
+            progress.update(len(chosen))
     return completions

@@ -85,6 +85,40 @@ def detect_format(columns: Iterable[str], text_column: str, requested: str = "au
     )
 
 
+TURN_SENTINEL = "\u2063finetune-turn\u2063"  # text no template adds: where an assistant turn's content ends
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokens that end a model's answer: EOS, and the special token the tokenizer's chat template
+    puts right after an assistant turn's content (ChatML's <|im_end|>), which generation must stop at
+    as it stops at EOS, or it runs on into a next turn."""
+    stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if not tokenizer.chat_template:
+        return stops
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": TURN_SENTINEL}]
+    try:
+        rendered = tokenizer.apply_chat_template(turn, tokenize=False)
+    except Exception:  # a template that cannot render this pair (it asks for a system turn, say)
+        return stops
+    after = rendered.split(TURN_SENTINEL, 1)[-1]
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    if ids and ids[0] in special and ids[0] not in stops:
+        stops.append(ids[0])
+    return stops
+
+
+def template_for(
+    data_format: str, requested: str, tokenizer: PreTrainedTokenizerBase, path: str | None
+) -> str:
+    """The chat template examples are rendered with ("" for the plain layout): chat data always; a
+    prompt/answer format when detected (not asked for) and the tokenizer brings its own template."""
+    chat = data_format in ("messages", "sharegpt")
+    if chat or (requested == "auto" and bool(tokenizer.chat_template)):
+        return chat_template_for(tokenizer, path)
+    return ""
+
+
 def chat_template_for(tokenizer: PreTrainedTokenizerBase, path: str | None) -> str:
     """--chat_template, else the tokenizer's own template, else the project's default."""
     if path:

@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFa
 from finetune import cli
 from finetune.errors import FinetuneError
 from finetune.evaluation import AnswerCheck, prompts_and_references
-from finetune.generate import complete_greedily
-from finetune.instruction import DEFAULT_CHAT_TEMPLATE, encode
+from finetune.generate import complete_greedily, completion_text
+from finetune.instruction import DEFAULT_CHAT_TEMPLATE, encode, end_of_turn_ids
 from finetune.run import main
 
 CHAT = [
@@ -164,3 +164,101 @@ def test_a_tiny_model_trained_to_reverse_digits_answers_well_above_chance(
     assert result["exact_match"] >= 0.5, result
     assert result["exact_match_correct"] == round(result["exact_match"] * 50)
     assert result["loss"] < 1.0
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml_character_tokenizer():
+    tokenizer = character_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def test_the_end_of_turn_of_a_chatml_template_is_its_im_end_token():
+    tokenizer = chatml_character_tokenizer()
+    assert end_of_turn_ids(tokenizer) == [
+        tokenizer.eos_token_id,
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    ]
+
+
+def test_the_default_template_ends_turns_with_eos_alone(tokenizer):
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE.read_text()
+    assert end_of_turn_ids(tokenizer) == [tokenizer.eos_token_id]
+
+
+def test_a_completion_ends_at_its_first_end_of_turn_or_stop_text():
+    tokenizer = chatml_character_tokenizer()
+    ids = tokenizer("#### 3 2 1<|im_end|>\n#### 9<|im", add_special_tokens=False)["input_ids"]
+    assert completion_text(tokenizer, ids, end_of_turn_ids(tokenizer), ()) == "#### 3 2 1"
+    assert completion_text(tokenizer, ids, [], (" 2",)) == "#### 3"
+
+
+def chat_reversals(count, seed):
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": row["question"]},
+                {"role": "assistant", "content": row["answer"]},
+            ]
+        }
+        for row in digit_reversals(count, seed)
+    ]
+
+
+def test_a_chatml_model_stops_at_its_end_of_turn_and_its_right_answers_count(
+    tmp_path, make_jsonl_file, output_flags, capsys, in_process_commands
+):
+    """Trained on ChatML turns ending in <|im_end|>: generation stops there, so a right answer is not
+    followed by a next turn that the pattern would read as part of it."""
+    model = tmp_path / "model"
+    chatml_character_tokenizer().save_pretrained(model)
+    GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=16, bos_token_id=0, eos_token_id=0
+    ).save_pretrained(model)
+    make_jsonl_file("digits/train.jsonl", chat_reversals(2000, seed=0))
+    make_jsonl_file("digits/validation.jsonl", chat_reversals(20, seed=1))
+    data = make_jsonl_file("digits/test.jsonl", chat_reversals(50, seed=2)).parent
+    main(
+        [
+            *("--model", str(model), "--from_scratch", "--dataset", str(data), "--block_size", "64"),
+            *("--max_steps", "300", "--batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "10"),
+            *("--use_cpu", "--save_strategy", "no", "--eval_strategy", "no", "--disable_tqdm", "true"),
+            *output_flags,
+        ]
+    )
+    output_dir = output_flags[output_flags.index("--output_dir") + 1]
+    result = eval_line(
+        capsys,
+        *(
+            output_dir,
+            "--dataset",
+            str(data),
+            "--split",
+            "test",
+            "--generate",
+            "--output",
+            str(tmp_path / "r.json"),
+        ),
+        *("--answer_pattern", "#### (.+)", "--max_new_tokens", "24"),
+    )
+    assert result["data_format"] == "messages" and result["exact_match"] >= 0.5, result
+    records = [json.loads(line) for line in (tmp_path / "r.completions.jsonl").read_text().splitlines()]
+    assert (
+        len(records) == 50 and sum(record["correct"] for record in records) == result["exact_match_correct"]
+    )
+    assert {"prompt", "completion", "answer", "reference"} <= set(records[0])
+    assert not any("im_start" in record["completion"] or "\n" in record["completion"] for record in records)
+    capsys.readouterr()
+    assert (
+        cli.main(
+            ["generate", output_dir, "--chat", "--prompt", "1 2 3", "--greedy", "--max_new_tokens", "24"]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("assistant: #### ")

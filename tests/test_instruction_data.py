@@ -327,3 +327,19 @@ def test_an_explicit_data_format_keeps_the_plain_layout(make_jsonl_file, tokeniz
     tokenizer.chat_template = CHATML_TRIMMED
     data = prepare(make_jsonl_file("qa.jsonl", QA), tokenizer, packing=False, data_format="question_answer")
     assert "<|im_start|>" not in tokenizer.decode(data.train[0]["input_ids"])
+
+
+def test_a_template_whose_answers_end_untrained_is_noted(make_jsonl_file, tokenizer):
+    """The end of each turn rendered in the next turn's text: nothing teaches the model to stop."""
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if not loop.first %}<|endoftext|>{% endif %}"
+        "{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<|endoftext|>assistant: {% endif %}"
+    )
+    data = prepare(make_jsonl_file("chat.jsonl", [{"messages": CHAT[1:3]}] * 8), tokenizer, packing=False)
+    assert any("will not learn to stop" in note for note in data.summary.notes)
+
+
+def test_answers_ending_with_a_trained_end_of_turn_are_not_noted(make_jsonl_file, tokenizer):
+    data = prepare(make_jsonl_file("chat.jsonl", [{"messages": CHAT}] * 4), tokenizer, packing=False)
+    assert not any("will not learn to stop" in note for note in data.summary.notes)
