@@ -8,6 +8,7 @@ and exit 2 instead of the launcher's traceback and exit 1 (see `run_launcher`).
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -135,8 +136,10 @@ def run_launcher(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="finetune-launch-") as folder:
         error_file = Path(folder) / "error"
         try:
+            # torchrun sets one OpenMP thread per rank where none is set, in a four-line banner
+            threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
             with (
-                patch_environment(**{ERROR_FILE_VARIABLE: str(error_file)}),
+                patch_environment(**{ERROR_FILE_VARIABLE: str(error_file)}, **threads),
                 private_deepspeed_env_file(Path(folder)),
             ):
                 accelerate_launch(args)

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 if __package__ in (None, ""):  # run as a file by accelerate launch: import the package, not its siblings
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+import finetune  # noqa: F401, I001 (first: its import filters the libraries' known noise, finetune/quiet.py)
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from transformers.integrations import TensorBoardCallback, is_deepspeed_zero3_enabled
@@ -32,7 +33,7 @@ from finetune.arguments import (
     check_run_name,
     parse_arguments,
 )
-from finetune.callbacks import MemoryCallback, StartupCallback, ThroughputCallback
+from finetune.callbacks import MemoryCallback, StartupCallback, ThroughputCallback, process_start_time
 from finetune.checkpoint import (
     SaveAndStopOnSignal,
     checkpoint_to_resume,
@@ -310,7 +311,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         resume_from = continue_on_this_world_size(resume_from, training_args)
         is_main = training_args.process_index == 0
-        record = RunRecord(training_args.output_dir, training_args.run_name, is_main)
+        record = RunRecord(
+            training_args.output_dir, training_args.run_name, is_main, started_at=process_start_time()
+        )
         with record.until_exit():
             train_and_measure(model_args, data_args, training_args, record, resume_from)
         if is_main:

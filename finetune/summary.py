@@ -47,7 +47,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "run_name": ("str", "TensorBoard run name; logs in output_dir/runs/run_name"),
     "output_dir": ("str", "where the model, logs and this file are"),
     "started_at": ("str", "start time, ISO 8601, UTC"),
-    "wall_time_s": ("float", "seconds from start to this record: start-up, training, evaluation, saving"),
+    "wall_time_s": (
+        "float",
+        "seconds from rank 0's process start to this record: start-up (imports included), training, "
+        "evaluation, saving",
+    ),
     "profile": ("str?", "profile name given to `finetune run` (null under a bare `accelerate launch`)"),
     "strategy": ("str?", "single, ddp, fsdp2, zero1/2/3, with +offload_cpu or +offload_nvme"),
     "distributed_type": ("str?", "accelerate's distributed type (MULTI_GPU, FSDP, DEEPSPEED, ...)"),
@@ -425,10 +429,12 @@ class RunRecord:
         run_name: str,
         is_main_process: bool,
         clock: Callable[[], float] = time.time,
+        started_at: float | None = None,
     ):
+        """`started_at`: when the run started (run.py: its process's start, imports included)."""
         self.is_main_process = is_main_process
         self.clock = clock
-        self.started = clock()
+        self.started = clock() if started_at is None else started_at
         self.fields: dict[str, Any] = dict.fromkeys(FIELDS)
         self.fields.update(
             status="running",
@@ -504,8 +510,13 @@ def format_report(fields: dict[str, Any]) -> str:
 
     float8 = f" (float8 matmuls in {fields['fp8_layers']} layers)" if fields.get("fp8_layers") else ""
     lines = [
-        f"finetune: {fields['status']} in {number(fields['wall_time_s'], '.0f', ' s')} "
-        f"({fields['strategy'] or fields['profile']}, {fields['world_size']} x {fields['device_name']})",
+        f"finetune: {fields['status']} in {number(fields['wall_time_s'], '.0f', ' s')} of wall time"
+        + (
+            f", {fields['time_to_first_step_s']:.0f} s of it start-up"
+            if fields.get("time_to_first_step_s") is not None
+            else ""
+        )
+        + f" ({fields['strategy'] or fields['profile']}, {fields['world_size']} x {fields['device_name']})",
         f"  model       {fields['model']}: {number(fields['parameters'], ',')} parameters, "
         f"{fields['dtype']}{float8}, block {fields['block_size']}, "
         f"global batch {fields['global_batch_size']}",

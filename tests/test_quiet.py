@@ -1,0 +1,51 @@
+"""A quiet terminal: the libraries' known noise is filtered (finetune/quiet.py), and the output of a
+2-rank ZeRO-3 run and of `finetune plan` stays within a stated number of lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+
+NOISE = ("Failed to load", "_pytree", "FutureWarning", "Setting accelerator to CPU", "OMP_NUM_THREADS")
+PLAN_LINES = 20  # the table of nine profiles, its header and the recommendation
+ZERO3_RUN_LINES = 25  # the launch line, data notes, three step lines, eval, the end-of-run block
+
+
+def output_of(*arguments: str, cwd=PROJECT_ROOT) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune", *arguments], cwd=cwd, env=ENVIRONMENT, capture_output=True,
+        text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return (result.stdout + result.stderr).splitlines()
+
+
+def assert_quiet(lines: list[str], budget: int) -> None:
+    noisy = [line for line in lines if any(text in line for text in NOISE)]
+    assert not noisy, noisy[:5]
+    assert len(lines) <= budget, "\n".join(lines)
+
+
+def test_plan_prints_its_table_and_nothing_else():
+    assert_quiet(output_of("plan", "--model", "gpt2-medium", "--gpus", "4", "--gpu_memory", "80"), PLAN_LINES)
+
+
+def test_generate_prints_no_library_banner(tiny_gpt2_dir):
+    lines = output_of("generate", str(tiny_gpt2_dir), "--prompt", "the", "--max_new_tokens", "3")
+    assert_quiet(lines, 4)  # the completion (it may hold a newline) and transformers' weight-loading bar
+
+
+@pytest.mark.integration
+def test_a_two_rank_zero3_run_stays_within_its_line_budget(tmp_path):
+    lines = output_of(
+        "run", "--profile", "zero3", "--num_processes", "2", *TINY_MODEL, "--max_steps", "20",
+        "--block_size", "64", "--max_eval_samples", "8", "--disable_tqdm", "true", "--report_to", "none",
+        "--output_dir", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert_quiet([line for line in lines if not line.startswith("Writing model shards")], ZERO3_RUN_LINES)
+    [end] = [line for line in lines if line.startswith("finetune: completed in ")]
+    assert "s of wall time" in end and "s of it start-up" in end
