@@ -205,6 +205,16 @@ def unreadable_json(file: Path, text: str) -> str | None:
     return None
 
 
+def variant_used(requested: str, source: str) -> str | None:
+    """The dataset's other variant when only it was found locally (WikiText's tokenized v1 for the raw
+    one asked for: `<unk>` for rare words, another benchmark), said so results are not read as the
+    variant asked for; None when the one asked for was used."""
+    if requested not in LOCAL_FOLDERS:
+        return None
+    used = Path(source).name
+    return used if used != requested and used in LOCAL_FOLDERS[requested] else None
+
+
 def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
     """The dataset's splits as found, and where they came from."""
     hub_id, hub_config = HUB_NAMES.get(args.dataset, (args.dataset, None))
@@ -367,6 +377,9 @@ def build_datasets(
     with main_process_first():
         raw, source = load_raw(args)
         splits, notes = arrange_splits(raw, args.validation_split_percentage, seed)
+        variant = variant_used(args.dataset, source)
+        if variant:
+            notes.insert(0, f"{args.dataset} is not here: its variant {variant} ({source}) is used instead")
         if args.eval_test_split and "test" not in splits:
             used = " (it is the validation split here)" if "test" in raw else ""
             raise FinetuneError(

@@ -21,11 +21,12 @@ import torch.nn.functional as F
 from accelerate import PartialState
 from accelerate.utils import gather_object
 from datasets import Dataset
+from tqdm import tqdm
 from transformers import DataCollatorForSeq2Seq, EvalPrediction, PreTrainedModel, PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments, ModelArguments
 from finetune.checkpoint import load_weights_only
-from finetune.data import IGNORE_INDEX, load_raw, named_split, split_tokens
+from finetune.data import IGNORE_INDEX, load_raw, named_split, split_tokens, variant_used
 from finetune.errors import FinetuneError
 from finetune.generate import complete_greedily
 from finetune.instruction import detect_format, encode, template_for
@@ -120,15 +121,18 @@ def sliding_window_loss(
     """Summed next-token loss and token count over the windows (same-length windows are batched)."""
     device = next(model.parameters()).device
     loss_sum, count = 0.0, 0
-    for start in range(0, len(windows), batch_size):
-        batch = windows[start : start + batch_size]
-        for length in sorted({w.end - w.begin for w in batch}):
-            group = [w for w in batch if w.end - w.begin == length]
-            inputs = torch.stack([tokens[w.begin : w.end] for w in group]).to(device)
-            labels = torch.stack([window_labels(tokens, w) for w in group]).to(device)
-            sums = loss_sums_per_sample(model(input_ids=inputs).logits, labels)
-            loss_sum += float(sums[:, 0].sum())
-            count += int(sums[:, 1].sum())
+    shown = PartialState().is_main_process  # each rank evaluates its share; one bar
+    with tqdm(total=len(windows), desc="eval", unit="window", disable=not shown) as progress:
+        for start in range(0, len(windows), batch_size):
+            batch = windows[start : start + batch_size]
+            for length in sorted({w.end - w.begin for w in batch}):
+                group = [w for w in batch if w.end - w.begin == length]
+                inputs = torch.stack([tokens[w.begin : w.end] for w in group]).to(device)
+                labels = torch.stack([window_labels(tokens, w) for w in group]).to(device)
+                sums = loss_sums_per_sample(model(input_ids=inputs).logits, labels)
+                loss_sum += float(sums[:, 0].sum())
+                count += int(sums[:, 1].sum())
+            progress.update(len(batch))
     return loss_sum, count
 
 
@@ -161,7 +165,12 @@ def evaluate_saved_model(
     config = load_config(model_args, location)
     block_size = choose_block_size(block_size, config)
     with state.main_process_first():
-        raw, _ = load_raw(data_args)
+        raw, source = load_raw(data_args)
+    # results name the data actually used: the dataset's other variant when only it is here
+    dataset = {
+        "dataset": data_args.dataset,
+        "dataset_used": variant_used(data_args.dataset, source) or data_args.dataset,
+    }
     data_format = detect_format(
         next(iter(raw.values())).column_names, data_args.text_column, data_args.data_format
     )
@@ -178,7 +187,7 @@ def evaluate_saved_model(
         result = evaluate_examples(
             model, tokenizer, examples, data_format.name, data_args, block_size, batch_size, answers
         )
-        return {"model": model_path, "dataset": data_args.dataset, "split": split, **result}
+        return {"model": model_path, **dataset, "split": split, **result}
     if answers is not None or max_examples is not None:
         raise FinetuneError(
             f"--generate and --max_examples need prompts and answers; dataset '{data_args.dataset}' is "
@@ -202,7 +211,7 @@ def evaluate_saved_model(
     loss = loss_sum / count
     return {
         "model": model_path,
-        "dataset": data_args.dataset,
+        **dataset,
         "split": split,
         "block_size": block_size,
         "stride": stride,

@@ -186,3 +186,12 @@ def test_test_split_of_offline_wikitext_is_already_the_validation_split(gpt2_tok
     args = DataArguments(dataset="wikitext-2-v1", eval_test_split=True)
     with pytest.raises(FinetuneError, match="no separate test split"):
         build_datasets(args, gpt2_tokenizer, 64, seed=0)
+
+
+def test_training_on_the_other_wikitext_variant_says_so(gpt2_tokenizer):
+    from finetune.arguments import DataArguments
+    from finetune.data import build_datasets
+
+    args = DataArguments(dataset="wikitext-2-raw-v1", block_size=64, max_train_samples=8, max_eval_samples=8)
+    notes = build_datasets(args, gpt2_tokenizer, 64, seed=0).summary.notes
+    assert any("wikitext-2-raw-v1 is not here: its variant wikitext-2-v1" in note for note in notes)

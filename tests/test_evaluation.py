@@ -1,5 +1,6 @@
 """Token-weighted evaluation loss: per-sample sums on each rank, divided once over all tokens."""
 
+import json
 import math
 
 import numpy as np
@@ -150,3 +151,13 @@ def test_offline_wikitext_test_split_is_its_test_file(data_dir, gpt2_tokenizer):
     expected = sum(len(ids) for ids in gpt2_tokenizer(lines, add_special_tokens=False)["input_ids"])
     tokens = split_tokens(DataArguments(dataset="wikitext-2-raw-v1"), gpt2_tokenizer, "test", seed=42)
     assert len(tokens) == expected
+
+
+def test_a_result_names_the_variant_it_was_computed_on(tiny_gpt2_dir, capsys):
+    """Offline, WikiText-2's raw variant is not here: its tokenized v1 is, and the result says so."""
+    from finetune import cli
+
+    assert cli.main(["eval", str(tiny_gpt2_dir), "--dataset", "wikitext-2-raw-v1", "--split", "test",
+                     "--block_size", "64", "--max_tokens", "256"]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (result["dataset"], result["dataset_used"]) == ("wikitext-2-raw-v1", "wikitext-2-v1")
