@@ -31,7 +31,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments
 from finetune.errors import FinetuneError, first_line
-from finetune.instruction import detect_format, encode, end_of_turn_ids, template_for
+from finetune.instruction import detect_format, encode, end_of_turn_ids, first_bad_row, template_for
 from finetune.packing import pack_examples, packed_collator, truncate
 from finetune.resolve import describe_tried, resolve
 
@@ -215,6 +215,19 @@ def variant_used(requested: str, source: str) -> str | None:
     return used if used != requested and used in LOCAL_FOLDERS[requested] else None
 
 
+def row_place(source: str, index: int) -> str:
+    """Where a row of the data's first split is: the file and its own line for one JSON-lines file
+    (blank lines skipped, as the reader skips them), else the source and the row's number."""
+    path = Path(source)
+    if path.is_file() and path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as stream:
+            lines = (number for number, line in enumerate(stream, start=1) if line.strip())
+            line = next((number for position, number in enumerate(lines) if position == index), None)
+        if line is not None:
+            return f"{path} line {line}"
+    return f"{source} row {index + 1}"
+
+
 def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
     """The dataset's splits as found, and where they came from."""
     hub_id, hub_config = HUB_NAMES.get(args.dataset, (args.dataset, None))
@@ -389,6 +402,9 @@ def build_datasets(
             splits.pop("test", None)
         num_proc = args.preprocessing_num_workers or default_num_proc(len(splits["train"]))
         data_format = detect_format(splits["train"].column_names, args.text_column, args.data_format)
+        bad = first_bad_row(next(iter(raw.values())), data_format.name)
+        if bad is not None:
+            raise FinetuneError(f"{row_place(source, bad[0])}: {bad[1]}")
         notes.insert(0, f"data format: {data_format.description} (--data_format {data_format.name})")
         if data_format.name != "text":
             return instruction_data(args, data_format.name, splits, tokenizer, block_size, source, notes)

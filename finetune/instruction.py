@@ -144,6 +144,22 @@ def sharegpt_messages(conversations: Any, row: int) -> list[dict[str, str]]:
     return messages
 
 
+def first_bad_row(dataset: Dataset, data_format: str) -> tuple[int, str] | None:
+    """The first chat row (index, problem) that cannot be rendered, checked before the data is split,
+    while a row's index is still its place in the file."""
+    if data_format not in ("messages", "sharegpt"):
+        return None
+    column = "messages" if data_format == "messages" else "conversations"
+    for index, value in enumerate(dataset[column]):
+        try:
+            check_messages(
+                value if data_format == "messages" else sharegpt_messages(value, index + 1), index + 1
+            )
+        except FinetuneError as error:
+            return index, str(error).split(": ", 1)[-1]
+    return None
+
+
 def text_as_messages(row: dict[str, Any], data_format: str, eos: str) -> list[dict[str, str]] | None:
     """A prompt/answer row as a user turn and an assistant turn, for a tokenizer's chat template;
     None when it has no answer (left out, as in the plain layout)."""

@@ -1,5 +1,8 @@
 """Instruction and chat data: the format detected from the columns, templates, loss on the answers only."""
 
+import json
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -308,7 +311,7 @@ def test_sharegpt_conversations_train_on_every_gpt_turn_as_chat_messages_do(make
 
 def test_a_sharegpt_speaker_it_does_not_know_is_one_error(make_jsonl_file, tokenizer):
     turns = [{"from": "narrator", "value": "Once"}, {"from": "gpt", "value": "upon"}]
-    with pytest.raises(FinetuneError, match="row 1: every turn needs a 'from' among system, human"):
+    with pytest.raises(FinetuneError, match="sharegpt.jsonl line 1: every turn needs a 'from' among system, human"):
         prepare(make_jsonl_file("sharegpt.jsonl", [{"conversations": turns}] * 4), tokenizer)
 
 
@@ -343,3 +346,13 @@ def test_a_template_whose_answers_end_untrained_is_noted(make_jsonl_file, tokeni
 def test_answers_ending_with_a_trained_end_of_turn_are_not_noted(make_jsonl_file, tokenizer):
     data = prepare(make_jsonl_file("chat.jsonl", [{"messages": CHAT}] * 4), tokenizer, packing=False)
     assert not any("will not learn to stop" in note for note in data.summary.notes)
+
+
+def test_a_bad_chat_row_is_named_by_its_file_and_its_own_line(make_text_file, tokenizer):
+    good = json.dumps({"messages": CHAT})
+    bad = json.dumps(
+        {"messages": [{"role": "wizard", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    )
+    path = make_text_file("chat.jsonl", "\n".join([good, good, "", good, bad, good]) + "\n")
+    with pytest.raises(FinetuneError, match=rf"{re.escape(str(path))} line 5: every message needs a role"):
+        prepare(path, tokenizer)
