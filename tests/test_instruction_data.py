@@ -311,7 +311,8 @@ def test_sharegpt_conversations_train_on_every_gpt_turn_as_chat_messages_do(make
 
 def test_a_sharegpt_speaker_it_does_not_know_is_one_error(make_jsonl_file, tokenizer):
     turns = [{"from": "narrator", "value": "Once"}, {"from": "gpt", "value": "upon"}]
-    with pytest.raises(FinetuneError, match="sharegpt.jsonl line 1: every turn needs a 'from' among system, human"):
+    expected = r"sharegpt\.jsonl line 1: every turn needs a 'from' among system, human"
+    with pytest.raises(FinetuneError, match=expected):
         prepare(make_jsonl_file("sharegpt.jsonl", [{"conversations": turns}] * 4), tokenizer)
 
 
