@@ -3,6 +3,7 @@ greedily, and the extracted answer compared with the reference's; reported besid
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from datasets import load_dataset
@@ -133,19 +134,23 @@ def digit_reversals(count, seed):
     return rows
 
 
-def test_a_tiny_model_trained_to_reverse_digits_answers_well_above_chance(
-    tmp_path, make_jsonl_file, output_flags, capsys, in_process_commands
-):
-    """Three random digits, reversed after '#### ': a guess is right with chance 1/1000; the trained
-    model must get at least half of 50 unseen prompts exactly right."""
+def train_digit_model(tmp_path, make_jsonl_file, output_flags, tokenizer, rows_of) -> tuple[str, Path]:
+    """A 2-layer GPT-2 over the tokenizer, trained 300 steps on 2,000 digit reversals (`rows_of(count,
+    seed)` writes them in a format): its output_dir and the data folder (50 unseen test rows)."""
     model = tmp_path / "model"
-    character_tokenizer().save_pretrained(model)
+    tokenizer.save_pretrained(model)
     GPT2Config(
-        n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=14, bos_token_id=0, eos_token_id=0
+        n_layer=2,
+        n_embd=64,
+        n_head=2,
+        n_positions=64,
+        vocab_size=len(tokenizer),
+        bos_token_id=0,
+        eos_token_id=0,
     ).save_pretrained(model)
-    make_jsonl_file("digits/train.jsonl", digit_reversals(2000, seed=0))
-    make_jsonl_file("digits/validation.jsonl", digit_reversals(20, seed=1))
-    data = make_jsonl_file("digits/test.jsonl", digit_reversals(50, seed=2)).parent
+    make_jsonl_file("digits/train.jsonl", rows_of(2000, seed=0))
+    make_jsonl_file("digits/validation.jsonl", rows_of(20, seed=1))
+    data = make_jsonl_file("digits/test.jsonl", rows_of(50, seed=2)).parent
     main(
         [
             *("--model", str(model), "--from_scratch", "--dataset", str(data), "--block_size", "64"),
@@ -154,7 +159,17 @@ def test_a_tiny_model_trained_to_reverse_digits_answers_well_above_chance(
             *output_flags,
         ]
     )
-    output_dir = output_flags[output_flags.index("--output_dir") + 1]
+    return output_flags[output_flags.index("--output_dir") + 1], data
+
+
+def test_a_tiny_model_trained_to_reverse_digits_answers_well_above_chance(
+    tmp_path, make_jsonl_file, output_flags, capsys, in_process_commands
+):
+    """Three random digits, reversed after '#### ': a guess is right with chance 1/1000; the trained
+    model must get at least half of 50 unseen prompts exactly right."""
+    output_dir, data = train_digit_model(
+        tmp_path, make_jsonl_file, output_flags, character_tokenizer(), digit_reversals
+    )
     result = eval_line(
         capsys,
         *(output_dir, "--dataset", str(data), "--split", "test", "--generate"),
@@ -216,23 +231,9 @@ def test_a_chatml_model_stops_at_its_end_of_turn_and_its_right_answers_count(
 ):
     """Trained on ChatML turns ending in <|im_end|>: generation stops there, so a right answer is not
     followed by a next turn that the pattern would read as part of it."""
-    model = tmp_path / "model"
-    chatml_character_tokenizer().save_pretrained(model)
-    GPT2Config(
-        n_layer=2, n_embd=64, n_head=2, n_positions=64, vocab_size=16, bos_token_id=0, eos_token_id=0
-    ).save_pretrained(model)
-    make_jsonl_file("digits/train.jsonl", chat_reversals(2000, seed=0))
-    make_jsonl_file("digits/validation.jsonl", chat_reversals(20, seed=1))
-    data = make_jsonl_file("digits/test.jsonl", chat_reversals(50, seed=2)).parent
-    main(
-        [
-            *("--model", str(model), "--from_scratch", "--dataset", str(data), "--block_size", "64"),
-            *("--max_steps", "300", "--batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "10"),
-            *("--use_cpu", "--save_strategy", "no", "--eval_strategy", "no", "--disable_tqdm", "true"),
-            *output_flags,
-        ]
+    output_dir, data = train_digit_model(
+        tmp_path, make_jsonl_file, output_flags, chatml_character_tokenizer(), chat_reversals
     )
-    output_dir = output_flags[output_flags.index("--output_dir") + 1]
     result = eval_line(
         capsys,
         *(

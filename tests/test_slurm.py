@@ -84,19 +84,15 @@ def test_writing_the_script_creates_nothing_but_the_script(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["job.sbatch"]
 
 
-def test_script_that_cannot_be_written_is_one_line(tmp_path, capsys):
-    arguments = [
-        "slurm",
-        "--profile",
-        "ddp",
-        "--gpus_per_node",
-        "1",
-        "--output",
-        str(tmp_path / "no" / "job"),
-    ]
+def refused(script: Path, *flags: str) -> None:
+    """`finetune slurm` writing `script` with `flags` stops with exit code 2."""
     with pytest.raises(SystemExit) as stop:
-        cli_main(arguments)
+        cli_main(["slurm", "--profile", "ddp", "--gpus_per_node", "1", "--output", str(script), *flags])
     assert stop.value.code == 2
+
+
+def test_script_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    refused(tmp_path / "no" / "job")
     assert (
         capsys.readouterr().err
         == f"finetune: error: cannot write the script to {tmp_path}/no/job: No such file or directory\n"
@@ -317,21 +313,7 @@ HOSTILE_VALUES = {
 def test_a_value_outside_its_sbatch_format_is_refused_in_one_line(name, tmp_path, capsys):
     marker = tmp_path / "ran"
     script = tmp_path / "job.sbatch"
-    value = HOSTILE_VALUES[name].format(marker=marker)
-    arguments = [
-        "slurm",
-        "--profile",
-        "ddp",
-        "--gpus_per_node",
-        "1",
-        "--output",
-        str(script),
-        f"--{name}",
-        value,
-    ]
-    with pytest.raises(SystemExit) as stop:
-        cli_main(arguments)
-    assert stop.value.code == 2
+    refused(script, f"--{name}", HOSTILE_VALUES[name].format(marker=marker))
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and error.startswith(f"finetune: error: --{name} ")
     assert not script.exists()
@@ -339,10 +321,7 @@ def test_a_value_outside_its_sbatch_format_is_refused_in_one_line(name, tmp_path
 
 def test_a_newline_in_a_run_flag_is_refused(tmp_path, capsys):
     script = tmp_path / "job.sbatch"
-    arguments = ["slurm", "--profile", "ddp", "--gpus_per_node", "1", "--output", str(script)]
-    with pytest.raises(SystemExit) as stop:
-        cli_main([*arguments, "--run_name", "a\ntouch x"])
-    assert stop.value.code == 2
+    refused(script, "--run_name", "a\ntouch x")
     assert "control characters" in capsys.readouterr().err
     assert not script.exists()
 
