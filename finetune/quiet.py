@@ -16,6 +16,10 @@ import torch
 TORCHAO_OPTIONAL_KERNELS = ("torchao", "Failed to load ")
 # torchao registers its enums with torch's pytree, which torch now deprecates (a torchao matter).
 PYTREE_ENUM_DEPRECATION = ("torch.utils._pytree", "is an Enum subclass and is now natively supported")
+# transformers warns when a batch holds the pad token without an attention mask. finetune's collators
+# pass a mask wherever they pad; packed blocks separate their examples by position ids instead, and
+# GPT-2's pad token is its EOS, which ends every answer: the warning fired on every packed run.
+PADDING_WITHOUT_MASK = ("transformers.modeling_utils", "We strongly recommend passing in an `attention_mask`")
 # DeepSpeed calls torch.distributed's old collective names (a DeepSpeed matter), and torch warns at
 # every call: 80 lines in a 20-step ZeRO-3 run.
 DEEPSPEED_COLLECTIVE_NAMES = (
@@ -33,7 +37,7 @@ class WithoutMessage(logging.Filter):
 
 
 def silence_known_noise() -> None:
-    for logger_name, text in (TORCHAO_OPTIONAL_KERNELS, PYTREE_ENUM_DEPRECATION):
+    for logger_name, text in (TORCHAO_OPTIONAL_KERNELS, PYTREE_ENUM_DEPRECATION, PADDING_WITHOUT_MASK):
         logging.getLogger(logger_name).addFilter(WithoutMessage(text))
     warnings.filterwarnings("ignore", message=DEEPSPEED_COLLECTIVE_NAMES, category=FutureWarning)
     # Without an accelerator DeepSpeed falls back to its CPU one and says so on every import (in

@@ -10,7 +10,10 @@ import pytest
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
 
-NOISE = ("Failed to load", "_pytree", "FutureWarning", "Setting accelerator to CPU", "OMP_NUM_THREADS")
+NOISE = (
+    "Failed to load", "_pytree", "FutureWarning", "Setting accelerator to CPU", "OMP_NUM_THREADS",
+    "strongly recommend passing in an `attention_mask`",
+)  # fmt: skip
 PLAN_LINES = 20  # the table of nine profiles, its header and the recommendation
 ZERO3_RUN_LINES = 25  # the launch line, data notes, three step lines, eval, the end-of-run block
 
@@ -49,3 +52,14 @@ def test_a_two_rank_zero3_run_stays_within_its_line_budget(tmp_path):
     assert_quiet([line for line in lines if not line.startswith("Writing model shards")], ZERO3_RUN_LINES)
     [end] = [line for line in lines if line.startswith("finetune: completed in ")]
     assert "s of wall time" in end and "s of it start-up" in end
+
+
+def test_a_packed_instruction_run_has_no_padding_warning(tmp_path):
+    """GSM8K packed: GPT-2's EOS, its pad token, ends every answer in the blocks."""
+    lines = output_of(
+        "run", "--profile", "single", "--model", "gpt2", "--from_scratch", "--config_overrides",
+        "n_layer=1,n_embd=32,n_head=2", "--dataset", "gsm8k", "--max_steps", "2", "--block_size", "128",
+        "--max_eval_samples", "4", "--disable_tqdm", "true", "--report_to", "none", "--output_dir",
+        str(tmp_path / "out"),
+    )  # fmt: skip
+    assert not [line for line in lines if any(text in line for text in NOISE)]
