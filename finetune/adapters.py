@@ -86,12 +86,6 @@ def add_adapters(model: PreTrainedModel, flags: dict[str, Any], compute_dtype: s
     return get_peft_model(model, adapter_config(flags, model))
 
 
-def is_adapted(model: torch.nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
 def trainable_parameters(model: torch.nn.Module) -> int:
     """Parameters the optimizer updates. Under ZeRO-3 `ds_numel` holds a partitioned one's full size."""
     unique = {id(p): p for p in model.parameters() if p.requires_grad}.values()

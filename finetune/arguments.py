@@ -427,7 +427,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
         )
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu)
-    _keep_cuda_graphs_where_they_fail(training_args)
+    _turn_cuda_graphs_off_where_they_fail(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args)
@@ -437,7 +437,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
         raise FinetuneError(first_line(error)) from None
 
 
-def _keep_cuda_graphs_where_they_fail(training_args: FinetuneTrainingArguments) -> None:
+def _turn_cuda_graphs_off_where_they_fail(training_args: FinetuneTrainingArguments) -> None:
     """A profile's CUDA graphs (the single profile's reduce-overhead) are not used with gradient
     accumulation, which failed on an H100 at the first backward ("accessing tensor output of
     CUDAGraphs that has been overwritten by a subsequent run": a 1B Llama at micro batch 8 x 2 failed,
@@ -623,7 +623,7 @@ def set_batch_geometry(training_args: FinetuneTrainingArguments, micro_batch: in
     """
     training_args.per_device_train_batch_size = micro_batch
     training_args.gradient_accumulation_steps = accumulation
-    _keep_cuda_graphs_where_they_fail(training_args)
+    _turn_cuda_graphs_off_where_they_fail(training_args)
     if getattr(training_args, "hf_deepspeed_config", None) is not None:
         from accelerate.utils import DeepSpeedPlugin
         from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig

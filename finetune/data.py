@@ -31,11 +31,17 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.arguments import DataArguments
 from finetune.errors import FinetuneError, first_line
-from finetune.instruction import detect_format, encode, end_of_turn_ids, first_bad_row, template_for
+from finetune.instruction import (
+    IGNORE_INDEX,
+    detect_format,
+    encode,
+    end_of_turn_ids,
+    first_bad_row,
+    template_for,
+)
 from finetune.packing import pack_examples, packed_collator, truncate
 from finetune.resolve import describe_tried, resolve
 
-IGNORE_INDEX = -100
 HUB_NAMES = {
     "wikitext-2-raw-v1": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
     "wikitext-2-v1": ("Salesforce/wikitext", "wikitext-2-v1"),

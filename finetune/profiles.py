@@ -227,10 +227,6 @@ def launched_strategy() -> Strategy:
     return replace(strategy, name=os.environ.get("FINETUNE_PROFILE") or conventional_name(strategy))
 
 
-def _variable_is_true(name: str, default: str) -> bool:
-    return os.environ.get(name, default).lower() in ("1", "true")
-
-
 def conventional_name(strategy: Strategy) -> str:
     """The name the shipped profiles give such a strategy."""
     if strategy.framework == "fsdp":
@@ -270,10 +266,6 @@ class Profile:
     strategy: Strategy
     deepspeed_config_path: Path | None = None
     deepspeed_config: dict[str, Any] | None = None
-
-    @property
-    def needs_nvme_path(self) -> bool:
-        return self.strategy.needs_nvme_path
 
     @property
     def multi_process(self) -> bool:
