@@ -272,14 +272,29 @@ def write_markdown(rows: list[Row], path: Path, header: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def write_plot(rows: list[Row], path: Path) -> None:
-    """Memory and throughput per device, side by side; a profile without numbers says why."""
+def bar_label(row: Row) -> str:
+    """A bar's name: the profile, and the variant when one was asked for (--peft full,lora)."""
+    return f"{row.profile} ({row.training})" if row.training else row.profile
+
+
+def grouped(rows: list[Row]) -> list[Row]:
+    """The rows with each profile's variants together, profiles in the order they were run."""
+    order = list(dict.fromkeys(row.profile for row in rows))
+    return sorted(rows, key=lambda row: order.index(row.profile))
+
+
+def write_plot(rows: list[Row], path: Path) -> list[tuple[str, float, float]]:
+    """Memory and throughput per device, side by side, one labelled bar per profile and variant
+    (grouped by profile); a run without numbers says why. Returns what was drawn, bar by bar:
+    (label, memory bar, throughput bar), read back from the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [row.profile for row in rows]
+    rows = grouped(rows)
+    labels = [bar_label(row) for row in rows]
+    positions = list(range(len(rows)))
     kinds = ", ".join(sorted({row.memory_kind for row in rows if row.memory_kind})) or "no run completed"
     figure, (memory_axis, speed_axis) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 1.8))
     panels = [
@@ -288,16 +303,23 @@ def write_plot(rows: list[Row], path: Path) -> None:
     ]
     for axis, attribute, title in panels:
         values = [getattr(row, attribute) or 0 for row in rows]
-        axis.barh(names, values, color="tab:blue")
+        axis.barh(positions, values, color=["tab:blue" if not row.training or row.training == "full"
+                                             else "tab:orange" for row in rows])  # fmt: skip
+        axis.set_yticks(positions, labels)
         for index, row in enumerate(rows):
             label = cell(getattr(row, attribute)) if row.status == "completed" else row.status
             axis.text(values[index], index, f" {label}", va="center", fontsize=9)
         axis.set_title(title)
-        axis.invert_yaxis()
+        axis.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, every text inside the axes
         axis.margins(x=0.25)
+    drawn = [
+        (label, memory.get_width(), speed.get_width())
+        for label, memory, speed in zip(labels, memory_axis.patches, speed_axis.patches, strict=True)
+    ]
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+    return drawn
 
 
 def write_results(rows: list[Row], output_dir: Path, header: list[str]) -> None:

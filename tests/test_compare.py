@@ -177,3 +177,34 @@ def test_a_copied_profile_is_compared_beside_a_shipped_name_under_its_file_name(
     assert [row.profile for row in rows] == ["ddp", "my_zero3"]
     assert ran[1][0] == str(copy) and ran[1][1].startswith("my_zero3-")
     assert "| my_zero3 | completed |" in (tmp_path / "out" / "comparison.md").read_text()
+
+
+def measured(profile: str, training: str, memory: float, speed: float) -> Row:
+    return Row(profile, "completed", training=training, world_size=2, memory_kind="allocated",
+               peak_memory_gib=memory, tokens_per_second_per_device=speed)  # fmt: skip
+
+
+def variant_rows() -> list[Row]:
+    """ddp and zero3, full and LoRA each, in the order they ran (zero3's full run last), and a LoRA
+    run that ran out of memory."""
+    return [
+        measured("ddp", "full", 16.0, 100_000.0),
+        measured("ddp", "lora", 12.0, 101_000.0),
+        measured("zero3", "lora", 22.0, 17_000.0),
+        Row("fsdp", "failed", reason="out of memory", training="lora"),
+        measured("zero3", "full", 11.0, 47_000.0),
+    ]
+
+
+def test_the_picture_draws_one_labelled_bar_per_profile_and_variant_as_the_csv_says(tmp_path):
+    rows = variant_rows()
+    finetune.compare.write_csv(rows, tmp_path / "comparison.csv")
+    drawn = finetune.compare.write_plot(read_rows(tmp_path), tmp_path / "comparison.png")
+    assert [label for label, _, _ in drawn] == [
+        "ddp (full)", "ddp (lora)", "zero3 (lora)", "zero3 (full)", "fsdp (lora)",
+    ]  # fmt: skip
+    by_label = {f"{row.profile} ({row.training})": row for row in read_rows(tmp_path)}
+    for label, memory, speed in drawn:
+        row = by_label[label]
+        assert (memory, speed) == (row.peak_memory_gib or 0, row.tokens_per_second_per_device or 0)
+    assert (tmp_path / "comparison.png").read_bytes().startswith(b"\x89PNG")
