@@ -27,8 +27,13 @@ from finetune.devices import adapt_arguments_to_cpu
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.instruction import DATA_FORMATS
-from finetune.profiles import _check_deepspeed as check_deepspeed_config
-from finetune.profiles import active_deepspeed_config, launched_strategy, needs_nvme_path, write_filled_config
+from finetune.profiles import (
+    active_deepspeed_config,
+    check_deepspeed_config,
+    launched_strategy,
+    needs_nvme_path,
+    write_filled_config,
+)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that record CUDA graphs

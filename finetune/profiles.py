@@ -312,7 +312,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if distributed_type == "DEEPSPEED":
         ds_path = _deepspeed_config_path(path, settings)
         ds_config = read_deepspeed_config(ds_path)
-        _check_deepspeed(ds_path, ds_config)
+        check_deepspeed_config(ds_path, ds_config)
     strategy = derive_strategy(
         path.stem, distributed_type, settings.get("fsdp_config"), ds_config, description
     )
@@ -414,7 +414,9 @@ def read_deepspeed_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def _check_deepspeed(path: Path, config: dict[str, Any]) -> None:
+def check_deepspeed_config(path: Path, config: dict[str, Any]) -> None:
+    """A DeepSpeed JSON a profile names, checked as DeepSpeed and accelerate will read it: one line
+    naming the file and key for anything they would refuse later, on every rank."""
     zero = config.get("zero_optimization")
     if not isinstance(zero, dict):
         raise FinetuneError(f"{path}: zero_optimization: missing")
