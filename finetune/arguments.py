@@ -328,6 +328,14 @@ class FinetuneTrainingArguments(TrainingArguments):
             "non-finite gradient norm always stops the run."
         },
     )
+    watchdog_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "End the run when no optimizer step ends for this many seconds, each rank's stack "
+            "written to output_dir/hang-step<N>/ (finetune/watchdog.py). Default: 20x the median step, at "
+            "least 600 s, from the first step on; 0 turns it off."
+        },
+    )
     profile_memory: bool = field(
         default=False,
         metadata={

@@ -37,6 +37,7 @@ from finetune.callbacks import MemoryCallback, StartupCallback, ThroughputCallba
 from finetune.checkpoint import (
     SaveAndStopOnSignal,
     checkpoint_to_resume,
+    checkpoints_newest_first,
     load_weights_only,
     read_manifest,
 )
@@ -87,6 +88,7 @@ from finetune.summary import (
     training_fields,
 )
 from finetune.trainer import FinetuneTrainer
+from finetune.watchdog import Watchdog
 
 logger = logging.get_logger("finetune")
 
@@ -222,6 +224,20 @@ def train_and_measure(
         )
     stop = SaveAndStopOnSignal()
 
+    def end_hung_run(message: str, folder: Path) -> None:
+        newest = checkpoints_newest_first(training_args.output_dir)
+        record.update({"status": "interrupted", "error": message, "hang": str(folder),
+                       "checkpoint": str(newest[0]) if newest else None})  # fmt: skip
+        record.write()
+
+    watchdog = Watchdog(
+        training_args.watchdog_s,
+        training_args.output_dir,
+        training_args.process_index,
+        training_args.world_size,
+        end_hung_run,
+    )
+
     promote_cpu_fsdp()
     trainer = FinetuneTrainer(
         model=model,
@@ -232,7 +248,7 @@ def train_and_measure(
         data_collator=data.collator,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
-        callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice()]
+        callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice(), watchdog]
         + ([ContinueTheReplannedSchedule()] if extension else []),
         run_flags=run_defining_flags(model_args, data_args, training_args),
     )
@@ -285,6 +301,8 @@ def train_and_measure(
 
 def main(argv: list[str] | None = None) -> None:
     name_deepspeeds_cpu_accelerator()  # before anything imports DeepSpeed
+    if torch.cuda.is_available():  # NCCL's flight recorder, which the watchdog dumps (before NCCL starts)
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     load_weights_only()
     load_onto_indexed_cpu()
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()

@@ -153,6 +153,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "datasets_version": ("str?", "datasets"),
     "resumed_from": ("str?", "the checkpoint this run continued from"),
     "resumed_from_step": ("int?", "the step of that checkpoint"),
+    "hang": ("str?", "the folder of every rank's stack when the watchdog ended a run that stopped stepping"),
     "embeddings_resized_to": (
         "int?",
         "rows of the embedding (and output layer) after growing them for the tokenizer's added tokens",

@@ -11,9 +11,10 @@
   a new batch shape makes torch.compile compile the model again (tens of seconds, and dynamic-shape
   kernels afterwards). With shuffling, a different remainder (under one global batch) is left out
   each epoch. Evaluation keeps every sample.
-- `_save_checkpoint` writes into a staging folder and publishes the checkpoint with one rename
-  once every rank has finished (finetune/checkpoint.py), so a checkpoint is complete or absent. Its
-  manifest records the run's identity (finetune/resume.py), which a resume must match.
+- `_save_checkpoint` pauses the run's watchdog (finetune/watchdog.py) and writes into a staging
+  folder and publishes the checkpoint with one rename once every rank has finished
+  (finetune/checkpoint.py), so a checkpoint is complete or absent. Its manifest records the run's
+  identity (finetune/resume.py), which a resume must match.
 - `train_loss` covers every step of a resumed run. The Trainer sums the logged losses in
   `_total_loss_scalar`, which starts at 0 in every `train()` and is not in its checkpoints, then
   divides by all steps, those before the resume included (a resumed run reported 7.37 where the
@@ -32,6 +33,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from finetune.errors import FinetuneError
 from finetune.outputs import share_from_main
 from finetune.profiles import strategy_of
 from finetune.resume import run_identity
+from finetune.watchdog import Watchdog
 
 logger = logging.get_logger("finetune")
 
@@ -180,6 +183,15 @@ class FinetuneTrainer(Trainer):
         return self._total_loss_scalar + unlogged
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        watchdogs = [
+            callback for callback in self.callback_handler.callbacks if isinstance(callback, Watchdog)
+        ]
+        with contextlib.ExitStack() as paused:
+            for watchdog in watchdogs:
+                paused.enter_context(watchdog.paused())
+            self._save_checkpoint_staged(model, trial)
+
+    def _save_checkpoint_staged(self, model: Any, trial: Any) -> None:
         check_weights_finite(self.model, self.state.global_step, "this checkpoint")
         room = room_problem(Path(self.args.output_dir), self.model, self.state.global_step)
         verdict = share_from_main(room if self.args.should_save else None)  # every rank stops, or none

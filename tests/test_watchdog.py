@@ -1,0 +1,44 @@
+"""A rank that stops inside a step ends the run in one line naming it and where it stopped, every
+rank's stack on disk, exit 75 with a checkpoint to resume from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from finetune.summary import read_summary
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+
+pytestmark = pytest.mark.integration
+
+FLAGS = [
+    *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "32", "--batch_size", "2",
+    "--max_steps", "6", "--save_steps", "2", "--logging_steps", "1", "--max_eval_samples", "4",
+    "--report_to", "none", "--disable_tqdm", "true", "--watchdog_s", "5",
+]  # fmt: skip
+
+
+def test_a_stalled_rank_is_named_its_stacks_written_and_the_run_resumable(tmp_path):
+    output_dir = tmp_path / "out"
+    command = [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/ddp.yaml",
+               "--num_processes", "2", "--main_process_port", "0", "tests/stalled_run.py",
+               *FLAGS, "--output_dir", str(output_dir)]  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True,
+                            timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert result.returncode == 75, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if "no optimizer step ended" in line]
+    assert "at step 3: rank 1 at " in line and "stalled_run.py" in line and "in training_step" in line
+    folder = output_dir / "hang-step3"
+    assert f"stacks in {folder}" in line
+    assert "stalled_run.py" in (folder / "rank1.txt").read_text()
+    assert json.loads((folder / "rank0.json").read_text())["in_collective"] is True
+    summary = read_summary(output_dir)
+    assert (summary["status"], summary["hang"]) == ("interrupted", str(folder))
+    assert summary["checkpoint"].endswith("checkpoint-2")
+    launch(accelerate_launch("ddp"), output_dir, [*FLAGS, "--resume"])
+    resumed = read_summary(output_dir)
+    assert (resumed["status"], resumed["resumed_from_step"], resumed["steps"]) == ("completed", 2, 6)
