@@ -22,7 +22,7 @@ import torch
 
 from finetune.adapters import DEFAULT_LORA_DROPOUT, PEFT_METHODS
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, OneLineArgumentErrors, exit_on_user_error
-from finetune.launch import Placement, launch_command, resolved_profile_file
+from finetune.launch import RUN_SCRIPT, Placement, launch_command, resolved_profile_file
 from finetune.profiles import (
     Strategy,
     available_profiles,
@@ -84,6 +84,7 @@ def parse_run_flags(
     return parse_arguments([*defaults, *expand_recipe(run_args)])
 
 
+DOCTOR_SCRIPT = Path(__file__).resolve().parent / "doctor.py"
 ORPHANED_RANKS_WAIT_S = 600.0  # a checkpoint of a large model takes minutes to write
 
 
@@ -93,10 +94,30 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
     if options.profile == "auto":
         options.profile, reason = auto_profile(run_args, options.num_processes)
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
+    if options.doctor:
+        code = launch(options, run_args, DOCTOR_SCRIPT)
+        if code != 0:
+            print("finetune: --doctor: a check failed (the table above): no run started", file=sys.stderr)
+            return code
+    code = launch(options, run_args, RUN_SCRIPT)
+    if code < 0:  # the launcher was killed (kill -9): its ranks stop on their own and may have saved
+        return orphaned_ranks_outcome(Path(training_args.output_dir), signal.Signals(-code))
+    return code
+
+
+def doctor_command(options: argparse.Namespace, run_args: list[str]) -> int:
+    run_args = with_shipped_recipe(run_args)
+    parse_run_flags(run_args)
+    return launch(options, run_args, DOCTOR_SCRIPT)
+
+
+def launch(options: argparse.Namespace, run_args: list[str], script: Path) -> int:
+    """`script` (run.py or doctor.py) on the ranks the profile and placement ask for: the launcher's
+    exit code, negative when the launcher itself was killed."""
     profile = load_profile(options.profile)
     with tempfile.TemporaryDirectory(prefix="finetune-profile-") as folder:
         config_file = resolved_profile_file(profile, Path(folder))
-        command = launch_command(profile, config_file, placement_of(options), run_args)
+        command = launch_command(profile, config_file, placement_of(options), run_args, script)
         print("finetune: " + " ".join(command), file=sys.stderr)
         environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
         with subprocess.Popen(command, env=environment) as launcher:
@@ -104,8 +125,6 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
                 code = launcher.wait()
             except KeyboardInterrupt:  # Ctrl-C reached the launcher too: let it stop its ranks
                 code = launcher.wait()
-    if code < 0:  # the launcher was killed (kill -9): its ranks stop on their own and may have saved
-        return orphaned_ranks_outcome(Path(training_args.output_dir), signal.Signals(-code))
     return code
 
 
@@ -672,11 +691,30 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:
         help=f"profile name ({names(shipped_for_help())}: fastest first, see `finetune profiles`), "
         "YAML file, or auto (the planner's pick)",
     )
-    run.add_argument("--num_processes", type=int, help="processes in all (default: every visible GPU)")
-    run.add_argument("--num_machines", type=int, help="machines (nodes) taking part")
-    run.add_argument("--machine_rank", type=int, help="this machine's rank among them")
-    run.add_argument("--main_process_ip", help="address of machine rank 0")
-    run.add_argument("--main_process_port", type=int, help="port on machine rank 0")
+    add_placement_arguments(run)
+    run.add_argument(
+        "--doctor", action="store_true", help="run `finetune doctor` first; train only if every check passes"
+    )
+
+
+def add_doctor_parser(commands: argparse._SubParsersAction) -> None:
+    doctor = commands.add_parser(
+        "doctor",
+        help="check the machine for a run on the ranks the run would start: GPUs, collectives, DeepSpeed "
+        "build locks, disk, model and data names; one table, exit 0 only if all pass",
+        description="Takes `finetune run`'s placement flags and run flags (or a recipe).",
+    )
+    doctor.add_argument("--profile", required=True, help="profile name or YAML file")
+    add_placement_arguments(doctor)
+
+
+def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the ranks go (Placement): `finetune run`'s and `finetune doctor`'s, passed to accelerate."""
+    parser.add_argument("--num_processes", type=int, help="processes in all (default: every visible GPU)")
+    parser.add_argument("--num_machines", type=int, help="machines (nodes) taking part")
+    parser.add_argument("--machine_rank", type=int, help="this machine's rank among them")
+    parser.add_argument("--main_process_ip", help="address of machine rank 0")
+    parser.add_argument("--main_process_port", type=int, help="port on machine rank 0")
 
 
 @dataclass(frozen=True)
@@ -697,6 +735,7 @@ COMMANDS = {
     "run": Command(add_run_parser, run_command, takes_run_flags=True),
     "compare": Command(add_compare_parser, compare_command, takes_run_flags=True),
     "slurm": Command(add_slurm_parser, slurm_command, takes_run_flags=True),
+    "doctor": Command(add_doctor_parser, doctor_command, takes_run_flags=True),
     "plan": Command(add_plan_parser, plan_command),
     "export": Command(add_export_parser, export_command),
     "eval": Command(add_eval_parser, eval_command),

@@ -18,6 +18,7 @@ USAGE_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # the shell's code for a command stopped by Ctrl-C
 RESUMABLE_EXIT_CODE = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; run again with --resume
 DIVERGED_EXIT_CODE = 3  # the loss or gradients blew up: nothing was saved from the diverged weights
+CHECK_FAILED_EXIT_CODE = 4  # `finetune doctor`: a check failed; its table says which and what to do
 ERROR_FILE_VARIABLE = "FINETUNE_ERROR_FILE"
 # How long a rank other than 0 waits before printing its error itself. Bad input fails every rank
 # alike; the launcher stops the others as soon as rank 0 exits, so they never print. Only an error

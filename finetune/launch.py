@@ -22,6 +22,7 @@ import yaml
 from accelerate.utils import patch_environment
 
 from finetune.errors import (
+    CHECK_FAILED_EXIT_CODE,
     DIVERGED_EXIT_CODE,
     ERROR_FILE_VARIABLE,
     INTERRUPTED_EXIT_CODE,
@@ -84,7 +85,7 @@ def default_num_processes() -> int:
 
 
 def launch_command(
-    profile: Profile, config_file: Path, placement: Placement, run_args: list[str]
+    profile: Profile, config_file: Path, placement: Placement, run_args: list[str], script: Path = RUN_SCRIPT
 ) -> list[str]:
     command = [sys.executable, "-m", "finetune.launch", "--config_file", str(config_file)]
     if profile.multi_process:
@@ -93,7 +94,7 @@ def launch_command(
         if placement.main_process_port is None and on_one_machine(profile, placement):
             placement.main_process_port = FREE_PORT
         command += placement.flags()
-    return [*command, str(RUN_SCRIPT), *run_args]
+    return [*command, str(script), *run_args]
 
 
 @contextmanager
@@ -154,7 +155,7 @@ def run_launcher(argv: list[str]) -> int:
             code, who = 128 + stop.sigval, f"the launcher, on {stop.sigval.name},"
         if error_file.exists():
             raise FinetuneError(error_file.read_text(encoding="utf-8").strip())
-    if code not in (RESUMABLE_EXIT_CODE, INTERRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE):  # the ranks said why
+    if code not in (RESUMABLE_EXIT_CODE, INTERRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, CHECK_FAILED_EXIT_CODE):
         print(f"finetune: {who} stopped with exit code {code} (its output is above)", file=sys.stderr)
     return code
 

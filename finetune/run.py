@@ -87,6 +87,7 @@ from finetune.summary import (
     resume_fields,
     training_fields,
 )
+from finetune.doctor import doctor_verdict
 from finetune.trainer import FinetuneTrainer
 from finetune.watchdog import Watchdog
 
@@ -155,6 +156,7 @@ def train_and_measure(
     startup = StartupCallback()
     startup.mark("imports")
     record.update(configuration_fields(model_args, data_args, training_args))
+    record.update({"doctor": doctor_verdict(Path(training_args.output_dir))})
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
     config = load_config(model_args, location)

@@ -153,6 +153,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "datasets_version": ("str?", "datasets"),
     "resumed_from": ("str?", "the checkpoint this run continued from"),
     "resumed_from_step": ("int?", "the step of that checkpoint"),
+    "doctor": (
+        "str?",
+        "what `finetune doctor` (or `finetune run --doctor`) found in this output_dir: passed, or the "
+        "checks that failed (output_dir/doctor.json has the table)",
+    ),
     "hang": ("str?", "the folder of every rank's stack when the watchdog ended a run that stopped stepping"),
     "embeddings_resized_to": (
         "int?",

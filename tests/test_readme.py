@@ -104,11 +104,11 @@ def parse_run_flags(flags: list[str]) -> None:
 def parse_command(argv: list[str]) -> None:
     """Parse with the parsers the command would use; an unknown flag or bad value exits 2."""
     if argv[0] == "finetune":
-        from finetune.cli import make_parser
+        from finetune.cli import COMMANDS, make_parser
 
         options, rest = make_parser().parse_known_args(argv[1:])
         rest = rest[1:] if rest[:1] == ["--"] else rest
-        if options.command in ("run", "compare", "slurm"):
+        if COMMANDS[options.command].takes_run_flags:
             parse_run_flags(rest)
         else:
             assert not rest, f"unrecognized arguments: {rest}"

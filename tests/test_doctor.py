@@ -1,0 +1,67 @@
+"""`finetune doctor` checks the machine on the ranks a run would start and says what to do, in one
+table; `finetune run --doctor` trains only when every check passes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+
+pytestmark = pytest.mark.integration
+
+PLACEMENT = ["--profile", "ddp", "--num_processes", "2"]
+
+
+def finetune(*arguments: str, environment=None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "finetune", *arguments], cwd=PROJECT_ROOT,
+                          env=environment or ENVIRONMENT, capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+
+
+def rows(output_dir) -> dict[tuple[int, str], dict]:
+    return {(row["rank"], row["name"]): row for row in json.loads((output_dir / "doctor.json").read_text())}
+
+
+def test_run_with_doctor_checks_two_ranks_then_trains_and_records_it(tmp_path):
+    flags = [*TINY_MODEL, "--max_steps", "2", "--block_size", "32", "--max_eval_samples", "4"]
+    result = finetune("run", *PLACEMENT, "--doctor", *flags, "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    assert (summary["status"], summary["doctor"]) == ("completed", "passed")
+    found = rows(tmp_path / "out")
+    assert all(row["passed"] for row in found.values())
+    for rank in (0, 1):
+        assert found[(rank, "all-reduce 16 MiB")]["measured"].endswith("GB/s bus bandwidth")
+        assert found[(rank, "first collective")]["passed"]
+    assert "| 1 | all-gather 1 MiB |" in result.stdout
+
+
+def test_a_missing_dataset_a_stale_lock_and_a_full_disk_each_fail_with_what_to_do(tmp_path):
+    lock = tmp_path / "extensions" / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    environment = {**ENVIRONMENT, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    result = finetune(
+        "doctor", *PLACEMENT, *TINY_MODEL, "--dataset", "no-such-dataset", "--save_total_limit", "1000000000",
+        "--output_dir", str(tmp_path / "out"), environment=environment,
+    )  # fmt: skip
+    assert result.returncode == 4
+    found = rows(tmp_path / "out")
+    failed = sorted({name for (_, name), row in found.items() if not row["passed"]})
+    assert failed == ["dataset found", "disk", "op build locks"]
+    assert found[(0, "op build locks")]["advice"] == f"rm {lock}"
+    assert "not found" in found[(0, "dataset found")]["advice"]
+    assert "failed: " in result.stderr.splitlines()[-1]
+
+
+def test_run_with_doctor_does_not_train_when_a_check_fails(tmp_path):
+    output_dir = tmp_path / "out"
+    result = finetune("run", *PLACEMENT, "--doctor", *TINY_MODEL, "--dataset", "no-such-dataset",
+                      "--output_dir", str(output_dir))  # fmt: skip
+    assert result.returncode == 4
+    assert "no run started" in result.stderr
+    assert not (output_dir / "run_summary.json").exists()
