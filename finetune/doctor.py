@@ -131,6 +131,55 @@ def gpu_checks(training_args) -> list[Check]:
     ]
 
 
+def memory_check(model_args, data_args, training_args) -> Check | None:
+    """The planner's prediction for this run (its profile, micro batch, block, precision) against this
+    GPU's memory; none without a GPU, where the memory model (fitted to GPU peaks) does not apply."""
+    if not torch.cuda.is_available():
+        return None
+    from finetune.planner import (
+        DEFAULT_MARGIN,
+        Calibration,
+        Workload,
+        estimate,
+        shape_of,
+        visible_gpu_memory_gib,
+    )
+    from finetune.profiles import launched_strategy
+
+    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
+    dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    workload = Workload(
+        micro_batch=training_args.per_device_train_batch_size,
+        block_size=data_args.block_size or default_block,
+        dtype=dtype,
+        gradient_checkpointing=training_args.gradient_checkpointing,
+        compiled=training_args.torch_compile,
+        peft=model_args.peft,
+        lora_rank=model_args.lora_rank,
+        lora_dropout=model_args.lora_dropout,
+    )
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    predicted = estimate(launched_strategy(), shape, workload, world_size, Calibration.measured()).total
+    memory = visible_gpu_memory_gib()
+    passed = predicted <= memory * (1 - DEFAULT_MARGIN)
+    advice = "" if passed else "`finetune plan` shows what fits: a smaller --batch_size, another profile"
+    measured = f"{predicted:.1f} GiB predicted of {memory:.0f} GiB"
+    return Check(
+        "memory (planner)", measured, f"<= {100 * (1 - DEFAULT_MARGIN):.0f}% of the GPU", passed, advice
+    )
+
+
+def slurm_check() -> Check | None:
+    """Under SLURM: as many nodes as the launch has machines."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    nodes = int(os.environ.get("SLURM_NNODES", "1"))
+    machines = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    passed = nodes == machines
+    return Check("SLURM nodes", f"{nodes} node(s), {machines} machine(s) launched", "equal", passed,
+                 "" if passed else "--nodes of finetune slurm and --num_machines must agree")  # fmt: skip
+
+
 def collective_checks(rank: int, world_size: int) -> list[Check]:
     """The first collective (the rendezvous all ranks wait for), then bus bandwidth at each size."""
     device = (
@@ -179,6 +228,9 @@ def run_checks(argv: list[str]) -> list[Check]:
     checks = [build_lock_check(), *gpu_checks(training_args)]
     if rank == 0:
         checks += [*names_check(model_args, data_args), disk_check(model_args, training_args)]
+        checks += [
+            check for check in (memory_check(model_args, data_args, training_args), slurm_check()) if check
+        ]
     if world_size > 1:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
