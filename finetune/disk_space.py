@@ -58,12 +58,17 @@ def room_problem(output_dir: Path, model: torch.nn.Module, step: int) -> str | N
     )
 
 
+def checkpoints_at_once(save_total_limit: int | None) -> int:
+    """How many checkpoints are on disk at once: the kept ones and the one being written before the
+    oldest is rotated out; at least the one being written when every checkpoint is kept."""
+    return save_total_limit + 1 if save_total_limit else 1
+
+
 def kept_checkpoints_problem(
     output_dir: Path, model: torch.nn.Module, save_total_limit: int | None
 ) -> str | None:
-    """Why the checkpoints the run keeps may not fit, or None: `save_total_limit` of them plus the one being
-    written before the oldest is rotated out, or at least one when every checkpoint is kept."""
-    keep = save_total_limit + 1 if save_total_limit else 1
+    """Why the checkpoints on disk at once (`checkpoints_at_once`) may not fit, or None."""
+    keep = checkpoints_at_once(save_total_limit)
     expected, free = expected_checkpoint_bytes(output_dir, model), free_bytes(output_dir)
     if free >= keep * expected:
         return None

@@ -86,6 +86,7 @@ def build_lock_check() -> Check:
 def disk_check(model_args, training_args) -> Check:
     """Free space in output_dir against the checkpoints the run keeps (save_total_limit, and the one
     being written before the oldest is rotated out)."""
+    from finetune.disk_space import checkpoints_at_once
     from finetune.planner import shape_of
 
     folder = Path(training_args.output_dir)
@@ -94,7 +95,7 @@ def disk_check(model_args, training_args) -> Check:
     if training_args.save_strategy == "no":
         return Check("disk", f"{free / 2**30:.1f} GiB free", "no checkpoints saved", True)
     shape, _ = shape_of(model_args.model, model_args.config_overrides)
-    keep = training_args.save_total_limit + 1 if training_args.save_total_limit else 1
+    keep = checkpoints_at_once(training_args.save_total_limit)
     needed = keep * shape.parameters * CHECKPOINT_BYTES_PER_PARAMETER
     passed = free >= needed
     advice = "" if passed else "free space, lower --save_total_limit or choose another --output_dir"

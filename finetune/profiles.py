@@ -15,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import DynamoBackend
@@ -465,8 +464,6 @@ def _without_auto(section: dict[str, Any]) -> dict[str, Any]:
 def _check_with_deepspeeds_model(path: Path, zero: dict[str, Any]) -> None:
     """zero_optimization read by DeepSpeed's own config model, as every rank reads it at start: a
     misspelt or mistyped key is this one line here, not a pydantic traceback on every rank later."""
-    if not torch.accelerator.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as run.py names it: no fallback warning
     try:
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     except ImportError:  # not installed: launching a DeepSpeed profile fails on that, in its own words

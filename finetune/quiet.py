@@ -42,5 +42,6 @@ def silence_known_noise() -> None:
     warnings.filterwarnings("ignore", message=DEEPSPEED_COLLECTIVE_NAMES, category=FutureWarning)
     # Without an accelerator DeepSpeed falls back to its CPU one and says so on every import (in
     # commands that do not train too): naming that accelerator makes the same choice without the line.
+    # Here, at the package's import, it comes before anything of finetune's imports DeepSpeed.
     if not torch.accelerator.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")

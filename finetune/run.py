@@ -45,6 +45,7 @@ from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
 from finetune.disk_space import kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
+from finetune.doctor import doctor_verdict
 from finetune.errors import StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
@@ -87,7 +88,6 @@ from finetune.summary import (
     resume_fields,
     training_fields,
 )
-from finetune.doctor import doctor_verdict
 from finetune.trainer import FinetuneTrainer
 from finetune.watchdog import Watchdog
 
@@ -129,13 +129,6 @@ def use_the_tokenizers_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTo
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-
-
-def name_deepspeeds_cpu_accelerator() -> None:
-    """Without a GPU, DeepSpeed falls back to its CPU accelerator and warns on every rank that it did:
-    naming that accelerator makes the same choice without the warning."""
-    if not torch.accelerator.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def run_defining_flags(
@@ -302,7 +295,6 @@ def train_and_measure(
 
 
 def main(argv: list[str] | None = None) -> None:
-    name_deepspeeds_cpu_accelerator()  # before anything imports DeepSpeed
     if torch.cuda.is_available():  # NCCL's flight recorder, which the watchdog dumps (before NCCL starts)
         os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     load_weights_only()

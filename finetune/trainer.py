@@ -90,9 +90,8 @@ class FinetuneTrainer(Trainer):
         self._loss_sum_before: float | None = 0.0
         self._loss_sum_to_restore = False
         vocab_size = getattr(getattr(self.model, "config", None), "vocab_size", None)
-        spike_factor = getattr(
-            self.args, "loss_spike_factor", DEFAULT_LOSS_SPIKE_FACTOR
-        )  # plain TrainingArguments
+        # plain TrainingArguments (a Trainer built outside run.py) have no such flag: the default
+        spike_factor = getattr(self.args, "loss_spike_factor", DEFAULT_LOSS_SPIKE_FACTOR)
         self.divergence = DivergenceGuard(spike_factor, vocab_size)
 
     def _maybe_log_save_evaluate(
