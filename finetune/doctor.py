@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -23,15 +24,28 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: import the 
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import finetune  # noqa: F401, I001 (first: its import filters the libraries' known noise)
+import psutil
 import torch
 import torch.distributed as dist
 
 from finetune.arguments import parse_arguments
 from finetune.build_locks import extensions_root, on_one_machine, stale_build_locks
 from finetune.errors import CHECK_FAILED_EXIT_CODE, FinetuneError, exit_on_user_error, first_line
+from finetune.profiles import launched_strategy
 
 REPORT = "doctor.json"
-COLLECTIVE_SIZES = (1 << 20, 16 << 20)  # bytes; a GPU machine's bandwidth shows at the larger
+# Bytes per collective. Bus bandwidth only shows at large buffers (nccl-tests sweeps up to GBs); GPUs
+# get one large size, CPU ranks stay small so the check takes a second there.
+COLLECTIVE_SIZES = {"cuda": (1 << 20, 64 << 20, 256 << 20), "cpu": (1 << 20, 16 << 20)}
+COLLECTIVE_REPEATS = {"cuda": 20, "cpu": 5}
+# The least all-reduce bus bandwidth at the largest size for each link, in GB/s: far below what such a
+# link gives (NVLink: hundreds; PCIe 4/5 x16: about 20-50; a 100 Gb/s network: about 10), so that a
+# check fails only for a link that is not what it claims (NVLink off, a GPU on a x1 slot, TCP over a
+# management network) and never for an ordinary machine.
+BANDWIDTH_FLOOR_GBPS = {"NVLink": 50.0, "PCIe": 3.0, "network": 1.0}
+OP_BUILD_LIMIT_S = 600  # the longest a DeepSpeed op build may take before doctor calls it failed
+NVME_PROBE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
+NVME_FLOOR_GBPS = 0.5  # ZeRO-Infinity swaps every step: below this a disk makes the GPU wait
 CHECKPOINT_BYTES_PER_PARAMETER = 2 + 4 + 8  # bf16 weights, fp32 master and Adam's two states, as saved
 # torch renamed the tensor all-gather (and warns at every call of the old name): the new one where it exists
 ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -132,20 +146,9 @@ def gpu_checks(training_args) -> list[Check]:
     ]
 
 
-def memory_check(model_args, data_args, training_args) -> Check | None:
-    """The planner's prediction for this run (its profile, micro batch, block, precision) against this
-    GPU's memory; none without a GPU, where the memory model (fitted to GPU peaks) does not apply."""
-    if not torch.cuda.is_available():
-        return None
-    from finetune.planner import (
-        DEFAULT_MARGIN,
-        Calibration,
-        Workload,
-        estimate,
-        shape_of,
-        visible_gpu_memory_gib,
-    )
-    from finetune.profiles import launched_strategy
+def run_workload(model_args, data_args, training_args):
+    """The planner's Workload for these run flags and its model shape."""
+    from finetune.planner import Workload, shape_of
 
     shape, default_block = shape_of(model_args.model, model_args.config_overrides)
     dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
@@ -159,8 +162,25 @@ def memory_check(model_args, data_args, training_args) -> Check | None:
         lora_rank=model_args.lora_rank,
         lora_dropout=model_args.lora_dropout,
     )
+    return shape, workload
+
+
+def planned(model_args, data_args, training_args, strategy):
+    from finetune.planner import Calibration, estimate
+
+    shape, workload = run_workload(model_args, data_args, training_args)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    predicted = estimate(launched_strategy(), shape, workload, world_size, Calibration.measured()).total
+    return estimate(strategy, shape, workload, world_size, Calibration.measured())
+
+
+def memory_check(model_args, data_args, training_args, strategy) -> Check | None:
+    """The planner's prediction for this run (its profile, micro batch, block, precision) against this
+    GPU's memory; none without a GPU, where the memory model (fitted to GPU peaks) does not apply."""
+    if not torch.cuda.is_available():
+        return None
+    from finetune.planner import DEFAULT_MARGIN, visible_gpu_memory_gib
+
+    predicted = planned(model_args, data_args, training_args, strategy).total
     memory = visible_gpu_memory_gib()
     passed = predicted <= memory * (1 - DEFAULT_MARGIN)
     advice = "" if passed else "`finetune plan` shows what fits: a smaller --batch_size, another profile"
@@ -170,28 +190,154 @@ def memory_check(model_args, data_args, training_args) -> Check | None:
     )
 
 
-def slurm_check() -> Check | None:
-    """Under SLURM: as many nodes as the launch has machines."""
-    if "SLURM_JOB_ID" not in os.environ:
+def host_memory_check(model_args, data_args, training_args, strategy) -> Check | None:
+    """Offload profiles keep the optimizer (and parameters) in host RAM, once per rank of a machine:
+    the planner's host figure for this machine's ranks against the RAM available now."""
+    if "cpu" not in strategy.offloaded.values():
         return None
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    needed = planned(model_args, data_args, training_args, strategy).host_per_gpu * ranks_here
+    available = psutil.virtual_memory().available / 2**30
+    passed = needed <= available
+    return Check(
+        "host RAM (offload)",
+        f"{available:.1f} GiB available",
+        f">= {needed:.1f} GiB for {ranks_here} rank(s) of this machine",
+        passed,
+        "" if passed else "fewer ranks per machine, a smaller model, or a machine with more RAM",
+    )
+
+
+def nvme_check(training_args, strategy, device_type: str) -> Check | None:
+    """ZeRO-Infinity swaps states through --nvme_path every step: its sequential write and read speed,
+    the read from the disk (the page cache dropped for the file first)."""
+    if "nvme" not in strategy.offloaded.values() or not training_args.nvme_path:
+        return None
+    folder = Path(training_args.nvme_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    probe, size = folder / f".finetune-doctor-{os.getpid()}", NVME_PROBE_BYTES[device_type]
+    chunk = os.urandom(min(size, 64 << 20))
+    try:
+        started = time.monotonic()
+        with open(probe, "wb") as stream:
+            for _ in range(size // len(chunk)):
+                stream.write(chunk)
+            stream.flush()
+            os.fsync(stream.fileno())
+        write = size / (time.monotonic() - started) / 1e9
+        with open(probe, "rb") as stream:
+            os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            started = time.monotonic()
+            while stream.read(64 << 20):
+                pass
+        read = size / (time.monotonic() - started) / 1e9
+    finally:
+        probe.unlink(missing_ok=True)
+    passed = min(write, read) >= NVME_FLOOR_GBPS
+    return Check(
+        "NVMe folder speed",
+        f"write {write:.2f} GB/s, read {read:.2f} GB/s in {folder}",
+        f">= {NVME_FLOOR_GBPS} GB/s each",
+        passed,
+        "" if passed else "point --nvme_path at a local NVMe disk, or use zero3_offload (host RAM)",
+    )
+
+
+def ops_needed(strategy, on_gpu: bool) -> list[str]:
+    """The DeepSpeed op builders a profile's first step builds: the CPU Adam of offloaded optimizer
+    states, the async I/O of NVMe swapping, and on CPU ranks the shared-memory collectives."""
+    if strategy.framework != "deepspeed":
+        return []
+    needed = [] if on_gpu else ["ShareMemCommBuilder"]
+    if strategy.offloaded:
+        needed.append("CPUAdamBuilder")
+    if "nvme" in strategy.offloaded.values():
+        needed.append("AsyncIOBuilder")
+    return needed
+
+
+def op_build_checks(strategy, on_gpu: bool) -> list[Check]:
+    """Each op the profile needs built now (or loaded, when built before), in a child process with a
+    time limit: a run then starts without the build, and a build that cannot finish shows here. A
+    child stopped at the limit leaves its build lock, which doctor removes (it knows the holder died)."""
+    checks = []
+    for builder in ops_needed(strategy, on_gpu):
+        code = (
+            "from deepspeed.accelerator import get_accelerator\n"
+            f"builder = get_accelerator().create_op_builder({builder!r})\n"
+            "assert builder.is_compatible(verbose=False), 'not compatible with this machine'\n"
+            "builder.load(verbose=False)"
+        )
+        expected = f"built within {OP_BUILD_LIMIT_S} s"
+        started = time.monotonic()
+        try:
+            result = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, timeout=OP_BUILD_LIMIT_S
+            )
+        except subprocess.TimeoutExpired:
+            for lock in stale_build_locks(extensions_root()):
+                lock.unlink(missing_ok=True)
+            advice = "build it ahead on this machine: DS_BUILD_OPS=1 pip install deepspeed"
+            checks.append(Check(f"DeepSpeed op {builder}", "not built in time", expected, False, advice))
+            continue
+        if result.returncode == 0:
+            measured = f"ready in {time.monotonic() - started:.0f} s"
+            checks.append(Check(f"DeepSpeed op {builder}", measured, expected, True))
+        else:
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            measured = lines[-1] if lines else f"exit {result.returncode}"
+            advice = "install its compiler or library (ds_report lists them)"
+            checks.append(Check(f"DeepSpeed op {builder}", measured, expected, False, advice))
+    return checks
+
+
+def slurm_checks() -> list[Check]:
+    """Under SLURM: as many nodes as the launch has machines, one task per node (each task is one
+    machine's launcher, as `finetune slurm` writes it), and the rendezvous address the ranks met at."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return []
     nodes = int(os.environ.get("SLURM_NNODES", "1"))
+    tasks = int(os.environ.get("SLURM_NTASKS", str(nodes)))
     machines = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    passed = nodes == machines
-    return Check("SLURM nodes", f"{nodes} node(s), {machines} machine(s) launched", "equal", passed,
-                 "" if passed else "--nodes of finetune slurm and --num_machines must agree")  # fmt: skip
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    one_task_each = tasks == nodes
+    return [
+        Check("SLURM nodes", f"{nodes} node(s), {machines} machine(s) launched", "equal", nodes == machines,
+              "" if nodes == machines else "--nodes of finetune slurm and --num_machines must agree"),
+        Check("SLURM tasks", f"{tasks} task(s) on {nodes} node(s)", "one launcher task per node",
+              one_task_each, "" if one_task_each else "srun --ntasks-per-node=1 (as finetune slurm writes)"),
+        Check("rendezvous", address, "the first machine's host and a free port", True),
+    ]  # fmt: skip
+
+
+def link_between_ranks(device_type: str) -> str:
+    """What carries the collectives: the network between machines, NVLink or PCIe between GPUs of
+    one machine (NVLink as nvidia-smi reports this GPU's links), shared memory between CPU ranks."""
+    if not on_one_machine():
+        return "network"
+    if device_type == "cpu":
+        return "shared memory"
+    uuid = torch.cuda.get_device_properties(torch.cuda.current_device()).uuid
+    try:
+        links = subprocess.run(["nvidia-smi", "nvlink", "--status", "-i", f"GPU-{uuid}"],
+                               capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "PCIe"
+    return "NVLink" if "GB/s" in links else "PCIe"
 
 
 def collective_checks(rank: int, world_size: int) -> list[Check]:
-    """The first collective (the rendezvous all ranks wait for), then bus bandwidth at each size."""
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
+    """The first collective (the rendezvous all ranks wait for), then bus bandwidth at each size; the
+    largest size is held to the floor of the link between the ranks."""
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     started = time.monotonic()
     dist.barrier()
     checks = [Check("first collective", f"{time.monotonic() - started:.2f} s", "seconds, not minutes", True)]
-    for size in COLLECTIVE_SIZES:
+    link = link_between_ranks(device.type)
+    floor = BANDWIDTH_FLOOR_GBPS.get(link)
+    sizes, repeats = COLLECTIVE_SIZES[device.type], COLLECTIVE_REPEATS[device.type]
+    for size in sizes:
         buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
         gathered = torch.empty(world_size * buffer.numel(), dtype=torch.float32, device=device)
         operations = {
@@ -203,21 +349,27 @@ def collective_checks(rank: int, world_size: int) -> list[Check]:
         }
         for name, (run, factor) in operations.items():
             run()  # warm-up
-            if device.type == "cuda":
+            if on_gpu:
                 torch.cuda.synchronize()
             started = time.monotonic()
-            for _ in range(5):
+            for _ in range(repeats):
                 run()
-            if device.type == "cuda":
+            if on_gpu:
                 torch.cuda.synchronize()
-            seconds = (time.monotonic() - started) / 5
+            seconds = (time.monotonic() - started) / repeats
             busbw = size * factor / seconds / 1e9
+            judged = floor is not None and size == sizes[-1]
+            passed = not judged or busbw >= floor
             checks.append(
                 Check(
                     f"{name} {size >> 20} MiB",
                     f"{busbw:.1f} GB/s bus bandwidth",
-                    "NVLink: 100s of GB/s; PCIe: 10s; network: per link",
-                    True,
+                    f"{link}: >= {floor:g} GB/s" if judged else f"{link}",
+                    passed,
+                    ""
+                    if passed
+                    else f"the ranks do not talk over {link} at its speed: check "
+                    "`nvidia-smi topo -m`, NCCL_DEBUG=INFO's transport, NCCL_SOCKET_IFNAME",
                 )
             )
     return checks
@@ -226,12 +378,20 @@ def collective_checks(rank: int, world_size: int) -> list[Check]:
 def run_checks(argv: list[str]) -> list[Check]:
     model_args, data_args, training_args = parse_arguments(argv)
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    strategy = launched_strategy()
+    on_gpu = torch.cuda.is_available()
     checks = [build_lock_check(), *gpu_checks(training_args)]
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per machine: its RAM, disks and op builds
+        checks += [*op_build_checks(strategy, on_gpu)]
+        machine = (
+            host_memory_check(model_args, data_args, training_args, strategy),
+            nvme_check(training_args, strategy, "cuda" if on_gpu else "cpu"),
+        )
+        checks += [check for check in machine if check]
     if rank == 0:
         checks += [*names_check(model_args, data_args), disk_check(model_args, training_args)]
-        checks += [
-            check for check in (memory_check(model_args, data_args, training_args), slurm_check()) if check
-        ]
+        memory = memory_check(model_args, data_args, training_args, strategy)
+        checks += [*([memory] if memory else []), *slurm_checks()]
     if world_size > 1:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

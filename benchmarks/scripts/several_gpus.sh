@@ -47,6 +47,42 @@ case $CALL in
       tar -czf /tmp/results.tgz -C "$ROOT" speed && mv /tmp/results.tgz "$ROOT/results.tgz"  # if cut short
     done
     ;;
+  4)  # issue 32: finetune doctor on 1, 2 and all GPUs beside a plain torch loop timed with CUDA events;
+    # doctor under the offload profiles (op builds, host RAM, NVMe speed); run --doctor; a stalled rank
+    N=$(nvidia-smi -L | wc -l)
+    mkdir -p "$ROOT/doctor"
+    doctor() {  # NAME GPUS PROFILE ARGS...: finetune doctor on the GPUs listed, its table and JSON kept
+      local NAME=$1 GPUS=$2 PROFILE=$3; shift 3
+      echo "== doctor $NAME"
+      CUDA_VISIBLE_DEVICES=$GPUS timeout 400 python -m finetune doctor --profile $PROFILE \
+        --num_processes $(( $(tr -cd , <<< "$GPUS" | wc -c) + 1 )) --model gpt2-medium --from_scratch \
+        --output_dir /tmp/doctor-$NAME "$@" > "$ROOT/doctor/$NAME.log" 2>&1; echo "rc $?"
+      cp /tmp/doctor-$NAME/doctor.json "$ROOT/doctor/$NAME.json"; tail -n 25 "$ROOT/doctor/$NAME.log"
+    }
+    for G in $(printf '%s\n' 1 2 $N | sort -un); do
+      GPUS=$(seq -s, 0 $((G - 1)))
+      doctor ddp-$G $GPUS ddp
+      if [ $G -gt 1 ]; then
+        CUDA_VISIBLE_DEVICES=$GPUS timeout 120 torchrun --nproc_per_node $G \
+          benchmarks/scripts/collective_loop.py "$ROOT/doctor/torch-$G.json" 2>&1 | tail -n 8
+      fi
+    done
+    doctor zero3_offload-2 0,1 zero3_offload
+    doctor zero3_nvme-2 0,1 zero3_nvme --nvme_path /tmp/nvme
+    echo "== run --doctor"
+    timeout 300 python -m finetune run --profile ddp --num_processes $N --doctor --model gpt2 --from_scratch \
+      --max_steps 20 --max_eval_samples 16 --report_to none --disable_tqdm true --output_dir /tmp/run-doctor \
+      > "$ROOT/doctor/run-doctor.log" 2>&1; echo "rc $?"; tail -n 15 "$ROOT/doctor/run-doctor.log"
+    cp /tmp/run-doctor/run_summary.json "$ROOT/doctor/run-doctor.summary.json"
+    echo "== a stalled rank on 2 GPUs (NCCL)"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 300 python -m finetune.launch --config_file accelerate_configs/ddp.yaml \
+      --num_processes 2 --main_process_port 0 tests/stalled_run.py --model gpt2 --from_scratch \
+      --config_overrides n_layer=2,n_embd=64,n_head=2 --block_size 32 --batch_size 2 --max_steps 6 \
+      --save_steps 2 --logging_steps 1 --max_eval_samples 4 --report_to none --disable_tqdm true \
+      --watchdog_s 5 --output_dir /tmp/stalled > "$ROOT/doctor/stalled.log" 2>&1; echo "rc $?"
+    tail -n 5 "$ROOT/doctor/stalled.log"; cp -r /tmp/stalled/hang-step* "$ROOT/doctor/" 2>/dev/null
+    ls -la "$ROOT"/doctor/hang-step*
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
