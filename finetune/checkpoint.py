@@ -26,6 +26,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.utils import logging
 
 from finetune import safe_unpickling
+from finetune.collectives import collective
 from finetune.errors import FinetuneError
 
 logger = logging.get_logger("finetune")
@@ -225,6 +226,7 @@ def load_weights_only() -> None:
     torch.serialization.add_safe_globals([ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address])
 
 
+@collective
 def highest_on_any_rank(value: int, device: torch.device) -> int:
     """The largest of every rank's value, on every rank. Collective."""
     if not (dist.is_available() and dist.is_initialized()):

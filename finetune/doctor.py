@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file by accelerate launch: import the package, not its siblings
@@ -44,6 +45,7 @@ COLLECTIVE_REPEATS = {"cuda": 20, "cpu": 5}
 # management network) and never for an ordinary machine.
 BANDWIDTH_FLOOR_GBPS = {"NVLink": 50.0, "PCIe": 3.0, "network": 1.0}
 OP_BUILD_LIMIT_S = 600  # the longest a DeepSpeed op build may take before doctor calls it failed
+GATHER_MARGIN_S = 600  # the other checks' time on top of the builds, for the collective timeout
 NVME_PROBE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
 NVME_FLOOR_GBPS = 0.5  # ZeRO-Infinity swaps every step: below this a disk makes the GPU wait
 CHECKPOINT_BYTES_PER_PARAMETER = 2 + 4 + 8  # bf16 weights, fp32 master and Adam's two states, as saved
@@ -376,11 +378,21 @@ def collective_checks(rank: int, world_size: int) -> list[Check]:
 
 
 def run_checks(argv: list[str]) -> list[Check]:
+    """Collectives first, so that the first one times the rendezvous and not a neighbour's checks; then
+    each rank's own checks, each machine's (once, by its first rank) and the run's (rank 0)."""
     model_args, data_args, training_args = parse_arguments(argv)
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     strategy = launched_strategy()
     on_gpu = torch.cuda.is_available()
-    checks = [build_lock_check(), *gpu_checks(training_args)]
+    checks = []
+    if world_size > 1:
+        if on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # the others wait at the gathering below while a first rank builds ops: up to OP_BUILD_LIMIT_S
+        timeout = timedelta(seconds=OP_BUILD_LIMIT_S + GATHER_MARGIN_S)
+        dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timeout)
+        checks += collective_checks(rank, world_size)
+    checks += [build_lock_check(), *gpu_checks(training_args)]
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per machine: its RAM, disks and op builds
         checks += [*op_build_checks(strategy, on_gpu)]
         machine = (
@@ -393,10 +405,6 @@ def run_checks(argv: list[str]) -> list[Check]:
         memory = memory_check(model_args, data_args, training_args, strategy)
         checks += [*([memory] if memory else []), *slurm_checks()]
     if world_size > 1:
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        checks += collective_checks(rank, world_size)
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, [asdict(check) | {"rank": rank} for check in checks])
         dist.destroy_process_group()

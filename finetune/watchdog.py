@@ -28,6 +28,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from finetune.checkpoint import checkpoints_newest_first
+from finetune.collectives import in_a_helper
 from finetune.errors import RESUMABLE_EXIT_CODE
 
 STEP_TIMES_FACTOR = 20.0
@@ -50,7 +51,7 @@ def innermost_frames(thread_id: int) -> list[str]:
 
 
 def in_a_collective(frames: list[str]) -> bool:
-    return any(marker in frame for frame in frames for marker in COLLECTIVE_FILES)
+    return any(in_a_helper(frame) or any(marker in frame for marker in COLLECTIVE_FILES) for frame in frames)
 
 
 class Watchdog(TrainerCallback):

@@ -19,6 +19,7 @@ from finetune.summary import format_report
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_PAGE = ROOT / "docs" / "speed.md"
 PLANNER_PAGE = ROOT / "docs" / "planner.md"
+TROUBLESHOOTING_PAGE = ROOT / "docs" / "troubleshooting.md"
 README = ROOT / "README.md"
 SPEED_TABLE = re.compile(r"<!-- speed table: python (benchmarks/scripts/\S+\.py) (benchmarks/\S+) -->")
 REPORT_SUMMARY = "benchmarks/h200-2026-11-24e/finetune.gpt2-medium.b8.run1.json"
@@ -33,7 +34,8 @@ def speed_tables(page: Path) -> list[tuple[str, str, str]]:
     return tables
 
 
-TABLES = speed_tables(SPEED_PAGE) + speed_tables(README) + speed_tables(PLANNER_PAGE)
+PAGES = (SPEED_PAGE, README, PLANNER_PAGE, TROUBLESHOOTING_PAGE)
+TABLES = [table for page in PAGES for table in speed_tables(page)]
 
 
 def test_docs_speed_page_has_its_generated_tables():
@@ -47,10 +49,20 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
     ]
 
 
-def test_readme_shows_the_instruction_and_lora_tables_generated():
+def test_readme_shows_the_doctor_instruction_and_lora_tables_generated():
     assert [folder for _, folder, _ in speed_tables(README)] == [
+        "benchmarks/h100x2-2026-11-26b/doctor/ddp-2.json",
         "benchmarks/h100-2026-11-25/gsm8k",
         "benchmarks/h100-2026-11-25/cuda_graphs",
+    ]
+
+
+def test_troubleshooting_starts_from_doctor_tables_generated_on_cpu_and_gpus():
+    assert [folder for _, folder, _ in speed_tables(TROUBLESHOOTING_PAGE)] == [
+        "benchmarks/cpu-2026-11-26-doctor/ddp-2.json",
+        "benchmarks/h100x2-2026-11-26b/doctor/ddp-2.json",
+        "benchmarks/h100x2-2026-11-26b/doctor/zero3_nvme-2.json",
+        "benchmarks/h100x2-2026-11-26b/doctor",
     ]
 
 

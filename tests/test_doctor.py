@@ -65,3 +65,14 @@ def test_run_with_doctor_does_not_train_when_a_check_fails(tmp_path):
     assert result.returncode == 4
     assert "no run started" in result.stderr
     assert not (output_dir / "run_summary.json").exists()
+
+
+def test_an_offload_profile_has_its_deepspeed_ops_built_and_host_ram_checked(tmp_path):
+    result = finetune("doctor", "--profile", "zero2_offload", "--num_processes", "2", *TINY_MODEL,
+                      "--output_dir", str(tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = rows(tmp_path / "out")
+    assert found[(0, "DeepSpeed op CPUAdamBuilder")]["measured"].startswith("ready in ")
+    assert found[(0, "DeepSpeed op ShareMemCommBuilder")]["passed"]
+    assert found[(0, "host RAM (offload)")]["passed"]
+    assert (1, "host RAM (offload)") not in found  # once per machine, by its first rank

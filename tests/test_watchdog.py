@@ -42,3 +42,13 @@ def test_a_stalled_rank_is_named_its_stacks_written_and_the_run_resumable(tmp_pa
     launch(accelerate_launch("ddp"), output_dir, [*FLAGS, "--resume"])
     resumed = read_summary(output_dir)
     assert (resumed["status"], resumed["resumed_from_step"], resumed["steps"]) == ("completed", 2, 6)
+
+
+def test_a_rank_reading_an_nccl_collectives_result_in_a_helper_counts_as_waiting():
+    # under NCCL rank 0 of a stalled run was found here (benchmarks/h100x2-2026-11-26b), not in torch's code
+    from finetune import checkpoint
+    from finetune.watchdog import in_a_collective
+
+    helper = f"{checkpoint.__file__}:232 in highest_on_any_rank"
+    assert in_a_collective(["run.py:330 in main", helper])
+    assert not in_a_collective(["run.py:330 in main", f"{checkpoint.__file__}:240 in on_step_end"])
