@@ -17,6 +17,9 @@ from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.errors import FinetuneError
 
 ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trainable parameter
+# A full fine-tuning checkpoint per parameter before the model exists (doctor): bf16 weights, the fp32
+# master copy and Adam's states
+CHECKPOINT_BYTES_PER_PARAMETER = 2 + 4 + ADAM_STATE_BYTES
 
 
 def free_bytes(path: Path) -> int:

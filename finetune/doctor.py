@@ -48,7 +48,6 @@ OP_BUILD_LIMIT_S = 600  # the longest a DeepSpeed op build may take before docto
 GATHER_MARGIN_S = 600  # the other checks' time on top of the builds, for the collective timeout
 NVME_PROBE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
 NVME_FLOOR_GBPS = 0.5  # ZeRO-Infinity swaps every step: below this a disk makes the GPU wait
-CHECKPOINT_BYTES_PER_PARAMETER = 2 + 4 + 8  # bf16 weights, fp32 master and Adam's two states, as saved
 # torch renamed the tensor all-gather (and warns at every call of the old name): the new one where it exists
 ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
@@ -102,7 +101,7 @@ def build_lock_check() -> Check:
 def disk_check(model_args, training_args) -> Check:
     """Free space in output_dir against the checkpoints the run keeps (save_total_limit, and the one
     being written before the oldest is rotated out)."""
-    from finetune.disk_space import checkpoints_at_once
+    from finetune.disk_space import CHECKPOINT_BYTES_PER_PARAMETER, checkpoints_at_once
     from finetune.planner import shape_of
 
     folder = Path(training_args.output_dir)

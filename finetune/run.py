@@ -43,7 +43,7 @@ from finetune.checkpoint import (
 )
 from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
-from finetune.disk_space import kept_checkpoints_problem
+from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
 from finetune.doctor import doctor_verdict
 from finetune.errors import StoppedForResume, exit_on_user_error
@@ -69,6 +69,7 @@ from finetune.planner import apply_global_batch
 from finetune.profiles import launched_strategy, strategy_of
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
+from finetune.slow_work import machine_first_rank_first, timeout_for_save
 from finetune.resume import (
     ContinueTheReplannedSchedule,
     check_resume,
@@ -162,7 +163,11 @@ def train_and_measure(
         tokenizer,
         block_size,
         training_args.seed,
-        lambda: training_args.main_process_first(desc="dataset preparation"),
+        lambda: machine_first_rank_first(
+            training_args.local_process_index,
+            int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            "dataset preparation",
+        ),
     )
     record.update(data_fields(location, block_size, data.summary))
     startup.mark("data")
@@ -284,7 +289,10 @@ def train_and_measure(
         record.update(evaluation_fields(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
     trainer.log(run_scalars(record.fields))
     check_weights_finite(trainer.model, trainer.state.global_step, "the model")
-    save_consolidated_model(trainer, training_args.output_dir, tokenizer)
+    with timeout_for_save(
+        expected_checkpoint_bytes(Path(training_args.output_dir), model), training_args.ddp_timeout
+    ):
+        save_consolidated_model(trainer, training_args.output_dir, tokenizer)
     if training_args.generation_prompt and training_args.process_index == 0:
         prompts = training_args.generation_prompt
         completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed))

@@ -49,12 +49,13 @@ from transformers.utils import logging
 from finetune.arguments import CUDA_GRAPH_MODES
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
-from finetune.disk_space import is_disk_full, report_disk_full, room_problem
+from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError
 from finetune.outputs import share_from_main
 from finetune.profiles import strategy_of
 from finetune.resume import run_identity
+from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
 
 logger = logging.get_logger("finetune")
@@ -185,9 +186,11 @@ class FinetuneTrainer(Trainer):
         watchdogs = [
             callback for callback in self.callback_handler.callbacks if isinstance(callback, Watchdog)
         ]
+        size = expected_checkpoint_bytes(Path(self.args.output_dir), self.model)
         with contextlib.ExitStack() as paused:
             for watchdog in watchdogs:
                 paused.enter_context(watchdog.paused())
+            paused.enter_context(timeout_for_save(size, self.args.ddp_timeout))
             self._save_checkpoint_staged(model, trial)
 
     def _save_checkpoint_staged(self, model: Any, trial: Any) -> None:

@@ -1,0 +1,48 @@
+"""Slow work on rank 0 does not time the others out: they wait for dataset preparation on a file,
+not in a collective, and a save raises the collective timeout for its size."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from finetune.slow_work import save_timeout
+from finetune.summary import read_summary
+
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+
+COLLECTIVE_TIMEOUT_S = 5
+SLOW_S = 15
+FLAGS = [
+    *TINY_MODEL, "--block_size", "32", "--batch_size", "2", "--max_steps", "2", "--max_eval_samples", "4",
+    "--save_strategy", "no", "--report_to", "none", "--ddp_timeout", str(COLLECTIVE_TIMEOUT_S),
+]  # fmt: skip
+
+
+def slow_run(phase: str, output_dir) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/ddp.yaml",
+               "--num_processes", "2", "--main_process_port", "0", "tests/slow_rank_zero_run.py",
+               *FLAGS, "--output_dir", str(output_dir)]  # fmt: skip
+    environment = {**ENVIRONMENT, "SLOW_PHASE": phase, "SLOW_S": str(SLOW_S)}
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+
+
+@pytest.mark.integration
+def test_dataset_preparation_longer_than_the_collective_timeout_completes(tmp_path):
+    result = slow_run("data", tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "out")["status"] == "completed"
+
+
+@pytest.mark.integration
+def test_a_save_longer_than_the_collective_timeout_completes(tmp_path):
+    result = slow_run("save", tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_summary(tmp_path / "out")["status"] == "completed"
+
+
+def test_a_save_gets_the_run_timeout_plus_what_the_slowest_disk_needs_for_its_size():
+    assert save_timeout(int(50e9), 1800).total_seconds() == 1800 + 1000
