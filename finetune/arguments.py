@@ -23,7 +23,7 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, PEFT_METHODS, target_modules
 from finetune.build_locks import refuse_stale_build_locks
-from finetune.devices import adapt_arguments_to_cpu
+from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.instruction import DATA_FORMATS
@@ -448,6 +448,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
         TrainingArguments.__post_init__(training_args)
     except ValueError as error:
         raise FinetuneError(first_line(error)) from None
+    apply_collective_timeout(training_args)
 
 
 def _turn_cuda_graphs_off_where_they_fail(training_args: FinetuneTrainingArguments) -> None:

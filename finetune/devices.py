@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,6 +47,13 @@ def adapt_arguments_to_cpu(args: TrainingArguments) -> None:
         args.ddp_backend = "gloo"
     else:
         args.use_cpu = True
+
+
+def apply_collective_timeout(args: TrainingArguments) -> None:
+    """After the process group exists: --ddp_timeout for every rank. transformers passes it to the
+    process group except on `use_cpu` ranks (CPU DDP), which kept torch's 30-minute default."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=args.ddp_timeout))
 
 
 def promote_cpu_fsdp() -> None:
