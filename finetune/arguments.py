@@ -27,16 +27,15 @@ from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.instruction import DATA_FORMATS
+from finetune.launched import BatchGeometry, Launch
 from finetune.profiles import (
     active_deepspeed_config,
     check_deepspeed_config,
-    launched_strategy,
     needs_nvme_path,
     write_filled_config,
 )
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that record CUDA graphs
 
 
 @dataclass
@@ -420,7 +419,7 @@ class FinetuneTrainingArguments(TrainingArguments):
             check_run_name(self.run_name, "--run_name")
 
 
-def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
+def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
     """What the launch decides, applied once after parsing, in the process that trains.
 
     The launcher's variables and the machine choose the compile default, the mixed precision of
@@ -439,8 +438,8 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
             "tested with torchao's float8 layers"
         )
     if training_args.torch_compile is None:
-        training_args.torch_compile = compiles_by_default(training_args.use_cpu)
-    _turn_cuda_graphs_off_where_they_fail(training_args)
+        training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
+    BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args)
@@ -449,24 +448,6 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments) -> None:
     except ValueError as error:
         raise FinetuneError(first_line(error)) from None
     apply_collective_timeout(training_args)
-
-
-def _turn_cuda_graphs_off_where_they_fail(training_args: FinetuneTrainingArguments) -> None:
-    """A profile's CUDA graphs (the single profile's reduce-overhead) are not used with gradient
-    accumulation, which failed on an H100 at the first backward ("accessing tensor output of
-    CUDAGraphs that has been overwritten by a subsequent run": a 1B Llama at micro batch 8 x 2 failed,
-    micro batch 16 without accumulation trained, benchmarks/h100-2026-11-25c), nor with gradient
-    checkpointing, whose backward runs the recorded forward again and was never measured with them.
-    --torch_compile_mode asks for a mode explicitly and is kept. Run again when `--global_batch_size`
-    sets the accumulation."""
-    profile_mode = os.environ.get("ACCELERATE_DYNAMO_MODE")
-    if (
-        (training_args.gradient_checkpointing or training_args.gradient_accumulation_steps > 1)
-        and training_args.torch_compile
-        and training_args.torch_compile_mode is None
-        and profile_mode in CUDA_GRAPH_MODES
-    ):
-        training_args.torch_compile_mode = "default"
 
 
 def _apply_auto_precision(training_args: FinetuneTrainingArguments) -> None:
@@ -522,10 +503,10 @@ def check_run_name(name: str, source: str) -> None:
 DDP_BUCKET_CAP_MB = 200
 
 
-def compiles_by_default(use_cpu: bool) -> bool:
+def compiles_by_default(use_cpu: bool, launch: Launch) -> bool:
     """The launched strategy's compile default (`Strategy.compiled_by_default`), on a GPU only: on CPU
     compiling only adds compile time."""
-    return torch.cuda.is_available() and not use_cpu and launched_strategy().compiled_by_default
+    return launch.on_gpu and not use_cpu and launch.strategy.compiled_by_default
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, FinetuneTrainingArguments)
@@ -626,25 +607,6 @@ def flags_given(argv: list[str], names: tuple[str, ...]) -> frozenset[str]:
     probe.set_defaults(**dict.fromkeys(names, unset))
     given, _ = probe.parse_known_args(argv)
     return frozenset(name for name in names if getattr(given, name) is not unset)
-
-
-def set_batch_geometry(training_args: FinetuneTrainingArguments, micro_batch: int, accumulation: int) -> None:
-    """Change the micro batch and accumulation after `apply_launch_environment`.
-
-    A DeepSpeed JSON given to TrainingArguments (`--deepspeed FILE`) had its "auto" batch sizes
-    filled from the old values there: it is filled again as transformers' own hyperparameter search
-    does, or DeepSpeed would train the old batch. A profile's JSON is filled by accelerate later.
-    """
-    training_args.per_device_train_batch_size = micro_batch
-    training_args.gradient_accumulation_steps = accumulation
-    _turn_cuda_graphs_off_where_they_fail(training_args)
-    if getattr(training_args, "hf_deepspeed_config", None) is not None:
-        from accelerate.utils import DeepSpeedPlugin
-        from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
-
-        training_args.hf_deepspeed_config = HfTrainerDeepSpeedConfig(training_args.deepspeed)
-        training_args.hf_deepspeed_config.trainer_config_process(training_args)
-        training_args.deepspeed_plugin = DeepSpeedPlugin(hf_ds_config=training_args.hf_deepspeed_config)
 
 
 def as_record(*arguments: Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from finetune.arguments import parse_arguments
 from finetune.build_locks import extensions_root, on_one_machine, stale_build_locks
 from finetune.errors import CHECK_FAILED_EXIT_CODE, FinetuneError, exit_on_user_error, first_line
-from finetune.profiles import launched_strategy
+from finetune.launched import Launch
 
 REPORT = "doctor.json"
 # Bytes per collective. Bus bandwidth only shows at large buffers (nccl-tests sweeps up to GBs); GPUs
@@ -166,22 +166,21 @@ def run_workload(model_args, data_args, training_args):
     return shape, workload
 
 
-def planned(model_args, data_args, training_args, strategy):
+def planned(model_args, data_args, training_args, launch: Launch):
     from finetune.planner import Calibration, estimate
 
     shape, workload = run_workload(model_args, data_args, training_args)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return estimate(strategy, shape, workload, world_size, Calibration.measured())
+    return estimate(launch.strategy, shape, workload, launch.data_parallel_size, Calibration.measured())
 
 
-def memory_check(model_args, data_args, training_args, strategy) -> Check | None:
+def memory_check(model_args, data_args, training_args, launch: Launch) -> Check | None:
     """The planner's prediction for this run (its profile, micro batch, block, precision) against this
     GPU's memory; none without a GPU, where the memory model (fitted to GPU peaks) does not apply."""
-    if not torch.cuda.is_available():
+    if not launch.on_gpu:
         return None
     from finetune.planner import DEFAULT_MARGIN, visible_gpu_memory_gib
 
-    predicted = planned(model_args, data_args, training_args, strategy).total
+    predicted = planned(model_args, data_args, training_args, launch).total
     memory = visible_gpu_memory_gib()
     passed = predicted <= memory * (1 - DEFAULT_MARGIN)
     advice = "" if passed else "`finetune plan` shows what fits: a smaller --batch_size, another profile"
@@ -191,13 +190,13 @@ def memory_check(model_args, data_args, training_args, strategy) -> Check | None
     )
 
 
-def host_memory_check(model_args, data_args, training_args, strategy) -> Check | None:
+def host_memory_check(model_args, data_args, training_args, launch: Launch) -> Check | None:
     """Offload profiles keep the optimizer (and parameters) in host RAM, once per rank of a machine:
     the planner's host figure for this machine's ranks against the RAM available now."""
-    if "cpu" not in strategy.offloaded.values():
+    if "cpu" not in launch.strategy.offloaded.values():
         return None
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    needed = planned(model_args, data_args, training_args, strategy).host_per_gpu * ranks_here
+    ranks_here = launch.processes_per_machine
+    needed = planned(model_args, data_args, training_args, launch).host_per_gpu * ranks_here
     available = psutil.virtual_memory().available / 2**30
     passed = needed <= available
     return Check(
@@ -292,14 +291,14 @@ def op_build_checks(strategy, on_gpu: bool) -> list[Check]:
     return checks
 
 
-def slurm_checks() -> list[Check]:
+def slurm_checks(launch: Launch) -> list[Check]:
     """Under SLURM: as many nodes as the launch has machines, one task per node (each task is one
     machine's launcher, as `finetune slurm` writes it), and the rendezvous address the ranks met at."""
     if "SLURM_JOB_ID" not in os.environ:
         return []
     nodes = int(os.environ.get("SLURM_NNODES", "1"))
     tasks = int(os.environ.get("SLURM_NTASKS", str(nodes)))
-    machines = int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    machines = launch.machines
     address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     one_task_each = tasks == nodes
     return [
@@ -380,9 +379,13 @@ def run_checks(argv: list[str]) -> list[Check]:
     """Collectives first, so that the first one times the rendezvous and not a neighbour's checks; then
     each rank's own checks, each machine's (once, by its first rank) and the run's (rank 0)."""
     model_args, data_args, training_args = parse_arguments(argv)
-    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    strategy = launched_strategy()
-    on_gpu = torch.cuda.is_available()
+    launch = Launch.from_environment()
+    rank, world_size, strategy, on_gpu = (
+        int(os.environ.get("RANK", "0")),
+        launch.world_size,
+        launch.strategy,
+        launch.on_gpu,
+    )
     checks = []
     if world_size > 1:
         if on_gpu:
@@ -395,14 +398,14 @@ def run_checks(argv: list[str]) -> list[Check]:
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per machine: its RAM, disks and op builds
         checks += [*op_build_checks(strategy, on_gpu)]
         machine = (
-            host_memory_check(model_args, data_args, training_args, strategy),
+            host_memory_check(model_args, data_args, training_args, launch),
             nvme_check(training_args, strategy, "cuda" if on_gpu else "cpu"),
         )
         checks += [check for check in machine if check]
     if rank == 0:
         checks += [*names_check(model_args, data_args), disk_check(model_args, training_args)]
-        memory = memory_check(model_args, data_args, training_args, strategy)
-        checks += [*([memory] if memory else []), *slurm_checks()]
+        memory = memory_check(model_args, data_args, training_args, launch)
+        checks += [*([memory] if memory else []), *slurm_checks(launch)]
     if world_size > 1:
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, [asdict(check) | {"rank": rank} for check in checks])

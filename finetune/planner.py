@@ -74,11 +74,11 @@ from transformers.utils import logging
 
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
 from finetune.errors import FinetuneError, first_line
+from finetune.launched import BatchGeometry, Launch
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,
     fastest_first,
-    launched_strategy,
     load_strategy,
     shipped_strategies,
 )
@@ -626,76 +626,9 @@ def visible_gpu_memory_gib() -> float | None:
 MICRO_BATCH_WITHOUT_GPU = 8  # --batch_size's default: what a CPU run takes when no memory model applies
 
 
-@dataclass(frozen=True)
-class BatchChoice:
-    """How `--global_batch_size` is made: micro batch x accumulation x processes, and why."""
-
-    global_batch_size: int
-    micro_batch_size: int
-    gradient_accumulation_steps: int
-    processes: int
-    reason: str
-
-    def describe(self) -> str:
-        processes = f"{self.processes} process{'es' if self.processes != 1 else ''}"
-        return (
-            f"global batch {self.global_batch_size} = micro batch {self.micro_batch_size} x accumulation "
-            f"{self.gradient_accumulation_steps} x {processes}: {self.reason}"
-        )
-
-
-def split_global_batch(
-    global_batch: int,
-    processes: int,
-    micro_batch: int | None = None,
-    accumulation: int | None = None,
-    largest: tuple[int, str] | None = None,
-) -> BatchChoice:
-    """The micro batch and accumulation that make `global_batch` exactly on `processes`.
-
-    A micro batch or accumulation the user gave is kept. Otherwise the micro batch is the largest
-    that divides each process's share and is at most `largest` (a micro batch and why it is the
-    limit): a larger micro batch keeps the GPU busier (benchmarks/h200-2026-11-23b), accumulation
-    only repeats it. Written by hand: the Trainer and DeepSpeed take the three numbers as given.
-    """
-    s = "es" if processes != 1 else ""
-    per_process, rest = divmod(global_batch, processes)
-    if rest:
-        raise FinetuneError(
-            f"--global_batch_size {global_batch} is not a multiple of the {processes} process{s}: "
-            "each process takes an equal share"
-        )
-    given = {"--batch_size": micro_batch, "--gradient_accumulation_steps": accumulation}
-    given = {flag: value for flag, value in given.items() if value is not None}
-    if micro_batch is not None and accumulation is not None:
-        if micro_batch * accumulation != per_process:
-            raise FinetuneError(
-                f"--global_batch_size {global_batch} disagrees with --batch_size {micro_batch} x "
-                f"--gradient_accumulation_steps {accumulation} x {processes} process{s} = "
-                f"{micro_batch * accumulation * processes}: leave out one of them, or both to have the "
-                "micro batch planned"
-            )
-        reason = "--batch_size and --gradient_accumulation_steps as given"
-    elif given:
-        ((flag, value),) = given.items()
-        if per_process % value:
-            raise FinetuneError(
-                f"--global_batch_size {global_batch} is not a multiple of {flag} {value} x {processes} "
-                f"process{s}: leave out {flag} to have the micro batch planned"
-            )
-        micro_batch, accumulation = micro_batch or per_process // value, accumulation or per_process // value
-        reason = f"{flag} as given"
-    else:
-        if largest is None:
-            raise ValueError("split_global_batch needs the largest micro batch when no batch flag is given")
-        limit, why = largest
-        micro_batch = max(size for size in range(1, min(limit, per_process) + 1) if per_process % size == 0)
-        accumulation = per_process // micro_batch
-        reason = f"the largest micro batch that divides {per_process} per process and is {why}"
-    return BatchChoice(global_batch, micro_batch, accumulation, processes, reason)
-
-
-def largest_micro_batch_for_run(model_args: Any, data_args: Any, training_args: Any) -> tuple[int, str]:
+def largest_micro_batch_for_run(
+    model_args: Any, data_args: Any, training_args: Any, launch: Launch
+) -> tuple[int, str]:
     """The largest micro batch the run's model, block, precision and profile are predicted to fit on
     its GPUs, and in words why. Without a GPU (and without --gpu_memory_gib) the memory model,
     calibrated on GPU peaks, does not apply: a CPU run takes at most --batch_size's default."""
@@ -719,8 +652,8 @@ def largest_micro_batch_for_run(model_args: Any, data_args: Any, training_args: 
         model_args.lora_rank,
         model_args.lora_dropout,
     )
-    strategy = launched_strategy()
-    hardware = Hardware(training_args.world_size, memory)
+    strategy = launch.strategy
+    hardware = Hardware(launch.data_parallel_size, memory)
     largest = largest_micro_batch(strategy, shape, workload, hardware, Calibration.measured())
     where = f"{strategy.name} on {hardware.gpus} x {memory:g} GiB"
     if largest < 1:
@@ -731,14 +664,14 @@ def largest_micro_batch_for_run(model_args: Any, data_args: Any, training_args: 
     return largest, f"predicted to fit {where} (at most {largest}; finetune plan's memory model)"
 
 
-def apply_global_batch(model_args: Any, data_args: Any, training_args: Any) -> BatchChoice | None:
+def apply_global_batch(
+    model_args: Any, data_args: Any, training_args: Any, launch: Launch
+) -> BatchGeometry | None:
     """`--global_batch_size` made into the run's micro batch and accumulation, logged once.
 
     Runs after `apply_launch_environment`, when the processes, precision and compile default are
     known, and before anything reads the batch: the resume check, the run name, the summary.
     """
-    from finetune.arguments import set_batch_geometry
-
     if training_args.global_batch_size is None:
         return None
     given = training_args.batch_flags_given
@@ -746,15 +679,15 @@ def apply_global_batch(model_args: Any, data_args: Any, training_args: Any) -> B
     steps = training_args.gradient_accumulation_steps if "gradient_accumulation_steps" in given else None
     largest = None
     if micro is None and steps is None:
-        largest = largest_micro_batch_for_run(model_args, data_args, training_args)
-    choice = split_global_batch(
-        training_args.global_batch_size, training_args.world_size, micro, steps, largest
+        largest = largest_micro_batch_for_run(model_args, data_args, training_args, launch)
+    geometry, reason = BatchGeometry.from_global(
+        training_args.global_batch_size, launch.data_parallel_size, micro, steps, largest
     )
-    set_batch_geometry(training_args, choice.micro_batch_size, choice.gradient_accumulation_steps)
-    training_args.batch_choice = choice.reason
+    geometry.apply(training_args)
+    training_args.batch_choice = reason
     if training_args.process_index == 0:
-        logger.warning(f"finetune: {choice.describe()}")
-    return choice
+        logger.warning(f"finetune: {geometry.describe()}: {reason}")
+    return geometry
 
 
 def choose_profile(

@@ -10,16 +10,13 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from accelerate import Accelerator
-from accelerate.utils import DynamoBackend
 
-from finetune.devices import launched_with
 from finetune.errors import FinetuneError, first_line
 
 
@@ -199,31 +196,6 @@ def shipped_strategies() -> list[Strategy]:
 
 def load_strategy(name_or_path: str | Path) -> Strategy:
     return load_profile(name_or_path).strategy
-
-
-def launched_strategy() -> Strategy:
-    """The strategy `accelerate launch` handed this process, from the variables it sets: the training
-    process never sees the profile file. Named `$FINETUNE_PROFILE` (set by `finetune run` and
-    `compare`), else after the shipped profile it matches (`zero3`, `fsdp_grad_op`, ...)."""
-    if launched_with("DEEPSPEED"):
-        _, config = active_deepspeed_config()
-        if config is None:  # DeepSpeed set up by launch flags instead of a JSON
-            zero = {"stage": int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))}
-            for key in OFFLOAD_KEYS:
-                zero[key] = {"device": os.environ.get(f"ACCELERATE_DEEPSPEED_{key.upper()}_DEVICE", "none")}
-            config = {"zero_optimization": zero}
-        strategy = derive_strategy("", "DEEPSPEED", deepspeed_config=config)
-    elif launched_with("FSDP"):
-        fsdp = {
-            "fsdp_reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
-            == "true",
-            "fsdp_offload_params": os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true",
-        }
-        strategy = derive_strategy("", "FSDP", fsdp_config=fsdp)
-    else:
-        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        strategy = derive_strategy("", "MULTI_GPU" if several else "NO")
-    return replace(strategy, name=os.environ.get("FINETUNE_PROFILE") or conventional_name(strategy))
 
 
 def conventional_name(strategy: Strategy) -> str:
@@ -521,34 +493,6 @@ def active_deepspeed_config() -> tuple[Path | None, dict[str, Any] | None]:
     if not path.is_file():
         raise FinetuneError(f"DeepSpeed config {value} (from the launch profile) does not exist")
     return path, read_deepspeed_config(path)
-
-
-def strategy_of(accelerator: Accelerator) -> dict[str, Any]:
-    """Run-summary fields for the strategy accelerate actually set up, named the way the profiles are."""
-    fields: dict[str, Any] = {
-        "distributed_type": str(accelerator.distributed_type.value),
-        "world_size": accelerator.num_processes,
-    }
-    deepspeed_plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    fsdp_plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if deepspeed_plugin is not None:
-        zero = deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
-        offload = zero.get("offload_optimizer", {}).get("device", "none")
-        fields["zero_stage"] = deepspeed_plugin.zero_stage
-        fields["strategy"] = f"zero{deepspeed_plugin.zero_stage}" + (
-            "" if offload == "none" else f"+offload_{offload}"
-        )
-    elif fsdp_plugin is not None:
-        fields["strategy"] = f"fsdp{fsdp_plugin.fsdp_version}" + (
-            "" if fsdp_plugin.reshard_after_forward else "_grad_op"
-        )
-    else:
-        fields["strategy"] = "ddp" if accelerator.num_processes > 1 else "single"
-    dynamo = accelerator.state.dynamo_plugin
-    compiled = dynamo.backend != DynamoBackend.NO
-    fields["torch_compile_regional"] = compiled and dynamo.use_regional_compilation
-    fields["torch_compile_mode"] = dynamo.mode if compiled else None
-    return fields
 
 
 if __name__ == "__main__":

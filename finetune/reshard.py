@@ -24,7 +24,6 @@ import io
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
-from finetune.arguments import set_batch_geometry
 from finetune.checkpoint import MANIFEST, STAGING_DIR, checkpoint_problem, read_manifest, write_manifest
 from finetune.errors import FinetuneError
+from finetune.launched import BatchGeometry, Launch
 
 logger = logging.get_logger("finetune")
 
@@ -43,30 +42,12 @@ UNIVERSAL_PREFIX = "universal-"  # not "checkpoint-*": neither resumed from nor 
 DEEPSPEED_LATEST = "latest"
 
 
-@dataclass(frozen=True)
-class Geometry:
-    world_size: int
-    micro_batch_size: int
-    gradient_accumulation_steps: int
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.world_size * self.micro_batch_size * self.gradient_accumulation_steps
-
-    def describe(self) -> str:
-        processes = f"{self.world_size} process{'es' if self.world_size != 1 else ''}"
-        return (
-            f"global batch {self.global_batch_size} = micro batch {self.micro_batch_size} x accumulation "
-            f"{self.gradient_accumulation_steps} x {processes}"
-        )
-
-
 def saved_world_size(checkpoint: Path) -> int:
     """The Trainer writes one RNG state per process (`rng_state.pth` when there was one)."""
     return len(list(checkpoint.glob("rng_state_*.pth"))) or 1
 
 
-def checkpoint_geometry(checkpoint: Path, current_accumulation: int) -> Geometry:
+def checkpoint_geometry(checkpoint: Path, current_accumulation: int) -> BatchGeometry:
     """How the run that wrote `checkpoint` batched, from its manifest's "run" entry (finetune/resume.py).
 
     A checkpoint from before that entry existed tells its world size by its RNG files and its micro
@@ -75,22 +56,10 @@ def checkpoint_geometry(checkpoint: Path, current_accumulation: int) -> Geometry
     """
     run = read_manifest(checkpoint).get("run")
     if run is not None:
-        return Geometry(run["world_size"], run["micro_batch_size"], run["gradient_accumulation_steps"])
+        processes = run.get("data_parallel_size", run["world_size"])
+        return BatchGeometry(run["micro_batch_size"], run["gradient_accumulation_steps"], processes)
     state = json.loads((checkpoint / TRAINER_STATE_NAME).read_text())
-    return Geometry(saved_world_size(checkpoint), state["train_batch_size"], current_accumulation)
-
-
-def keep_global_batch(saved: Geometry, world_size: int, micro_batch_size: int) -> Geometry:
-    """The accumulation that gives `world_size` processes the saved global batch, or FinetuneError."""
-    total = saved.global_batch_size
-    if total % (world_size * micro_batch_size):
-        workable = [str(n) for n in range(1, total + 1) if total % (n * micro_batch_size) == 0]
-        raise FinetuneError(
-            f"--allow_world_size_change: the checkpoint was trained with {saved.describe()}; {world_size} "
-            f"processes with micro batch {micro_batch_size} cannot make {total} exactly: resume on "
-            f"{' or '.join(workable)} processes"
-        )
-    return Geometry(world_size, micro_batch_size, total // (world_size * micro_batch_size))
+    return BatchGeometry(state["train_batch_size"], current_accumulation, saved_world_size(checkpoint))
 
 
 def deepspeed_tag(checkpoint: Path) -> str | None:
@@ -163,7 +132,9 @@ def load_universal_checkpoint(training_args: TrainingArguments) -> None:
     config.setdefault("checkpoint", {})["load_universal"] = True
 
 
-def continue_on_this_world_size(checkpoint: Path | None, training_args: TrainingArguments) -> Path | None:
+def continue_on_this_world_size(
+    checkpoint: Path | None, training_args: TrainingArguments, launch: Launch
+) -> Path | None:
     """The checkpoint folder to load, with the training arguments set to continue the saved run here.
 
     Does nothing unless `--allow_world_size_change` is given. The accumulation is set even when the
@@ -173,14 +144,12 @@ def continue_on_this_world_size(checkpoint: Path | None, training_args: Training
     if checkpoint is None or not getattr(training_args, "allow_world_size_change", False):
         return checkpoint
     saved = checkpoint_geometry(checkpoint, training_args.gradient_accumulation_steps)
-    now = keep_global_batch(saved, training_args.world_size, training_args.per_device_train_batch_size)
+    now = saved.continued_on(launch.data_parallel_size, training_args.per_device_train_batch_size)
     is_main = training_args.process_index == 0
-    if now.gradient_accumulation_steps != training_args.gradient_accumulation_steps and is_main:
+    if now.accumulation != training_args.gradient_accumulation_steps and is_main:
         logger.warning(f"finetune: resuming {checkpoint.name} ({saved.describe()}) with {now.describe()}")
-    set_batch_geometry(
-        training_args, training_args.per_device_train_batch_size, now.gradient_accumulation_steps
-    )
-    if saved.world_size == now.world_size:
+    now.apply(training_args)
+    if saved.data_parallel == now.data_parallel:
         return checkpoint
     tag = deepspeed_tag(checkpoint)
     if tag is None:

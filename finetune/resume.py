@@ -24,9 +24,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
 from finetune.checkpoint import read_manifest, swapped_to_nvme
-from finetune.devices import launched_with
 from finetune.errors import FinetuneError
-from finetune.profiles import active_deepspeed_config
+from finetune.launched import BatchGeometry, Launch
 from finetune.summary import read_summary
 
 logger = logging.get_logger("finetune")
@@ -89,55 +88,38 @@ def defining_flags(model_args: Any, data_args: Any, training_args: TrainingArgum
     return flags
 
 
-def launched_strategy(training_args: TrainingArguments) -> dict[str, Any]:
-    """The strategy `finetune.profiles.strategy_of` will name, read from what `accelerate launch` set.
-
-    The Accelerator that strategy_of asks exists only once the Trainer is built, after data and
-    model; the launcher's environment and the profile's DeepSpeed JSON say the same before.
-    """
-    world_size = training_args.world_size
-    if launched_with("DEEPSPEED"):
-        _, config = active_deepspeed_config()
-        zero = (config or {}).get("zero_optimization", {})
-        offload = zero.get("offload_optimizer", {}).get("device", "none")
-        stage = int(zero.get("stage", 0))
-        strategy = f"zero{stage}" + ("" if offload == "none" else f"+offload_{offload}")
-        return {
-            "distributed_type": "DEEPSPEED",
-            "world_size": world_size,
-            "zero_stage": stage,
-            "strategy": strategy,
-        }
-    if launched_with("FSDP"):
-        resharded = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() == "true"
-        strategy = f"fsdp{os.environ.get('FSDP_VERSION', '1')}" + ("" if resharded else "_grad_op")
-        return {"distributed_type": "FSDP", "world_size": world_size, "strategy": strategy}
-    return {"world_size": world_size, "strategy": "ddp" if world_size > 1 else "single"}
-
-
-def run_identity(
-    flags: dict[str, Any], strategy: dict[str, Any], training_args: TrainingArguments
-) -> dict[str, Any]:
-    """The manifest's "run" entry: strategy fields as strategy_of or launched_strategy give them."""
-    micro = training_args.per_device_train_batch_size
-    accumulation = training_args.gradient_accumulation_steps
-    world_size = strategy["world_size"]
+def run_identity(flags: dict[str, Any], launch: Launch, training_args: TrainingArguments) -> dict[str, Any]:
+    """The manifest's "run" entry: the launch's strategy and processes, the batch geometry, the flags."""
+    geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
+    fields = launch.strategy_fields()
     return {
         "profile": os.environ.get("FINETUNE_PROFILE"),
-        "strategy": strategy["strategy"],
-        "distributed_type": strategy.get("distributed_type"),
-        "zero_stage": strategy.get("zero_stage"),
-        "world_size": world_size,
-        "micro_batch_size": micro,
-        "gradient_accumulation_steps": accumulation,
-        "global_batch_size": micro * accumulation * world_size,
+        "strategy": fields["strategy"],
+        "distributed_type": fields["distributed_type"],
+        "zero_stage": fields["zero_stage"],
+        "world_size": launch.world_size,
+        "data_parallel_size": launch.data_parallel_size,
+        "micro_batch_size": geometry.micro,
+        "gradient_accumulation_steps": geometry.accumulation,
+        "global_batch_size": geometry.global_batch,
         "flags": flags,
     }
 
 
+# Strategy names that checkpoints written before the profile names were used throughout recorded
+LEGACY_STRATEGY_NAMES = {"fsdp2": "fsdp", "fsdp2_grad_op": "fsdp_grad_op"} | {
+    f"zero{stage}+offload_{device}": f"zero{stage}_{'nvme' if device == 'nvme' else 'offload'}"
+    for stage in (1, 2, 3)
+    for device in ("cpu", "nvme")
+}
+
+
 def _comparable(field: str, value: Any) -> Any:
     """DDP on one process is named single: a change of process count, not of strategy."""
-    return "ddp" if field == "strategy" and value == "single" else value
+    if field != "strategy":
+        return value
+    value = LEGACY_STRATEGY_NAMES.get(value, value)
+    return "ddp" if value == "single" else value
 
 
 def run_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[Difference]:
@@ -297,13 +279,15 @@ def run_status(output_dir: str) -> str | None:
         return None
 
 
-def check_resume(checkpoint: Path | None, flags: dict[str, Any], training_args: Any) -> str | None:
+def check_resume(
+    checkpoint: Path | None, flags: dict[str, Any], training_args: Any, launch: Launch
+) -> str | None:
     """Before data and model: refuse a resume of another run; say why there is nothing to resume.
 
     Returns the reason a finished run has nothing left to do, else None (train).
     """
     if checkpoint is not None:
-        current = run_identity(flags, launched_strategy(training_args), training_args)
+        current = run_identity(flags, launch, training_args)
         refuse_another_run(
             checkpoint,
             current,

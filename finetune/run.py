@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: import the 
 import finetune  # noqa: F401, I001 (first: its import filters the libraries' known noise, finetune/quiet.py)
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
-from transformers.integrations import TensorBoardCallback, is_deepspeed_zero3_enabled
+from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
 from finetune.adapters import adapter_flags, add_adapters
@@ -66,7 +66,7 @@ from finetune.models import (
 )
 from finetune.outputs import claim_output_dir
 from finetune.planner import apply_global_batch
-from finetune.profiles import launched_strategy, strategy_of
+from finetune.launched import BatchGeometry, CompilePlan, Launch
 from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
 from finetune.slow_work import machine_first_rank_first, timeout_for_save
@@ -76,8 +76,6 @@ from finetune.resume import (
     defining_flags,
     extended_from,
     how_to_continue,
-    refuse_another_run,
-    run_identity,
 )
 from finetune.summary import (
     RunRecord,
@@ -95,33 +93,15 @@ from finetune.watchdog import Watchdog
 logger = logging.get_logger("finetune")
 
 
-def compile_under_zero3(
-    model: PreTrainedModel, leaf_blocks: list[str], training_args: FinetuneTrainingArguments
-) -> int:
-    """Under ZeRO-3, --torch_compile compiles the leaf blocks' forwards (`compile_zero3_blocks`), never
-    the engine; without leaf blocks (adapters, or a DeepSpeed JSON's own leaf_module) ZeRO-3 runs
-    eager, since compiling across its per-module hooks was slower than eager. Blocks compiled."""
-    if not (is_deepspeed_zero3_enabled() and training_args.torch_compile):
-        return 0
-    if not leaf_blocks:
-        training_args.torch_compile = False
-        if training_args.process_index == 0:
-            logger.warning(
-                "finetune: ZeRO-3 runs eager: without leaf blocks its per-module hooks break the graph"
-            )
-        return 0
-    return compile_zero3_blocks(model, leaf_blocks, training_args.torch_compile_mode)
-
-
-def default_run_name(model: str, training_args: FinetuneTrainingArguments) -> str:
+def default_run_name(model: str, training_args: FinetuneTrainingArguments, launch: Launch) -> str:
     """Profile, model, devices and batch, then the time: what tells runs apart in one TensorBoard.
 
     The profile is the launched strategy's name: `finetune run`'s profile, or for a bare `accelerate
     launch` the shipped profile's name for what was launched."""
-    profile = launched_strategy().name
-    devices = f"{training_args.world_size}{'gpu' if torch.cuda.is_available() else 'cpu'}"
-    batch = f"b{training_args.per_device_train_batch_size}x{training_args.gradient_accumulation_steps}"
-    return f"{profile}-{Path(model).name}-{devices}-{batch}-{time.strftime('%Y%m%d-%H%M%S')}"
+    devices = f"{launch.world_size}{'gpu' if launch.on_gpu else 'cpu'}"
+    geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
+    batch = f"b{geometry.micro}x{geometry.accumulation}"
+    return f"{launch.strategy.name}-{Path(model).name}-{devices}-{batch}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def use_the_tokenizers_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -144,12 +124,13 @@ def train_and_measure(
     model_args: ModelArguments,
     data_args: DataArguments,
     training_args: FinetuneTrainingArguments,
+    launch: Launch,
     record: RunRecord,
     resume_from: Path | None,
 ) -> None:
     startup = StartupCallback()
     startup.mark("imports")
-    record.update(configuration_fields(model_args, data_args, training_args))
+    record.update(configuration_fields(model_args, data_args, training_args, launch))
     record.update({"doctor": doctor_verdict(Path(training_args.output_dir))})
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
@@ -164,9 +145,7 @@ def train_and_measure(
         block_size,
         training_args.seed,
         lambda: machine_first_rank_first(
-            training_args.local_process_index,
-            int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            "dataset preparation",
+            training_args.local_process_index, launch.processes_per_machine, "dataset preparation"
         ),
     )
     record.update(data_fields(location, block_size, data.summary))
@@ -182,13 +161,16 @@ def train_and_measure(
         logger.warning(f"finetune: the tokenizer adds {new_tokens} tokens: embeddings resized to {rows} rows")
     record.update({"embeddings_resized_to": rows})
     leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft))
-    compiled_blocks = compile_under_zero3(model, leaf_blocks, training_args)
+    compile_plan = CompilePlan.for_run(launch, training_args, leaf_blocks)
+    if training_args.torch_compile and not compile_plan.compiled and training_args.process_index == 0:
+        logger.warning(
+            "finetune: ZeRO-3 runs eager: without leaf blocks its per-module hooks break the graph"
+        )
+    compiled_blocks = 0
+    if compile_plan.scope == "zero3_blocks":
+        compiled_blocks = compile_zero3_blocks(model, leaf_blocks, compile_plan.mode)
     record.update(
-        {
-            "zero3_leaf_modules": leaf_blocks or None,
-            "zero3_compiled_blocks": compiled_blocks or None,
-            "torch_compile": training_args.torch_compile,
-        }
+        {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
     )
     use_the_tokenizers_pad_token(model, tokenizer)
     if training_args.chunked_loss:
@@ -234,7 +216,7 @@ def train_and_measure(
         training_args.watchdog_s,
         training_args.output_dir,
         training_args.process_index,
-        training_args.world_size,
+        launch.world_size,
         end_hung_run,
     )
 
@@ -251,16 +233,13 @@ def train_and_measure(
         callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice(), watchdog]
         + ([ContinueTheReplannedSchedule()] if extension else []),
         run_flags=run_defining_flags(model_args, data_args, training_args),
+        launch=launch,
+        compile_plan=compile_plan,
     )
-    strategy = strategy_of(trainer.accelerator)
-    if resume_from is not None:  # checked before from the launcher's environment; the Accelerator decides
-        identity = run_identity(trainer.run_flags, strategy, training_args)
-        refuse_another_run(resume_from, identity, training_args.allow_world_size_change, False)
-    record.update({**strategy, **resume_fields(resume_from)})
-    loss_compiled = training_args.compile_loss and bool(strategy["torch_compile_regional"] or compiled_blocks)
-    if loss_compiled:
+    launch.check_against(trainer.accelerator, compile_plan)
+    record.update({**launch.strategy_fields(), **compile_plan.summary_fields(), **resume_fields(resume_from)})
+    if compile_plan.loss:
         compile_loss(model)
-    record.update({"loss_compiled": loss_compiled})
     if "tensorboard" in training_args.report_to:
         trainer.remove_callback(TensorBoardCallback)
         log_dir = logging_dir(training_args.output_dir, training_args.run_name)
@@ -310,14 +289,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
         model_args, data_args, training_args = parse_arguments(argv)
-        apply_launch_environment(training_args)
-        apply_global_batch(model_args, data_args, training_args)
+        launch = Launch.from_environment()
+        apply_launch_environment(training_args, launch)
+        apply_global_batch(model_args, data_args, training_args, launch)
         claim_output_dir(training_args)
         resume_from = checkpoint_to_resume(
             training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
         )
         flags = run_defining_flags(model_args, data_args, training_args)
-        finished = check_resume(resume_from, flags, training_args)
+        finished = check_resume(resume_from, flags, training_args, launch)
         if finished:
             if training_args.process_index == 0:
                 print(f"finetune: {finished}: nothing to do")
@@ -327,15 +307,15 @@ def main(argv: list[str] | None = None) -> None:
         training_args.run_name = (
             training_args.run_name
             or (resume_from and read_manifest(resume_from)["run_name"])
-            or default_run_name(model_args.model, training_args)
+            or default_run_name(model_args.model, training_args, launch)
         )
-        resume_from = continue_on_this_world_size(resume_from, training_args)
+        resume_from = continue_on_this_world_size(resume_from, training_args, launch)
         is_main = training_args.process_index == 0
         record = RunRecord(
             training_args.output_dir, training_args.run_name, is_main, started_at=process_start_time()
         )
         with record.until_exit():
-            train_and_measure(model_args, data_args, training_args, record, resume_from)
+            train_and_measure(model_args, data_args, training_args, launch, record, resume_from)
         if is_main:
             print(format_report(record.fields))
 

@@ -29,6 +29,7 @@ from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.data import DataSummary
 from finetune.errors import Diverged, StoppedForResume, first_line, reported_by_another_rank
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
+from finetune.launched import BatchGeometry, Launch
 from finetune.models import count_parameters
 
 SUMMARY_FILE = "run_summary.json"
@@ -53,9 +54,18 @@ FIELDS: dict[str, tuple[str, str]] = {
         "evaluation, saving",
     ),
     "profile": ("str?", "profile name given to `finetune run` (null under a bare `accelerate launch`)"),
-    "strategy": ("str?", "single, ddp, fsdp2, zero1/2/3, with +offload_cpu or +offload_nvme"),
+    "strategy": (
+        "str?",
+        "what ran, named as the shipped profiles are whatever the profile file was called: single, ddp, "
+        "fsdp, fsdp_grad_op, zero1/2/3, zero2_offload, zero3_offload, zero3_nvme",
+    ),
     "distributed_type": ("str?", "accelerate's distributed type (MULTI_GPU, FSDP, DEEPSPEED, ...)"),
     "world_size": ("int?", "processes (one per GPU)"),
+    "data_parallel_size": (
+        "int?",
+        "processes that each take a share of every global batch: all of them (no tensor or sequence "
+        "parallel dimension)",
+    ),
     "num_hosts": ("int?", "machines the ranks ran on"),
     "zero_stage": ("int?", "DeepSpeed ZeRO stage"),
     "dtype": ("str?", "compute dtype of the matrix multiplies: bf16, fp16, tf32 or fp32"),
@@ -290,8 +300,11 @@ def loss_curve(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
 # The record's fields, group by group, as the run learns them.
 
 
-def configuration_fields(model_args: Any, data_args: Any, training_args: Any) -> dict[str, Any]:
+def configuration_fields(
+    model_args: Any, data_args: Any, training_args: Any, launch: Launch
+) -> dict[str, Any]:
     """What the run was asked to do, and on what: known before anything is loaded."""
+    geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
     return {
         "profile": os.environ.get("FINETUNE_PROFILE"),
         "model": model_args.model,
@@ -301,11 +314,9 @@ def configuration_fields(model_args: Any, data_args: Any, training_args: Any) ->
         "packing": data_args.packing,
         "gradient_checkpointing": training_args.gradient_checkpointing,
         "torch_compile": training_args.torch_compile,
-        "micro_batch_size": training_args.per_device_train_batch_size,
-        "gradient_accumulation_steps": training_args.gradient_accumulation_steps,
-        "global_batch_size": training_args.per_device_train_batch_size
-        * training_args.gradient_accumulation_steps
-        * training_args.world_size,
+        "micro_batch_size": geometry.micro,
+        "gradient_accumulation_steps": geometry.accumulation,
+        "global_batch_size": geometry.global_batch,
         "batch_choice": training_args.batch_choice,
         "learning_rate": training_args.learning_rate,
         "seed": training_args.seed,

@@ -40,20 +40,18 @@ from typing import Any
 import torch
 from accelerate.utils import DynamoBackend, TorchDynamoPlugin
 from transformers import Trainer, TrainerCallback
-from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
-from finetune.arguments import CUDA_GRAPH_MODES
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
 from finetune.checkpoint import STAGING_DIR, publish, write_manifest
 from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError
+from finetune.launched import CompilePlan, Launch
 from finetune.outputs import share_from_main
-from finetune.profiles import strategy_of
 from finetune.resume import run_identity
 from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
@@ -79,9 +77,15 @@ class FinetuneTrainer(Trainer):
         self,
         *args: Any,
         run_flags: dict[str, Any] | None = None,
+        launch: Launch | None = None,
+        compile_plan: CompilePlan | None = None,
         **kwargs: Any,
     ) -> None:
-        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest."""
+        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest;
+        `launch` and `compile_plan` as run.py resolved them (else read from the environment and flags)."""
+        self.launch = launch or Launch.from_environment()
+        training_args = kwargs["args"] if "args" in kwargs else args[1] if len(args) > 1 else None
+        self.compile_plan = compile_plan or CompilePlan.of_arguments(training_args)
         super().__init__(*args, **kwargs)
         self.run_flags = run_flags or {}
         self.add_callback(LossSumSoFar())
@@ -129,18 +133,15 @@ class FinetuneTrainer(Trainer):
         return output
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
-        """accelerate compiles only what --torch_compile asks for (it may be switched off after
-        __post_init__ set accelerate up), and never under ZeRO-3, whose blocks
-        `run.compile_under_zero3` compiles itself."""
+        """accelerate compiles only what the compile plan gives it (not ZeRO-3's blocks, which
+        run.py compiles itself)."""
         args = super()._build_accelerator_args(**kwargs)
-        if is_deepspeed_zero3_enabled() or not self.args.torch_compile:
+        if not self.compile_plan.by_accelerate:
             args["dynamo_plugin"] = TorchDynamoPlugin(backend=DynamoBackend.NO)
         return args
 
     def records_cuda_graphs(self) -> bool:
-        """The compile mode of --torch_compile_mode, else of the profile (accelerate's dynamo_mode)."""
-        dynamo = self.accelerator.state.dynamo_plugin
-        return dynamo.backend != DynamoBackend.NO and dynamo.mode in CUDA_GRAPH_MODES
+        return self.compile_plan.records_cuda_graphs
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():
@@ -154,7 +155,7 @@ class FinetuneTrainer(Trainer):
 
     def get_train_dataloader(self) -> Any:
         drop_last = self.args.dataloader_drop_last
-        self.args.dataloader_drop_last = drop_last or self.args.torch_compile
+        self.args.dataloader_drop_last = drop_last or self.compile_plan.compiled
         try:
             return super().get_train_dataloader()
         finally:
@@ -220,7 +221,7 @@ class FinetuneTrainer(Trainer):
                 self.processing_class.save_pretrained(staged)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            identity = run_identity(self.run_flags, strategy_of(self.accelerator), self.args)
+            identity = run_identity(self.run_flags, self.launch, self.args)
             write_manifest(staged, self.state.global_step, self.args.run_name, identity)
             publish(staged, Path(output_dir) / name)
             if not any(staged.parent.iterdir()):

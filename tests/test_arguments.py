@@ -17,6 +17,7 @@ from finetune.arguments import (
     parse_arguments,
 )
 from finetune.errors import FinetuneError
+from finetune.launched import Launch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 NVME_CONFIG = PROJECT_ROOT / "ds_configs" / "zero3_nvme.json"
@@ -125,7 +126,7 @@ def test_chunked_loss_is_opt_in(output_flags):
 
 def test_no_compilation_by_default_on_a_machine_without_gpu(output_flags):
     _, _, training_args = parse_arguments(output_flags)
-    apply_launch_environment(training_args)
+    apply_launch_environment(training_args, Launch.from_environment())
     assert training_args.torch_compile is False
 
 
@@ -141,27 +142,27 @@ def test_a_profiles_cuda_graphs_are_not_used_with_gradient_checkpointing_or_accu
 ):
     monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")  # as the single profile launches
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true", *flags])
-    apply_launch_environment(training_args)
+    apply_launch_environment(training_args, Launch.from_environment())
     assert training_args.torch_compile_mode == mode
 
 
 def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert compiles_by_default(use_cpu=False) is True
-    assert compiles_by_default(use_cpu=True) is False
+    assert compiles_by_default(False, Launch.from_environment()) is True
+    assert compiles_by_default(True, Launch.from_environment()) is False
 
 
 def test_fsdp_is_compiled_by_default(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    assert compiles_by_default(use_cpu=False) is True
+    assert compiles_by_default(False, Launch.from_environment()) is True
 
 
 def test_fsdp_with_parameter_offload_is_not_compiled_by_default(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
-    assert compiles_by_default(use_cpu=False) is False
+    assert compiles_by_default(False, Launch.from_environment()) is False
 
 
 @pytest.mark.parametrize(
@@ -173,7 +174,7 @@ def test_deepspeed_without_offload_is_compiled_by_default(monkeypatch, deepspeed
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     config_file = PROJECT_ROOT / "ds_configs" / f"{deepspeed_config}.json"
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(config_file))
-    assert compiles_by_default(use_cpu=False) is compiled
+    assert compiles_by_default(False, Launch.from_environment()) is compiled
 
 
 def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
@@ -184,7 +185,7 @@ def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
 
 def test_compilation_can_be_asked_for_on_cpu(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true"])
-    apply_launch_environment(training_args)
+    apply_launch_environment(training_args, Launch.from_environment())
     assert training_args.torch_compile is True
 
 
@@ -209,7 +210,7 @@ def test_parsing_reads_no_launcher_variable(output_flags, monkeypatch):
     _, _, training_args = parse_arguments(output_flags)
     assert training_args.torch_compile is None
     with pytest.raises(FinetuneError, match="--nvme_path"):
-        apply_launch_environment(training_args)
+        apply_launch_environment(training_args, Launch.from_environment())
 
 
 def test_parsing_creates_no_folder(output_flags, monkeypatch, tmp_path):
@@ -217,7 +218,7 @@ def test_parsing_creates_no_folder(output_flags, monkeypatch, tmp_path):
     nvme = tmp_path / "nvme"
     _, _, training_args = parse_arguments([*output_flags, "--nvme_path", str(nvme)])
     assert not nvme.exists()
-    apply_launch_environment(training_args)
+    apply_launch_environment(training_args, Launch.from_environment())
     assert nvme.is_dir()
 
 
@@ -229,7 +230,7 @@ def test_the_nvme_profiles_json_reaches_accelerate_filled_in_as_the_launchers_fi
     use_nvme_profile(monkeypatch)
     nvme = tmp_path / "nvme"
     _, _, training_args = parse_arguments([*output_flags, "--nvme_path", str(nvme)])
-    apply_launch_environment(training_args)
+    apply_launch_environment(training_args, Launch.from_environment())
     handed = Path(os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"])
     assert handed.parent == nvme.resolve()
     config = json.loads(handed.read_text())
@@ -244,11 +245,11 @@ def test_parsing_sets_up_no_device(output_flags):
     AcceleratorState._reset_state(reset_partial_state=True)
     _, _, training_args = parse_arguments(output_flags)
     assert PartialState._shared_state == {}
-    apply_launch_environment(training_args)
+    apply_launch_environment(training_args, Launch.from_environment())
     assert training_args.device.type == "cpu"
 
 
 def test_a_value_transformers_refuses_is_one_error_when_the_launch_is_applied(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--logging_steps", "2.5"])
     with pytest.raises(FinetuneError, match="--logging_steps must be an integer"):
-        apply_launch_environment(training_args)
+        apply_launch_environment(training_args, Launch.from_environment())

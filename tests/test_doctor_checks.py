@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from finetune import doctor
 from finetune.doctor import Check, memory_check, ops_needed, slurm_checks, table
+from finetune.launched import Launch
 from finetune.profiles import load_strategy
 
 
@@ -17,7 +18,7 @@ def test_a_slurm_job_with_fewer_nodes_than_machines_fails(monkeypatch):
     monkeypatch.setenv("SLURM_NNODES", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    nodes = slurm_checks()[0]
+    nodes = slurm_checks(Launch.from_environment())[0]
     assert (nodes.measured, nodes.passed) == ("1 node(s), 2 machine(s) launched", False)
 
 
@@ -26,7 +27,7 @@ def test_a_slurm_job_with_several_tasks_per_node_fails(monkeypatch):
     job |= {"LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"}
     for name, value in job.items():
         monkeypatch.setenv(name, value)
-    checks = {check.name: check for check in slurm_checks()}
+    checks = {check.name: check for check in slurm_checks(Launch.from_environment())}
     assert checks["SLURM nodes"].passed
     assert (checks["SLURM tasks"].passed, checks["SLURM tasks"].advice) == (
         False, "srun --ntasks-per-node=1 (as finetune slurm writes)"
@@ -36,11 +37,11 @@ def test_a_slurm_job_with_several_tasks_per_node_fails(monkeypatch):
 
 def test_outside_slurm_there_are_no_slurm_rows(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    assert slurm_checks() == []
+    assert slurm_checks(Launch.from_environment()) == []
 
 
 def test_without_a_gpu_there_is_no_memory_row():
-    assert memory_check(None, None, None, load_strategy("ddp")) is None
+    assert memory_check(None, None, None, Launch(load_strategy("ddp"))) is None
 
 
 @pytest.mark.parametrize(
@@ -72,15 +73,15 @@ RUN = SimpleNamespace(model="gpt2", config_overrides="n_layer=2,n_embd=64,n_head
 
 
 def test_an_offload_profile_checks_host_ram_and_fails_when_it_is_short(monkeypatch):
-    strategy = load_strategy("zero3_offload")
-    check = doctor.host_memory_check(RUN, RUN, RUN, strategy)
+    launch = Launch(load_strategy("zero3_offload"))
+    check = doctor.host_memory_check(RUN, RUN, RUN, launch)
     assert check.passed
     monkeypatch.setattr(doctor.psutil, "virtual_memory", lambda: SimpleNamespace(available=0))
-    assert not doctor.host_memory_check(RUN, RUN, RUN, strategy).passed
+    assert not doctor.host_memory_check(RUN, RUN, RUN, launch).passed
 
 
 def test_a_profile_without_offload_has_no_host_ram_row():
-    assert doctor.host_memory_check(RUN, RUN, RUN, load_strategy("zero3")) is None
+    assert doctor.host_memory_check(RUN, RUN, RUN, Launch(load_strategy("zero3"))) is None
 
 
 def test_the_nvme_folder_is_timed_and_left_as_it_was(tmp_path):

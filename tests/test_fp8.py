@@ -19,6 +19,7 @@ from transformers.pytorch_utils import Conv1D
 from finetune.arguments import apply_launch_environment, parse_arguments
 from finetune.errors import FinetuneError
 from finetune.fp8 import Float8Conv1D, check_float8_gpu, convert_to_float8
+from finetune.launched import Launch
 from finetune.summary import read_summary
 
 from launching import PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
@@ -117,7 +118,7 @@ def test_fp8_under_a_deepspeed_profile_is_one_error(output_flags, monkeypatch):
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero2.json"))
     _, _, training_args = parse_arguments([*output_flags, "--fp8"])
     with pytest.raises(FinetuneError, match="--fp8 runs under single, ddp and the FSDP profiles"):
-        apply_launch_environment(training_args)
+        apply_launch_environment(training_args, Launch.from_environment())
 
 
 def test_fp8_without_torchao_is_one_error_saying_how_to_install_it(output_flags, monkeypatch):

@@ -19,15 +19,14 @@ from finetune.arguments import apply_launch_environment, parse_arguments
 from finetune.callbacks import StartupCallback
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
+from finetune.launched import BatchGeometry, Launch
 from finetune.planner import (
     Calibration,
     Workload,
     apply_global_batch,
     estimate,
     shape_of,
-    split_global_batch,
 )
-from finetune.profiles import launched_strategy
 from finetune.resume import refuse_another_run
 from finetune.summary import read_summary, validate_summary
 
@@ -39,7 +38,7 @@ WHY = "the limit's reason"
 def launched(argv: list[str]):
     """The three argument dataclasses as run.py has them before the global batch is applied."""
     model_args, data_args, training_args = parse_arguments(argv)
-    apply_launch_environment(training_args)
+    apply_launch_environment(training_args, Launch.from_environment())
     return model_args, data_args, training_args
 
 
@@ -48,22 +47,23 @@ def launched(argv: list[str]):
 
 
 def test_the_micro_batch_is_the_largest_that_fits_and_divides_each_processs_share():
-    choice = split_global_batch(64, 2, largest=(12, WHY))
-    assert (choice.micro_batch_size, choice.gradient_accumulation_steps) == (8, 4)
+    choice, _ = BatchGeometry.from_global(64, 2, largest=(12, WHY))
+    assert (choice.micro, choice.accumulation) == (8, 4)
 
 
 def test_a_share_with_no_divisor_up_to_the_limit_but_small_ones_takes_the_largest_small_one():
-    choice = split_global_batch(14, 1, largest=(6, WHY))
-    assert (choice.micro_batch_size, choice.gradient_accumulation_steps) == (2, 7)
+    choice, _ = BatchGeometry.from_global(14, 1, largest=(6, WHY))
+    assert (choice.micro, choice.accumulation) == (2, 7)
 
 
 def test_a_share_smaller_than_what_fits_is_one_micro_batch_without_accumulation():
-    choice = split_global_batch(16, 2, largest=(100, WHY))
-    assert (choice.micro_batch_size, choice.gradient_accumulation_steps) == (8, 1)
+    choice, _ = BatchGeometry.from_global(16, 2, largest=(100, WHY))
+    assert (choice.micro, choice.accumulation) == (8, 1)
 
 
 def test_the_choice_says_how_the_global_batch_is_made_and_why():
-    assert split_global_batch(64, 2, largest=(12, WHY)).describe() == (
+    choice, reason = BatchGeometry.from_global(64, 2, largest=(12, WHY))
+    assert f"{choice.describe()}: {reason}" == (
         "global batch 64 = micro batch 8 x accumulation 4 x 2 processes: the largest micro batch that "
         f"divides 32 per process and is {WHY}"
     )
@@ -71,12 +71,12 @@ def test_the_choice_says_how_the_global_batch_is_made_and_why():
 
 def test_a_global_batch_the_processes_cannot_share_equally_is_one_error():
     with pytest.raises(FinetuneError, match=r"^--global_batch_size 63 is not a multiple of the 2 processes"):
-        split_global_batch(63, 2, largest=(12, WHY))
+        BatchGeometry.from_global(63, 2, largest=(12, WHY))
 
 
 def test_a_given_micro_batch_is_kept_and_the_accumulation_makes_the_rest():
-    choice = split_global_batch(64, 2, micro_batch=4)
-    assert (choice.micro_batch_size, choice.gradient_accumulation_steps, choice.reason) == (
+    choice, reason = BatchGeometry.from_global(64, 2, micro=4)
+    assert (choice.micro, choice.accumulation, reason) == (
         4,
         8,
         "--batch_size as given",
@@ -84,18 +84,18 @@ def test_a_given_micro_batch_is_kept_and_the_accumulation_makes_the_rest():
 
 
 def test_a_given_accumulation_is_kept_and_the_micro_batch_makes_the_rest():
-    choice = split_global_batch(64, 2, accumulation=4)
-    assert (choice.micro_batch_size, choice.gradient_accumulation_steps) == (8, 4)
+    choice, _ = BatchGeometry.from_global(64, 2, accumulation=4)
+    assert (choice.micro, choice.accumulation) == (8, 4)
 
 
 def test_a_given_micro_batch_that_cannot_make_the_global_batch_is_one_error():
     with pytest.raises(FinetuneError, match=r"not a multiple of --batch_size 3 x 2 processes"):
-        split_global_batch(64, 2, micro_batch=3)
+        BatchGeometry.from_global(64, 2, micro=3)
 
 
 def test_a_micro_batch_and_accumulation_that_disagree_with_the_global_batch_are_one_error():
     with pytest.raises(FinetuneError) as error:
-        split_global_batch(64, 2, micro_batch=4, accumulation=4)
+        BatchGeometry.from_global(64, 2, micro=4, accumulation=4)
     assert str(error.value) == (
         "--global_batch_size 64 disagrees with --batch_size 4 x --gradient_accumulation_steps 4 x 2 "
         "processes = 32: leave out one of them, or both to have the micro batch planned"
@@ -140,7 +140,7 @@ def test_given_batch_flags_that_disagree_with_the_global_batch_stop_the_run_befo
     with pytest.raises(
         FinetuneError, match=r"disagrees with --batch_size 4 x --gradient_accumulation_steps 4"
     ):
-        apply_global_batch(*launched(flags))
+        apply_global_batch(*launched(flags), Launch.from_environment())
 
 
 @pytest.mark.parametrize(
@@ -159,23 +159,27 @@ def test_bad_global_batch_flags_are_one_error(output_flags, flags, message):
 def test_on_the_given_gpu_memory_the_micro_batch_is_the_largest_dividing_one_predicted_to_fit(output_flags):
     flags = [*output_flags, "--model", "gpt2-medium", "--global_batch_size", "96", "--gpu_memory_gib", "24"]
     model_args, data_args, training_args = launched(flags)
-    choice = apply_global_batch(model_args, data_args, training_args)
+    choice = apply_global_batch(model_args, data_args, training_args, Launch.from_environment())
     shape, block = shape_of("gpt2-medium")
     dtype = "bf16" if training_args.bf16 else "fp32"
-    workload = Workload(choice.micro_batch_size, block, dtype, False, training_args.torch_compile)
+    workload = Workload(choice.micro, block, dtype, False, training_args.torch_compile)
 
     def fits(micro_batch: int) -> bool:
         e = estimate(
-            launched_strategy(), shape, replace(workload, micro_batch=micro_batch), 1, Calibration.measured()
+            Launch.from_environment().strategy,
+            shape,
+            replace(workload, micro_batch=micro_batch),
+            1,
+            Calibration.measured(),
         )
         return e.fits(24)
 
-    next_divisor = next(size for size in range(choice.micro_batch_size + 1, 97) if 96 % size == 0)
-    assert fits(choice.micro_batch_size) and not fits(next_divisor)
-    assert choice.micro_batch_size * choice.gradient_accumulation_steps == 96
+    next_divisor = next(size for size in range(choice.micro + 1, 97) if 96 % size == 0)
+    assert fits(choice.micro) and not fits(next_divisor)
+    assert choice.micro * choice.accumulation == 96
     assert (training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps) == (
-        choice.micro_batch_size,
-        choice.gradient_accumulation_steps,
+        choice.micro,
+        choice.accumulation,
     )
     assert "predicted to fit single on 1 x 24 GiB" in training_args.batch_choice
 
@@ -190,8 +194,8 @@ def test_under_zero3_the_micro_batch_is_planned_from_the_config_without_zero3_pa
     flags = [*output_flags, "--model", "gpt2-medium", "--global_batch_size", "32", "--gpu_memory_gib", "80"]
     model_args, data_args, training_args = launched(flags)
     assert is_deepspeed_zero3_enabled()
-    choice = apply_global_batch(model_args, data_args, training_args)
-    assert choice.micro_batch_size * choice.gradient_accumulation_steps == 32
+    choice = apply_global_batch(model_args, data_args, training_args, Launch.from_environment())
+    assert choice.micro * choice.accumulation == 32
     assert "predicted to fit zero3 on 1 x 80 GiB" in training_args.batch_choice
     assert is_deepspeed_zero3_enabled()
 
@@ -203,27 +207,27 @@ def test_an_accumulation_the_global_batch_makes_leaves_the_profiles_cuda_graphs_
     flags = [*output_flags, "--torch_compile", "true", "--global_batch_size", "16", "--batch_size", "8"]
     model_args, data_args, training_args = launched(flags)
     assert training_args.torch_compile_mode is None
-    apply_global_batch(model_args, data_args, training_args)
+    apply_global_batch(model_args, data_args, training_args, Launch.from_environment())
     assert (training_args.gradient_accumulation_steps, training_args.torch_compile_mode) == (2, "default")
 
 
 def test_a_model_no_micro_batch_fits_is_one_error_pointing_to_the_planner(output_flags):
     flags = [*output_flags, "--model", "gpt2-xl", "--global_batch_size", "8", "--gpu_memory_gib", "4"]
     with pytest.raises(FinetuneError, match=r"not even micro batch 1 of gpt2-xl .* \(`finetune plan` shows"):
-        apply_global_batch(*launched(flags))
+        apply_global_batch(*launched(flags), Launch.from_environment())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU assumes")
 def test_without_a_gpu_the_micro_batch_is_at_most_the_default_batch_size_and_says_so(output_flags):
     model_args, data_args, training_args = launched([*output_flags, "--global_batch_size", "64"])
-    choice = apply_global_batch(model_args, data_args, training_args)
-    assert (choice.micro_batch_size, choice.gradient_accumulation_steps) == (8, 8)
-    assert "no GPU is visible to plan for (--gpu_memory_gib plans for one)" in choice.reason
+    choice = apply_global_batch(model_args, data_args, training_args, Launch.from_environment())
+    assert (choice.micro, choice.accumulation) == (8, 8)
+    assert "no GPU is visible to plan for (--gpu_memory_gib plans for one)" in training_args.batch_choice
 
 
 def test_without_global_batch_size_the_batch_flags_are_left_alone(output_flags):
     model_args, data_args, training_args = launched([*output_flags, "--batch_size", "3"])
-    assert apply_global_batch(model_args, data_args, training_args) is None
+    assert apply_global_batch(model_args, data_args, training_args, Launch.from_environment()) is None
     assert (training_args.per_device_train_batch_size, training_args.batch_choice) == (3, None)
 
 

@@ -54,9 +54,7 @@ def test_run_uses_the_profiles_strategy_on_two_ranks(finished_run):
     expected = {"ddp": "MULTI_CPU", "fsdp": "FSDP"}.get(profile, "DEEPSPEED")
     assert summary["distributed_type"] == expected
     assert summary["world_size"] == 2
-    named = {"ddp": "ddp", "fsdp": "fsdp2", "zero2_offload": "zero2+offload_cpu"}
-    named["zero3_nvme"] = "zero3+offload_nvme"
-    assert summary["strategy"] == named.get(profile, profile)
+    assert (summary["strategy"], summary["data_parallel_size"]) == (profile, 2)
     if expected == "DEEPSPEED":
         assert summary["zero_stage"] == int(profile[len("zero")])
 

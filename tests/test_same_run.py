@@ -21,10 +21,10 @@ from finetune import run
 from finetune.arguments import apply_launch_environment, parse_arguments
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
+from finetune.launched import Launch
 from finetune.resume import (
     defining_flags,
     how_to_continue,
-    launched_strategy,
     refuse_another_run,
     run_differences,
     run_identity,
@@ -42,10 +42,9 @@ FLAGS = [
 def identity_of(flags: list[str], **geometry: object) -> dict:
     """The identity a bare `python finetune/run.py FLAGS` computes, with some fields replaced."""
     model_args, data_args, training_args = parse_arguments([*flags, "--output_dir", "unused"])
-    apply_launch_environment(training_args)
-    identity = run_identity(
-        defining_flags(model_args, data_args, training_args), launched_strategy(training_args), training_args
-    )
+    launch = Launch.from_environment()
+    apply_launch_environment(training_args, launch)
+    identity = run_identity(defining_flags(model_args, data_args, training_args), launch, training_args)
     return {**identity, **geometry}
 
 
@@ -220,19 +219,24 @@ def test_the_identity_survives_the_manifest_unchanged(tmp_path):
     assert run_differences(recorded, identity) == []
 
 
-def test_launched_strategy_names_a_zero2_launch_as_strategy_of_does(monkeypatch):
+def test_a_zero2_launch_is_named_as_its_profile_in_the_identity(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero2.json"))
-
-    class TwoRanks:
-        world_size = 2
-
-    assert launched_strategy(TwoRanks()) == {
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert Launch.from_environment().strategy_fields() == {
         "distributed_type": "DEEPSPEED",
         "world_size": 2,
+        "data_parallel_size": 2,
         "zero_stage": 2,
         "strategy": "zero2",
     }
+
+
+def test_a_checkpoint_naming_its_strategy_the_former_way_continues_as_the_same_run():
+    recorded = {"strategy": "zero3+offload_cpu", "world_size": 2, "micro_batch_size": 4,
+                "gradient_accumulation_steps": 1, "flags": {}}  # fmt: skip
+    current = {**recorded, "strategy": "zero3_offload"}
+    assert run_differences(recorded, current) == []
 
 
 def test_a_last_step_checkpoint_of_a_run_that_did_not_complete_says_how_to_get_its_model(tmp_path, run_py):

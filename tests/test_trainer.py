@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from accelerate.utils import DynamoBackend
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
 
+from finetune.launched import CompilePlan
 from finetune.trainer import FinetuneTrainer
 
 
@@ -56,20 +56,19 @@ def test_a_nonzero_gradient_norm_is_not_warned_about(trainer_for, caplog):
 
 
 @pytest.mark.parametrize(
-    ("backend", "mode", "marks"),
-    [("inductor", "reduce-overhead", 2), ("inductor", "max-autotune", 2), ("inductor", "default", 0),
-     ("no", "reduce-overhead", 0)],
+    ("scope", "mode", "marks"),
+    [("whole", "reduce-overhead", 2), ("per_block", "max-autotune", 2), ("whole", "default", 0),
+     ("zero3_blocks", "reduce-overhead", 0), ("none", None, 0)],
 )  # fmt: skip
 def test_a_new_cuda_graph_step_is_marked_before_each_forward_only_when_graphs_are_recorded(
-    trainer_for, monkeypatch, backend, mode, marks
+    trainer_for, monkeypatch, scope, mode, marks
 ):
-    """The mode a profile asks for (accelerate launch's ACCELERATE_DYNAMO_MODE) or the flag gives."""
+    """The mode the compile plan has (a profile's ACCELERATE_DYNAMO_MODE, or the flag's) where accelerate
+    compiles the model."""
     calls = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append(1))
-    trainer = trainer_for(torch_compile=True)
-    dynamo = trainer.accelerator.state.dynamo_plugin
-    monkeypatch.setattr(dynamo, "backend", DynamoBackend(backend.upper()))
-    monkeypatch.setattr(dynamo, "mode", mode)
+    trainer = trainer_for(torch_compile=False)
+    trainer.compile_plan = CompilePlan(scope, mode)
     trainer.current_gradient_accumulation_steps = 1  # set by train(), which this test does not run
     batch = next(iter(trainer.get_train_dataloader()))
     trainer.training_step(trainer.model, batch)

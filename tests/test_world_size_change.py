@@ -31,11 +31,10 @@ import torch
 
 from finetune.checkpoint import checkpoint_problem, checkpoints_newest_first
 from finetune.errors import FinetuneError
+from finetune.launched import BatchGeometry, Launch
 from finetune.reshard import (
-    Geometry,
     checkpoint_geometry,
     continue_on_this_world_size,
-    keep_global_batch,
     place_step_counters,
 )
 from finetune.summary import read_summary
@@ -160,16 +159,16 @@ def test_zero_checkpoints_are_converted_beside_the_original_and_outside_the_rota
 
 
 def test_accumulation_grows_when_processes_go_away():
-    assert keep_global_batch(Geometry(4, 2, 1), 1, 2) == Geometry(1, 2, 4)
+    assert BatchGeometry(2, 1, 4).continued_on(1, 2) == BatchGeometry(2, 4, 1)
 
 
 def test_accumulation_shrinks_when_processes_are_added():
-    assert keep_global_batch(Geometry(1, 4, 4), 2, 4) == Geometry(2, 4, 2)
+    assert BatchGeometry(4, 4, 1).continued_on(2, 4) == BatchGeometry(4, 2, 2)
 
 
 def test_processes_that_cannot_keep_the_global_batch_are_refused_with_the_ones_that_can():
     with pytest.raises(FinetuneError, match=r"global batch 4 .*cannot make 4 exactly: resume on 1 processes"):
-        keep_global_batch(Geometry(1, 4, 1), 2, 4)
+        BatchGeometry(4, 1, 1).continued_on(2, 4)
 
 
 def test_geometry_of_a_checkpoint_without_a_run_entry_comes_from_its_files(tmp_path):
@@ -179,7 +178,7 @@ def test_geometry_of_a_checkpoint_without_a_run_entry_comes_from_its_files(tmp_p
     (checkpoint / "trainer_state.json").write_text('{"train_batch_size": 4}')
     for rank in range(3):
         (checkpoint / f"rng_state_{rank}.pth").touch()
-    assert checkpoint_geometry(checkpoint, current_accumulation=2) == Geometry(3, 4, 2)
+    assert checkpoint_geometry(checkpoint, current_accumulation=2) == BatchGeometry(4, 2, 3)
 
 
 class Wrapped:
@@ -213,7 +212,7 @@ def test_an_unfused_adams_step_counters_stay_on_the_cpu():
 
 
 def test_a_world_size_change_sets_the_accumulation_through_the_batch_geometry_rules(tmp_path, monkeypatch):
-    """The accumulation it adds turns the profile's CUDA graphs off, as set_batch_geometry does for any."""
+    """The accumulation it adds turns the profile's CUDA graphs off, as BatchGeometry.apply does for any."""
     checkpoint = tmp_path / "checkpoint-5"
     checkpoint.mkdir()
     run = {"world_size": 2, "micro_batch_size": 4, "gradient_accumulation_steps": 1}
@@ -224,5 +223,5 @@ def test_a_world_size_change_sets_the_accumulation_through_the_batch_geometry_ru
         gradient_accumulation_steps=1, process_index=0, torch_compile=True, torch_compile_mode=None,
         gradient_checkpointing=False,
     )  # fmt: skip
-    assert continue_on_this_world_size(checkpoint, args) == checkpoint
+    assert continue_on_this_world_size(checkpoint, args, Launch.from_environment()) == checkpoint
     assert (args.gradient_accumulation_steps, args.torch_compile_mode) == (2, "default")

@@ -1,0 +1,335 @@
+"""What was launched, resolved once per process: the strategy, the processes and how they split the
+batch, and how the model is compiled.
+
+`Launch.from_environment` reads the launcher's variables once, before anything else asks (as
+torchtitan's ParallelDims); `Launch.check_against` holds it to the Accelerator the Trainer sets up, so
+that what the run records is what ran. Everything else reads it: the resume identity, the run
+summary and name, the planner, doctor. `BatchGeometry.apply` is the only writer of the batch flags;
+`CompilePlan.for_run` the only place that decides what is compiled.
+
+A new parallel dimension (tensor or sequence parallel) is one field of Launch beside
+`data_parallel_size`, one profile kind (profiles.derive_strategy) and one planner term.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from accelerate.utils import DynamoBackend
+
+from finetune.devices import launched_with
+from finetune.errors import FinetuneError
+from finetune.profiles import (
+    OFFLOAD_KEYS,
+    Strategy,
+    active_deepspeed_config,
+    conventional_name,
+    derive_strategy,
+)
+
+# torch.compile modes that record CUDA graphs
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def strategy_from_environment() -> Strategy:
+    """The strategy `accelerate launch` handed this process, from the variables it sets: the training
+    process never sees the profile file. Named `$FINETUNE_PROFILE` (set by `finetune run` and
+    `compare`), else after the shipped profile it matches (`zero3`, `fsdp_grad_op`, ...)."""
+    if launched_with("DEEPSPEED"):
+        _, config = active_deepspeed_config()
+        if config is None:  # DeepSpeed set up by launch flags instead of a JSON
+            zero = {"stage": int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))}
+            for key in OFFLOAD_KEYS:
+                zero[key] = {"device": os.environ.get(f"ACCELERATE_DEEPSPEED_{key.upper()}_DEVICE", "none")}
+            config = {"zero_optimization": zero}
+        strategy = derive_strategy("", "DEEPSPEED", deepspeed_config=config)
+    elif launched_with("FSDP"):
+        fsdp = {
+            "fsdp_reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
+            == "true",
+            "fsdp_offload_params": os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true",
+        }
+        strategy = derive_strategy("", "FSDP", fsdp_config=fsdp)
+    else:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        strategy = derive_strategy("", "MULTI_GPU" if several else "NO")
+    return replace(strategy, name=os.environ.get("FINETUNE_PROFILE") or conventional_name(strategy))
+
+
+def strategy_of(accelerator: Any) -> Strategy:
+    """The strategy accelerate actually set up, in the same terms, for `Launch.check_against`."""
+    deepspeed_plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    fsdp_plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if deepspeed_plugin is not None:
+        return derive_strategy("", "DEEPSPEED", deepspeed_config=deepspeed_plugin.deepspeed_config)
+    if fsdp_plugin is not None:
+        offload = fsdp_plugin.cpu_offload  # FSDP2: an offload policy object, CPUOffloadPolicy when on
+        fsdp = {
+            "fsdp_reshard_after_forward": bool(fsdp_plugin.reshard_after_forward),
+            "fsdp_offload_params": type(offload).__name__ == "CPUOffloadPolicy"
+            or bool(getattr(offload, "offload_params", False)),
+        }
+        return derive_strategy("", "FSDP", fsdp_config=fsdp)
+    return derive_strategy("", "MULTI_GPU" if accelerator.num_processes > 1 else "NO")
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """How one optimizer step's samples are made: micro batch x accumulation x data-parallel ranks."""
+
+    micro: int
+    accumulation: int
+    data_parallel: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro * self.accumulation * self.data_parallel
+
+    def describe(self) -> str:
+        processes = f"{self.data_parallel} process{'es' if self.data_parallel != 1 else ''}"
+        return (
+            f"global batch {self.global_batch} = micro batch {self.micro} x accumulation "
+            f"{self.accumulation} x {processes}"
+        )
+
+    @classmethod
+    def of(cls, training_args: Any, data_parallel: int) -> BatchGeometry:
+        return cls(training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,
+                   data_parallel)  # fmt: skip
+
+    @classmethod
+    def from_global(
+        cls,
+        global_batch: int,
+        data_parallel: int,
+        micro: int | None = None,
+        accumulation: int | None = None,
+        largest: tuple[int, str] | None = None,
+    ) -> tuple[BatchGeometry, str]:
+        """The micro batch and accumulation that make `global_batch` exactly, and why.
+
+        A micro batch or accumulation the user gave is kept. Otherwise the micro batch is the largest
+        that divides each process's share and is at most `largest` (a micro batch and why it is the
+        limit): a larger micro batch keeps the GPU busier, accumulation only repeats it. Written by
+        hand: the Trainer and DeepSpeed take the three numbers as given.
+        """
+        s = "es" if data_parallel != 1 else ""
+        per_process, rest = divmod(global_batch, data_parallel)
+        if rest:
+            raise FinetuneError(
+                f"--global_batch_size {global_batch} is not a multiple of the {data_parallel} process{s}: "
+                "each process takes an equal share"
+            )
+        given = {"--batch_size": micro, "--gradient_accumulation_steps": accumulation}
+        given = {flag: value for flag, value in given.items() if value is not None}
+        if micro is not None and accumulation is not None:
+            if micro * accumulation != per_process:
+                raise FinetuneError(
+                    f"--global_batch_size {global_batch} disagrees with --batch_size {micro} x "
+                    f"--gradient_accumulation_steps {accumulation} x {data_parallel} process{s} = "
+                    f"{micro * accumulation * data_parallel}: leave out one of them, or both to have the "
+                    "micro batch planned"
+                )
+            reason = "--batch_size and --gradient_accumulation_steps as given"
+        elif given:
+            ((flag, value),) = given.items()
+            if per_process % value:
+                raise FinetuneError(
+                    f"--global_batch_size {global_batch} is not a multiple of {flag} {value} x "
+                    f"{data_parallel} process{s}: leave out {flag} to have the micro batch planned"
+                )
+            micro, accumulation = micro or per_process // value, accumulation or per_process // value
+            reason = f"{flag} as given"
+        else:
+            if largest is None:
+                raise ValueError("from_global needs the largest micro batch when no batch flag is given")
+            limit, why = largest
+            micro = max(size for size in range(1, min(limit, per_process) + 1) if per_process % size == 0)
+            accumulation = per_process // micro
+            reason = f"the largest micro batch that divides {per_process} per process and is {why}"
+        return cls(micro, accumulation, data_parallel), reason
+
+    def continued_on(self, data_parallel: int, micro: int) -> BatchGeometry:
+        """The same global batch on another number of processes with this micro batch (the checkpoint
+        identity keeps it), by the accumulation (`--allow_world_size_change`), or FinetuneError naming
+        the counts that can."""
+        total = self.global_batch
+        if total % (data_parallel * micro):
+            workable = [str(n) for n in range(1, total + 1) if total % (n * micro) == 0]
+            raise FinetuneError(
+                f"--allow_world_size_change: the checkpoint was trained with {self.describe()}; "
+                f"{data_parallel} processes with micro batch {micro} cannot make {total} exactly: "
+                f"resume on {' or '.join(workable)} processes"
+            )
+        return BatchGeometry(micro, total // (data_parallel * micro), data_parallel)
+
+    def apply(self, training_args: Any) -> None:
+        """Set the run's micro batch and accumulation: the only writer of both.
+
+        A profile's CUDA graphs (the single profile's reduce-overhead) are then switched off where they
+        fail: with gradient accumulation, which failed on an H100 at the first backward ("accessing
+        tensor output of CUDAGraphs that has been overwritten by a subsequent run"), and with gradient
+        checkpointing, whose backward runs the recorded forward again and was never measured with
+        them; --torch_compile_mode asks for a mode explicitly and is kept. A DeepSpeed JSON given to
+        TrainingArguments (`--deepspeed FILE`) had its "auto" batch sizes filled from the old values:
+        it is filled again as transformers' own hyperparameter search does, or DeepSpeed would train
+        the old batch. A profile's JSON is filled by accelerate later.
+        """
+        training_args.per_device_train_batch_size = self.micro
+        training_args.gradient_accumulation_steps = self.accumulation
+        if (
+            (training_args.gradient_checkpointing or self.accumulation > 1)
+            and training_args.torch_compile
+            and training_args.torch_compile_mode is None
+            and os.environ.get("ACCELERATE_DYNAMO_MODE") in CUDA_GRAPH_MODES
+        ):
+            training_args.torch_compile_mode = "default"
+        if getattr(training_args, "hf_deepspeed_config", None) is not None:
+            from accelerate.utils import DeepSpeedPlugin
+            from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+            training_args.hf_deepspeed_config = HfTrainerDeepSpeedConfig(training_args.deepspeed)
+            training_args.hf_deepspeed_config.trainer_config_process(training_args)
+            training_args.deepspeed_plugin = DeepSpeedPlugin(hf_ds_config=training_args.hf_deepspeed_config)
+
+
+def compile_mode(training_args: Any) -> str:
+    """--torch_compile_mode, else the profile's (accelerate's dynamo_mode), else torch's default."""
+    return training_args.torch_compile_mode or os.environ.get("ACCELERATE_DYNAMO_MODE", "default")
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """What torch.compile compiles in this run.
+
+    `scope`: none; whole (accelerate compiles the model); per_block (accelerate's regional
+    compilation, which the FSDP profiles switch on: FSDP2 compiled whole breaks at its hooks); or
+    zero3_blocks (finetune compiles ZeRO-3's leaf blocks' forwards, `models.compile_zero3_blocks`:
+    compiled through accelerate ZeRO-3 was slower than eager). `mode`: torch.compile's mode. `loss`:
+    the loss compiled beside compiled blocks (`--compile_loss`).
+    """
+
+    scope: str = "none"
+    mode: str | None = None
+    loss: bool = False
+
+    @property
+    def compiled(self) -> bool:
+        return self.scope != "none"
+
+    @property
+    def by_accelerate(self) -> bool:
+        return self.scope in ("whole", "per_block")
+
+    @property
+    def records_cuda_graphs(self) -> bool:
+        return self.by_accelerate and self.mode in CUDA_GRAPH_MODES
+
+    @classmethod
+    def for_run(cls, launch: Launch, training_args: Any, zero3_leaf_blocks: list[str]) -> CompilePlan:
+        """The plan for this run's flags (the compile default already applied) on its strategy; ZeRO-3
+        without leaf blocks (adapters, a DeepSpeed JSON's own leaf_module) runs eager."""
+        if not training_args.torch_compile:
+            return cls()
+        mode = compile_mode(training_args)
+        if launch.strategy.framework == "deepspeed" and launch.strategy.zero_stage == 3:
+            scope = "zero3_blocks" if zero3_leaf_blocks else "none"
+        elif os.environ.get("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "false").lower() == "true":
+            scope = "per_block"
+        else:
+            scope = "whole"
+        loss = bool(getattr(training_args, "compile_loss", False)) and scope in ("per_block", "zero3_blocks")
+        return cls(scope, mode if scope != "none" else None, loss)
+
+    @classmethod
+    def of_arguments(cls, training_args: Any) -> CompilePlan:
+        """For a Trainer built outside run.py: accelerate compiles the whole model when asked."""
+        if training_args is None or not training_args.torch_compile:
+            return cls()
+        return cls("whole", compile_mode(training_args))
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {
+            "torch_compile": self.compiled,
+            "torch_compile_regional": self.scope == "per_block",
+            "torch_compile_mode": self.mode if self.by_accelerate else None,
+            "loss_compiled": self.loss,
+        }
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The launch as this process sees it: the strategy and the processes, on GPUs or CPUs."""
+
+    strategy: Strategy
+    world_size: int = 1
+    processes_per_machine: int = 1
+    on_gpu: bool = False
+
+    @classmethod
+    def from_environment(cls) -> Launch:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        return cls(
+            strategy_from_environment(),
+            world_size,
+            int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+            torch.cuda.is_available(),
+        )
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that each take their own share of every global batch: all of them, as long as no
+        tensor or sequence parallel dimension splits one sample's work over several."""
+        return self.world_size
+
+    @property
+    def machines(self) -> int:
+        return max(1, self.world_size // self.processes_per_machine)
+
+    @property
+    def strategy_name(self) -> str:
+        """What the strategy is, whatever the profile file was called: the shipped profile's name."""
+        return conventional_name(self.strategy)
+
+    @property
+    def distributed_type(self) -> str:
+        """accelerate's name for it (DDP on CPU ranks is MULTI_CPU)."""
+        framework = self.strategy.framework
+        if framework == "ddp":
+            return "MULTI_GPU" if self.on_gpu else "MULTI_CPU"
+        return {"single": "NO", "fsdp": "FSDP", "deepspeed": "DEEPSPEED"}[framework]
+
+    def strategy_fields(self) -> dict[str, Any]:
+        """The run summary's and the checkpoint identity's strategy fields."""
+        return {
+            "strategy": self.strategy_name,
+            "distributed_type": self.distributed_type,
+            "zero_stage": self.strategy.zero_stage,
+            "world_size": self.world_size,
+            "data_parallel_size": self.data_parallel_size,
+        }
+
+    def check_against(self, accelerator: Any, compile_plan: CompilePlan) -> None:
+        """FinetuneError unless accelerate set up this strategy on these processes and compiles what the
+        plan says: the run would otherwise record, resume and plan for something other than what ran."""
+        built = strategy_of(accelerator)
+        ours = replace(self.strategy, name="", description="")
+        if built != ours or accelerator.num_processes != self.world_size:
+            raise FinetuneError(
+                f"the launch was read as {self.strategy_name} on {self.world_size} processes but accelerate "
+                f"set up {conventional_name(built)} on {accelerator.num_processes}: a launcher variable "
+                "disagrees with the profile (report this with the launch command)"
+            )
+        dynamo = accelerator.state.dynamo_plugin
+        compiled = dynamo.backend != DynamoBackend.NO
+        regional = compiled and bool(dynamo.use_regional_compilation)
+        expected = (compile_plan.by_accelerate, compile_plan.scope == "per_block")
+        if (compiled, regional) != expected or (compiled and dynamo.mode != compile_plan.mode):
+            raise FinetuneError(
+                f"the compile plan ({compile_plan.scope}, mode {compile_plan.mode}) disagrees with "
+                f"accelerate's (compiled {compiled}, regional {regional}, mode {dynamo.mode}): report this "
+                "with the command"
+            )
