@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from finetune.adapters import DEFAULT_LORA_DROPOUT, PEFT_METHODS
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, OneLineArgumentErrors, exit_on_user_error
 from finetune.launch import RUN_SCRIPT, Placement, launch_command, resolved_profile_file
 from finetune.profiles import (
@@ -33,9 +32,10 @@ from finetune.profiles import (
     with_shipped_recipe,
 )
 from finetune.resolve import pin_data_dir
+from finetune.run_flags import DataArguments, ModelArguments, add_run_flags
 
 if TYPE_CHECKING:
-    from finetune.arguments import DataArguments, FinetuneTrainingArguments, ModelArguments
+    from finetune.arguments import FinetuneTrainingArguments
     from finetune.planner import Workload
 
 PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
@@ -191,14 +191,8 @@ def export_command(options: argparse.Namespace) -> int:
 
 
 def eval_command(options: argparse.Namespace) -> int:
-    from finetune.arguments import DataArguments
     from finetune.evaluation import AnswerCheck, evaluate_saved_model
-    from finetune.instruction import DATA_FORMATS
 
-    if options.data_format not in DATA_FORMATS:
-        raise FinetuneError(
-            f"--data_format must be one of {', '.join(DATA_FORMATS)}, got {options.data_format}"
-        )
     if not options.generate and (options.answer_pattern is not None or options.max_new_tokens is not None):
         raise FinetuneError("--answer_pattern and --max_new_tokens score generated answers: add --generate")
     max_new_tokens = 256 if options.max_new_tokens is None else options.max_new_tokens
@@ -207,9 +201,7 @@ def eval_command(options: argparse.Namespace) -> int:
     answers = (
         AnswerCheck(options.answer_pattern, max_new_tokens, tuple(options.stop)) if options.generate else None
     )
-    data_args = DataArguments(
-        dataset=options.dataset, text_column=options.text_column, data_format=options.data_format
-    )
+    data_args = DataArguments(**{name: getattr(options, name) for name in EVAL_DATA_FLAGS})
     result = evaluate_saved_model(
         options.model,
         data_args,
@@ -306,16 +298,17 @@ def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
     from finetune.planner import Workload
 
     compiled = {"true": True, "false": False}.get(options.torch_compile)
-    checkpointing = options.gradient_checkpointing
+    # the adapter flags checked as run.py checks them
+    adapters = ModelArguments(**{name: getattr(options, name) for name in PLAN_ADAPTER_FLAGS})
     return Workload(
-        options.batch_size,
-        block_size,
-        options.precision,
-        checkpointing,
-        compiled,
-        options.peft,
-        options.lora_rank,
-        options.lora_dropout,
+        micro_batch=options.batch_size,
+        block_size=block_size,
+        dtype=options.precision,
+        gradient_checkpointing=options.gradient_checkpointing,
+        compiled=compiled,
+        peft=adapters.peft,
+        lora_rank=adapters.lora_rank,
+        lora_dropout=adapters.lora_dropout,
     )
 
 
@@ -497,6 +490,10 @@ positive_float.__name__ = "positive number"
 fraction.__name__ = "fraction (0 to below 1)"
 
 
+PLAN_ADAPTER_FLAGS = ("peft", "lora_rank", "lora_dropout")
+EVAL_DATA_FLAGS = ("dataset", "text_column", "data_format")
+
+
 def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     shipped = shipped_for_help()
     planning = commands.add_parser("plan", help="predict memory per GPU for every profile, and recommend one")
@@ -515,19 +512,7 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     )
     planning.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
     planning.add_argument("--gradient_checkpointing", action="store_true")
-    planning.add_argument(
-        "--peft",
-        choices=list(PEFT_METHODS),
-        help="plan adapter training (finetune run --peft): gradients and optimizer states for the adapters "
-        "only, the base frozen in --precision",
-    )
-    planning.add_argument("--lora_rank", type=positive_int, default=16, help="--peft: adapter rank")
-    planning.add_argument(
-        "--lora_dropout",
-        type=fraction,
-        default=DEFAULT_LORA_DROPOUT,
-        help="--peft: dropout on the adapters' input (its mask is kept for backward)",
-    )
+    add_run_flags(planning, ModelArguments, PLAN_ADAPTER_FLAGS)  # planned as run.py trains them
     planning.add_argument(
         "--torch_compile",
         choices=["true", "false"],
@@ -606,9 +591,7 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
         "answer-only loss and, with --generate, exact match of generated answers",
     )
     evaluate.add_argument("model", help="a model folder (a run's output_dir, an export) or a name")
-    evaluate.add_argument("--dataset", default="wikitext-2-raw-v1", help="as finetune/run.py --dataset")
-    evaluate.add_argument("--text_column", default="text", help="column that holds the text")
-    evaluate.add_argument("--data_format", default="auto", help="as finetune/run.py --data_format")
+    add_run_flags(evaluate, DataArguments, EVAL_DATA_FLAGS)  # the data read as run.py reads it
     evaluate.add_argument("--split", default="validation", choices=["train", "validation", "test"])
     evaluate.add_argument("--block_size", type=int, help="window length (default: the model's context)")
     evaluate.add_argument("--stride", type=int, help="window step (default: the block size, no overlap)")

@@ -29,7 +29,7 @@ from transformers import DataCollatorForSeq2Seq, default_data_collator
 from transformers.data.data_collator import DataCollator
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from finetune.arguments import DataArguments
+from finetune.run_flags import DataArguments
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import (
     IGNORE_INDEX,

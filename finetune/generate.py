@@ -11,7 +11,7 @@ from accelerate import PartialState
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
-from finetune.arguments import ModelArguments
+from finetune.run_flags import ModelArguments
 from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import end_of_turn_ids

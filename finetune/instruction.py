@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from finetune.data_formats import FORMATS, DataFormat
 from finetune.errors import FinetuneError
 
 IGNORE_INDEX = -100
@@ -37,27 +37,6 @@ SHAREGPT_ROLES = {
     "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "tool": "tool", "observation": "tool",
     "function_response": "tool",
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class DataFormat:
-    name: str
-    columns: tuple[str, ...]  # the columns that identify it (an instruction's input is optional)
-    description: str
-
-
-FORMATS = {
-    f.name: f
-    for f in (
-        DataFormat("messages", ("messages",), "chat messages"),
-        DataFormat("sharegpt", ("conversations",), "ShareGPT conversations (from/value)"),
-        DataFormat("prompt_completion", ("prompt", "completion"), "prompt/completion"),
-        DataFormat("instruction", ("instruction", "output"), "instruction/input/output"),
-        DataFormat("question_answer", ("question", "answer"), "question/answer"),
-        DataFormat("text", (), "plain text"),
-    )
-}
-DATA_FORMATS = ("auto", *FORMATS)
 
 
 def detect_format(columns: Iterable[str], text_column: str, requested: str = "auto") -> DataFormat:

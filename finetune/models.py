@@ -14,7 +14,7 @@ from transformers.initialization import no_init_weights
 from transformers.integrations import deepspeed_config, is_deepspeed_zero3_enabled
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from finetune.arguments import ModelArguments
+from finetune.run_flags import ModelArguments
 from finetune.errors import FinetuneError, first_line
 from finetune.resolve import describe_tried, resolve
 

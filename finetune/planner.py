@@ -603,7 +603,7 @@ def describe_compilation(workload: Workload, strategies: list[Strategy]) -> str:
 
 def shape_of(model: str, config_overrides: str | None = None) -> tuple[ModelShape, int]:
     """The model's shape and its default block size, from its config alone (no weights)."""
-    from finetune.arguments import ModelArguments
+    from finetune.run_flags import ModelArguments
     from finetune.models import choose_block_size, load_config, resolve_model
 
     model_args = ModelArguments(model=model, config_overrides=config_overrides)

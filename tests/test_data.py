@@ -5,7 +5,7 @@ import itertools
 import pytest
 from datasets import Dataset, DatasetDict, concatenate_datasets
 
-from finetune.arguments import DataArguments
+from finetune.run_flags import DataArguments
 from finetune.data import IGNORE_INDEX, arrange_splits, build_datasets, data_files, pack, pad_and_truncate
 from finetune.errors import FinetuneError
 
@@ -189,7 +189,7 @@ def test_test_split_of_offline_wikitext_is_already_the_validation_split(gpt2_tok
 
 
 def test_training_on_the_other_wikitext_variant_says_so(gpt2_tokenizer):
-    from finetune.arguments import DataArguments
+    from finetune.run_flags import DataArguments
     from finetune.data import build_datasets
 
     args = DataArguments(dataset="wikitext-2-raw-v1", block_size=64, max_train_samples=8, max_eval_samples=8)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, EvalPrediction
 
-from finetune.arguments import DataArguments
+from finetune.run_flags import DataArguments
 from finetune.data import arrange_splits, load_raw, split_tokens
 from finetune.errors import FinetuneError
 from finetune.evaluation import (

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from finetune.arguments import DataArguments
+from finetune.run_flags import DataArguments
 from finetune.data import IGNORE_INDEX, build_datasets
 from finetune.errors import FinetuneError
 from finetune.instruction import DEFAULT_CHAT_TEMPLATE, detect_format

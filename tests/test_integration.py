@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM
 
 from finetune import cli, run
-from finetune.arguments import DataArguments, ModelArguments
+from finetune.run_flags import DataArguments, ModelArguments
 from finetune.data import build_datasets
 from finetune.evaluation import loss_sums_per_sample
 from finetune.models import load_tokenizer, resolve_model

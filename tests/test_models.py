@@ -13,7 +13,7 @@ from tiny_configs import tiny_config
 from transformers import AutoModelForCausalLM, GPT2Config, set_seed
 from transformers.integrations import HfDeepSpeedConfig
 
-from finetune.arguments import ModelArguments
+from finetune.run_flags import ModelArguments
 from finetune.errors import FinetuneError
 from finetune.models import (
     build_model,
@@ -110,7 +110,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WO
 dist.init_process_group("gloo")
 from transformers import GPT2Config
 from transformers.integrations.deepspeed import HfDeepSpeedConfig
-from finetune.arguments import ModelArguments
+from finetune.run_flags import ModelArguments
 from finetune.models import build_model
 from transformers import set_seed
 zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})

@@ -1,0 +1,172 @@
+"""run.py's model and data flags, declared once as dataclasses, and other commands' parsers built from them.
+
+Kept apart from finetune/arguments.py (TrainingArguments and the launch) so that every `finetune`
+command can declare the run flags it shares (`finetune plan --peft`, `finetune eval --dataset`) from
+these declarations, with their types, defaults, choices and help, without importing transformers'
+training classes. As TRL's `make_parser(subparsers)`: one declaration for the script and the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, PEFT_METHODS, target_modules
+from finetune.data_formats import DATA_FORMATS
+from finetune.errors import FinetuneError
+
+
+@dataclass
+class ModelArguments:
+    model: str = field(
+        default="gpt2",
+        metadata={
+            "aliases": ["--model_name_or_path"],
+            "help": "Hub name, GPT-2 size alias (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2) or a "
+            "local save_pretrained folder. Looked up locally, then in $FINETUNE_DATA_DIR, then on the Hub.",
+        },
+    )
+    from_scratch: bool = field(
+        default=False,
+        metadata={
+            "help": "Build the architecture from its config with random weights instead of loading weights."
+        },
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": 'Comma-separated config changes, as in run_clm.py: "n_layer=2,n_embd=64".'},
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer name or folder (default: the model's)."}
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow model code from the Hub to run. Off unless you trust the repository."},
+    )
+    attn_implementation: str = field(
+        default="sdpa", metadata={"help": "Attention kernel: sdpa (PyTorch scaled-dot-product), eager, ..."}
+    )
+    peft: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train adapters instead of every weight (docs/lora.md): lora, or dora (weight-decomposed "
+            "LoRA). The base model is frozen; checkpoints and the saved model hold only the adapters.",
+            "choices": list(PEFT_METHODS),
+        },
+    )
+    lora_rank: int = field(default=16, metadata={"help": "--peft: rank r of each adapter."})
+    lora_alpha: float = field(
+        default=32, metadata={"help": "--peft: scaling numerator; the update is scaled by alpha / rank."}
+    )
+    lora_dropout: float = field(
+        default=DEFAULT_LORA_DROPOUT, metadata={"help": "--peft: dropout on the adapters' input."}
+    )
+    lora_target_modules: str = field(
+        default=ALL_LINEAR,
+        metadata={
+            "help": "--peft: all-linear (every linear and GPT-2 Conv1D layer but the output layer) or "
+            "comma-separated module names, e.g. q_proj,v_proj or c_attn."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if not self.peft:
+            return
+        if self.from_scratch:
+            raise FinetuneError(
+                f"--peft {self.peft} trains adapters on top of loaded weights, and --from_scratch has none "
+                "to load (nor saves them): save the initialised model first and pass its folder as --model"
+            )
+        if self.lora_rank < 1:
+            raise FinetuneError(f"--lora_rank must be at least 1, got {self.lora_rank}")
+        if not 0 <= self.lora_dropout < 1:
+            raise FinetuneError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not target_modules(self.lora_target_modules):
+            raise FinetuneError("--lora_target_modules is empty: give all-linear or module names")
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default="wikitext-2-raw-v1",
+        metadata={
+            "aliases": ["--dataset_name"],
+            "help": "wikitext-2-raw-v1, wikitext-103-raw-v1, a Hub dataset, or a local "
+            ".txt/.jsonl/.json/.csv/.parquet file or folder of them.",
+        },
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    text_column: str = field(default="text", metadata={"help": "Column that holds the text."})
+    block_size: int | None = field(
+        default=None,
+        metadata={"help": "Tokens per training sample (default: the model's context, at most 1024)."},
+    )
+    packing: bool = field(
+        default=True,
+        metadata={
+            "help": "Concatenate texts into full blocks (no padding); pack instruction examples into blocks "
+            "they cannot attend across. --no_packing pads/truncates each text or example."
+        },
+    )
+    data_format: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: detected from the columns (docs/instruction-data.md); text, prompt_completion, "
+            "instruction, question_answer or messages to choose.",
+            "choices": list(DATA_FORMATS),
+        },
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Jinja chat template file for messages data (default: the tokenizer's own, else "
+            "finetune/templates/default_chat.jinja); saved with the model."
+        },
+    )
+    train_on_prompt: bool = field(
+        default=False,
+        metadata={"help": "Instruction and chat data: train on prompt tokens too, not only on the answers."},
+    )
+    validation_split_percentage: int = field(
+        default=5,
+        metadata={
+            "help": "Share of train carved out for validation when the dataset has no validation split."
+        },
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"aliases": ["--num_samples"], "help": "Keep only this many training blocks."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep only this many evaluation blocks."}
+    )
+    eval_test_split: bool = field(
+        default=False,
+        metadata={"help": "Also evaluate on the test split at the end (test_loss and test_perplexity)."},
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None,
+        metadata={"help": "Processes for tokenization (default: one per 2 cores on large datasets)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.block_size is not None and self.block_size < 2:
+            raise FinetuneError(f"--block_size must be at least 2 tokens, got {self.block_size}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise FinetuneError(f"--{name} must be at least 1, got {value}")
+        if not 0 < self.validation_split_percentage < 100:
+            raise FinetuneError(
+                "--validation_split_percentage must be between 1 and 99, "
+                f"got {self.validation_split_percentage}"
+            )
+
+
+def add_run_flags(parser: argparse.ArgumentParser, declared_by: type, names: tuple[str, ...]) -> None:
+    """Declare run.py's flags `names` on another command's parser exactly as run.py declares them
+    (HfArgumentParser reads the dataclass; its argparse actions are added to `parser`)."""
+    from transformers.hf_argparser import HfArgumentParser
+
+    actions = {action.dest: action for action in HfArgumentParser(declared_by)._actions}
+    for name in names:
+        parser._add_action(actions[name])
