@@ -351,7 +351,7 @@ def check_run_name(name: str, source: str) -> None:
 
 
 # DDP's gradient buckets, larger than torch's 25 MB default: a compiled step then spends less time in
-# many small all-reduces, which was measurably faster on two GPUs (benchmarks/h200x2-2026-11-24).
+# many small all-reduces, which was measurably faster on two GPUs (docs/speed.md).
 # Only DDP reads it; FSDP and DeepSpeed have their own.
 DDP_BUCKET_CAP_MB = 200
 

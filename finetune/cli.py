@@ -36,7 +36,7 @@ from finetune.run_flags import DataArguments, ModelArguments, add_run_flags
 
 if TYPE_CHECKING:
     from finetune.arguments import FinetuneTrainingArguments
-    from finetune.planner import Workload
+    from finetune.memory_model import Workload
 
 PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 
@@ -267,7 +267,8 @@ def generate_command(options: argparse.Namespace) -> int:
 
 def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, str]:
     """The planner's pick for the model and batch the run flags (and their recipe) ask for."""
-    from finetune.planner import Workload, choose_profile, shape_of, visible_gpu_memory_gib
+    from finetune.memory_model import Workload
+    from finetune.planner import choose_profile, shape_of, visible_gpu_memory_gib
 
     model_args, data_args, training_args = parse_run_flags(run_args)
     memory = visible_gpu_memory_gib()
@@ -295,7 +296,7 @@ def planned_dtype(training_args: FinetuneTrainingArguments) -> str:
 
 
 def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
-    from finetune.planner import Workload
+    from finetune.memory_model import Workload
 
     compiled = {"true": True, "false": False}.get(options.torch_compile)
     # the adapter flags checked as run.py checks them
@@ -313,10 +314,9 @@ def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
 
 
 def plan_command(options: argparse.Namespace) -> int:
+    from finetune.memory_model import DEFAULT_MARGIN, Calibration
     from finetune.planner import (
-        DEFAULT_MARGIN,
         LADDER_BLOCK_SIZE,
-        Calibration,
         Hardware,
         format_largest,
         format_plan,

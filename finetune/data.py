@@ -29,7 +29,6 @@ from transformers import DataCollatorForSeq2Seq, default_data_collator
 from transformers.data.data_collator import DataCollator
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from finetune.run_flags import DataArguments
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import (
     IGNORE_INDEX,
@@ -41,6 +40,7 @@ from finetune.instruction import (
 )
 from finetune.packing import pack_examples, packed_collator, truncate
 from finetune.resolve import describe_tried, resolve
+from finetune.run_flags import DataArguments
 
 HUB_NAMES = {
     "wikitext-2-raw-v1": ("Salesforce/wikitext", "wikitext-2-raw-v1"),

@@ -149,7 +149,8 @@ def gpu_checks(training_args) -> list[Check]:
 
 def run_workload(model_args, data_args, training_args):
     """The planner's Workload for these run flags and its model shape."""
-    from finetune.planner import Workload, shape_of
+    from finetune.memory_model import Workload
+    from finetune.planner import shape_of
 
     shape, default_block = shape_of(model_args.model, model_args.config_overrides)
     dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
@@ -167,7 +168,7 @@ def run_workload(model_args, data_args, training_args):
 
 
 def planned(model_args, data_args, training_args, launch: Launch):
-    from finetune.planner import Calibration, estimate
+    from finetune.memory_model import Calibration, estimate
 
     shape, workload = run_workload(model_args, data_args, training_args)
     return estimate(launch.strategy, shape, workload, launch.data_parallel_size, Calibration.measured())
@@ -178,7 +179,8 @@ def memory_check(model_args, data_args, training_args, launch: Launch) -> Check 
     GPU's memory; none without a GPU, where the memory model (fitted to GPU peaks) does not apply."""
     if not launch.on_gpu:
         return None
-    from finetune.planner import DEFAULT_MARGIN, visible_gpu_memory_gib
+    from finetune.memory_model import DEFAULT_MARGIN
+    from finetune.planner import visible_gpu_memory_gib
 
     predicted = planned(model_args, data_args, training_args, launch).total
     memory = visible_gpu_memory_gib()

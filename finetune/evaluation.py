@@ -24,7 +24,6 @@ from datasets import Dataset
 from tqdm import tqdm
 from transformers import DataCollatorForSeq2Seq, EvalPrediction, PreTrainedModel, PreTrainedTokenizerBase
 
-from finetune.run_flags import DataArguments, ModelArguments
 from finetune.checkpoint import load_weights_only
 from finetune.data import IGNORE_INDEX, load_raw, named_split, split_tokens, variant_used
 from finetune.errors import FinetuneError
@@ -39,6 +38,7 @@ from finetune.models import (
     resolve_model,
 )
 from finetune.packing import truncate
+from finetune.run_flags import DataArguments, ModelArguments
 
 
 def loss_sums_per_sample(

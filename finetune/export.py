@@ -18,10 +18,10 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune import safe_unpickling
 from finetune.adapters import adapter_config
-from finetune.run_flags import ModelArguments
 from finetune.checkpoint import checkpoint_problem, load_weights_only, read_manifest, swapped_to_nvme
 from finetune.errors import FinetuneError, first_line
 from finetune.models import load_config, resolve_model
+from finetune.run_flags import ModelArguments
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

@@ -11,11 +11,11 @@ from accelerate import PartialState
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
-from finetune.run_flags import ModelArguments
 from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import end_of_turn_ids
 from finetune.models import build_model, load_config, load_tokenizer, resolve_model
+from finetune.run_flags import ModelArguments
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,13 @@ def strategy_of(accelerator: Any) -> Strategy:
     return derive_strategy("", "MULTI_GPU" if accelerator.num_processes > 1 else "NO")
 
 
+def placement(strategy: Strategy) -> tuple:
+    """Where a strategy keeps each state, what two launches of one strategy share (not its name, nor
+    whether its NVMe folder is still to be filled in)."""
+    return (strategy.framework, strategy.sharded, strategy.optimizer_offload, strategy.parameter_offload,
+            strategy.zero_stage, strategy.reshard_after_forward)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class BatchGeometry:
     """How one optimizer step's samples are made: micro batch x accumulation x data-parallel ranks."""
@@ -316,8 +323,7 @@ class Launch:
         """FinetuneError unless accelerate set up this strategy on these processes and compiles what the
         plan says: the run would otherwise record, resume and plan for something other than what ran."""
         built = strategy_of(accelerator)
-        ours = replace(self.strategy, name="", description="")
-        if built != ours or accelerator.num_processes != self.world_size:
+        if placement(built) != placement(self.strategy) or accelerator.num_processes != self.world_size:
             raise FinetuneError(
                 f"the launch was read as {self.strategy_name} on {self.world_size} processes but accelerate "
                 f"set up {conventional_name(built)} on {accelerator.num_processes}: a launcher variable "

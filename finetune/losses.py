@@ -90,7 +90,7 @@ def causal_lm_loss(
 
     Kept out of torch.compile's graph: compiled by inductor for CUDA this function gave every
     parameter a zero gradient, while the same code compiled for CPU and run eagerly on CUDA trains
-    (benchmarks/h200-2026-11-23b, found with benchmarks/scripts/grad_check.py). The model's layers
+    (found with benchmarks/scripts/grad_check.py; docs/speed.md). The model's layers
     before it stay compiled.
     """
     device_type = hidden.device.type
@@ -113,7 +113,7 @@ def compile_loss(model: PreTrainedModel) -> None:
     Eager, the loss upcasts the logits to fp32 and keeps the log-softmax for backward, whose
     gradients are logits-sized fp32 tensors again: at a vocabulary of 50,257 they were the largest
     allocations alive at a ZeRO-3 step's memory peak, and PyTorch's softmax and copy kernels a
-    visible share of a single-profile step (benchmarks/h100-2026-11-26). Compiled, inductor fuses
+    visible share of a single-profile step (docs/speed.md). Compiled, inductor fuses
     the upcast, the log-softmax and its gradient and saves only the logits. Default mode: CUDA
     graphs would gain nothing for a few large kernels.
     """
@@ -140,8 +140,7 @@ def align_output_matmul(model: PreTrainedModel) -> bool:
 
     At GPT-2's 50,257 every row of the logits and of their gradient starts unaligned and cuBLAS
     falls back to align-1 kernels, a visible share of an FSDP2 or ZeRO-3 step, eager or compiled
-    block by block (profiled in benchmarks/h200-2026-11-24c; aligned, both ran faster:
-    benchmarks/h200-2026-11-24e).
+    block by block (profiled; aligned, both ran faster: docs/speed.md).
     A whole-model torch.compile pads on its own. Only bias-free linear output layers whose width is
     not a multiple of VOCAB_ALIGNMENT are changed, by class, so hooks, tied weights and copies keep
     working.

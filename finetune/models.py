@@ -14,9 +14,9 @@ from transformers.initialization import no_init_weights
 from transformers.integrations import deepspeed_config, is_deepspeed_zero3_enabled
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from finetune.run_flags import ModelArguments
 from finetune.errors import FinetuneError, first_line
 from finetune.resolve import describe_tried, resolve
+from finetune.run_flags import ModelArguments
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 MODEL_ALIASES = {
@@ -206,7 +206,7 @@ def drawn_on_the_accelerator(module: torch.nn.Module) -> Iterator[None]:
     accelerator, then put them back where the model was built.
 
     Drawing a billion normal samples takes a CPU core tens of seconds, the GPU milliseconds: most of
-    a large model's build time otherwise (gpt2-xl's start-up: benchmarks/h100-2026-11-25b). ZeRO-3
+    a large model's build time otherwise (gpt2-xl's start-up, docs/speed.md). ZeRO-3
     draws its gathered weights on the accelerator too. One module at a time is on the accelerator.
     Without an accelerator nothing moves.
     """
@@ -238,8 +238,8 @@ def gather_zero3_by_block(model: PreTrainedModel, adapters: bool) -> list[str]:
     The blocks are the model's `_no_split_modules`, the classes FSDP2's transformer-based wrap
     shards by. As a leaf, a block's parameters are gathered, and its gradients reduced, once per
     block instead of per Linear and norm: ZeRO-3's per-module Python hooks were what a one-process
-    ZeRO-3 step waited on (benchmarks/h200-2026-11-24c), and the 1.07B Llama trained faster per
-    block with the same losses and peak (benchmarks/h100-2026-11-25d). A DeepSpeed JSON that names
+    ZeRO-3 step waited on, and a 1B Llama trained faster per block with the same losses and peak
+    (docs/speed.md). A DeepSpeed JSON that names
     its own `zero_optimization.leaf_module` is followed as written (an empty list of classes: hooks
     per module, DeepSpeed's default).
 
@@ -269,10 +269,10 @@ def compile_zero3_blocks(model: PreTrainedModel, block_classes: list[str], mode:
     accelerate's compilation of a DeepSpeed model compiles the engine, or each block's `__call__`
     (regional), hooks included: dynamo then traced into DeepSpeed's parameter fetch, broke the graph
     there and recompiled as the hooks switched grad mode, and ZeRO-3 ran slower compiled than eager
-    (benchmarks/h200-2026-11-23b, h100-2026-11-25d). A leaf block's parameters are all gathered by
+    (docs/speed.md). A leaf block's parameters are all gathered by
     its own pre-forward hook before its forward runs and nothing inside it is hooked, so its forward
-    is one graph, shared by every block of the class: 1.1x eager's tokens/s on a 1B Llama and on
-    gpt2-xl, with less memory (benchmarks/h100-2026-11-25e).
+    is one graph, shared by every block of the class: faster than eager on a 1B Llama and on gpt2-xl,
+    with less memory (docs/speed.md).
     """
     blocks = [module for module in model.modules() if type(module).__name__ in block_classes]
     for block in blocks:

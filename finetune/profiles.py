@@ -95,9 +95,8 @@ class Strategy:
         faster. FSDP2 compiled as one graph breaks at its hooks and was slower than eager, but compiled
         block by block (accelerate's regional compilation, which the FSDP profiles switch on) it was
         faster. ZeRO-3 was slower compiled through accelerate (its hooks break the graph), and faster,
-        with less memory, with only its leaf blocks' forwards compiled (`run.compile_under_zero3`).
-        Offload was not timed compiled. The measurements: benchmarks/h200-2026-11-23b,
-        h200x2-2026-11-24, h200-2026-11-24c and -24d, h100-2026-11-25e (docs/speed.md). A machine
+        with less memory, with only its leaf blocks' forwards compiled (`launched.CompilePlan`).
+        Offload was not timed compiled. The measurements: docs/speed.md. A machine
         without a GPU never compiles by default (`arguments.compiles_by_default`).
         """
         return not self.offloaded

@@ -5,9 +5,9 @@ import itertools
 import pytest
 from datasets import Dataset, DatasetDict, concatenate_datasets
 
-from finetune.run_flags import DataArguments
 from finetune.data import IGNORE_INDEX, arrange_splits, build_datasets, data_files, pack, pad_and_truncate
 from finetune.errors import FinetuneError
+from finetune.run_flags import DataArguments
 
 TEXTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15, 16], [17, 18]]  # 18 tokens
 STREAM = list(itertools.chain.from_iterable(TEXTS))
@@ -189,8 +189,8 @@ def test_test_split_of_offline_wikitext_is_already_the_validation_split(gpt2_tok
 
 
 def test_training_on_the_other_wikitext_variant_says_so(gpt2_tokenizer):
-    from finetune.run_flags import DataArguments
     from finetune.data import build_datasets
+    from finetune.run_flags import DataArguments
 
     args = DataArguments(dataset="wikitext-2-raw-v1", block_size=64, max_train_samples=8, max_eval_samples=8)
     notes = build_datasets(args, gpt2_tokenizer, 64, seed=0).summary.notes

@@ -130,3 +130,10 @@ def test_every_benchmark_script_the_entry_point_names_exists():
     scripts = set(re.findall(r"\$SCRIPTS/(\S+?\.(?:sh|py))", (ROOT / "benchmarks" / "run.sh").read_text()))
     assert scripts, "benchmarks/run.sh names no script"
     assert sorted(name for name in scripts if not (ROOT / "benchmarks" / "scripts" / name).is_file()) == []
+
+
+def test_no_module_of_the_package_cites_a_dated_benchmarks_folder():
+    """Measurements live in benchmarks/ and docs/; code says why and points to the page."""
+    dated = re.compile(r"\b[a-z0-9]+-20\d\d-\d\d-\d\d[a-z]?\b")
+    citing = [path.name for path in (ROOT / "finetune").glob("*.py") if dated.search(path.read_text())]
+    assert citing == []

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, EvalPrediction
 
-from finetune.run_flags import DataArguments
 from finetune.data import arrange_splits, load_raw, split_tokens
 from finetune.errors import FinetuneError
 from finetune.evaluation import (
@@ -22,6 +21,7 @@ from finetune.evaluation import (
     token_weighted_loss,
     window_labels,
 )
+from finetune.run_flags import DataArguments
 
 
 def test_loss_sums_reproduce_the_models_shifted_mean_loss():

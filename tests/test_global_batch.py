@@ -20,13 +20,8 @@ from finetune.callbacks import StartupCallback
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch
-from finetune.planner import (
-    Calibration,
-    Workload,
-    apply_global_batch,
-    estimate,
-    shape_of,
-)
+from finetune.memory_model import Calibration, Workload, estimate
+from finetune.planner import apply_global_batch, shape_of
 from finetune.resume import refuse_another_run
 from finetune.summary import read_summary, validate_summary
 

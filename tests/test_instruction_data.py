@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from finetune.run_flags import DataArguments
 from finetune.data import IGNORE_INDEX, build_datasets
 from finetune.errors import FinetuneError
 from finetune.instruction import DEFAULT_CHAT_TEMPLATE, detect_format
 from finetune.run import main
+from finetune.run_flags import DataArguments
 from finetune.summary import read_summary
 
 CHAT = [

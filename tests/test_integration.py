@@ -20,10 +20,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM
 
 from finetune import cli, run
-from finetune.run_flags import DataArguments, ModelArguments
 from finetune.data import build_datasets
 from finetune.evaluation import loss_sums_per_sample
 from finetune.models import load_tokenizer, resolve_model
+from finetune.run_flags import DataArguments, ModelArguments
 from finetune.summary import read_summary, validate_summary
 
 from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch

@@ -25,7 +25,7 @@ from finetune.compare import training_variants, variant_flags
 from finetune.errors import FinetuneError
 from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
-from finetune.planner import CALIBRATION_KINDS, Calibration, ModelShape, Workload, estimate
+from finetune.memory_model import CALIBRATION_KINDS, Calibration, ModelShape, Workload, estimate
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
 

@@ -13,7 +13,6 @@ from tiny_configs import tiny_config
 from transformers import AutoModelForCausalLM, GPT2Config, set_seed
 from transformers.integrations import HfDeepSpeedConfig
 
-from finetune.run_flags import ModelArguments
 from finetune.errors import FinetuneError
 from finetune.models import (
     build_model,
@@ -23,6 +22,7 @@ from finetune.models import (
     load_config,
     resolve_model,
 )
+from finetune.run_flags import ModelArguments
 
 
 def load(args):

@@ -10,28 +10,30 @@ from transformers import AutoConfig, LlamaConfig
 from finetune.cli import auto_profile
 from finetune.cli import main as cli_main
 from finetune.errors import FinetuneError
-from finetune.planner import (
+from finetune.memory_model import (
     GATED_MLP_ACTIVATION_SCALE,
     GIB,
-    MODEL_LADDER,
     Calibration,
-    Hardware,
     ModelShape,
     Workload,
     activation_gib,
     calibration_kind,
-    choose_profile,
     compiled_for,
     estimate,
     estimate_for,
     forward_activation_gib,
+    out_of_memory_runs,
+    read_measurements,
+)
+from finetune.planner import (
+    MODEL_LADDER,
+    Hardware,
+    choose_profile,
     gpt2_shape,
     largest_micro_batch,
     largest_model,
-    out_of_memory_runs,
     plan,
     planned_strategies,
-    read_measurements,
     recommend,
     shape_of,
     what_would_fit,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
+from finetune.memory_model import Calibration, Measurement, ModelShape, estimate_for
 from finetune.models import resolve_model
-from finetune.planner import Calibration, Measurement, ModelShape, estimate_for
 from finetune.profiles import load_profile
 
 PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
