@@ -285,11 +285,6 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: L
         check_deepspeed_config(config_path, deepspeed_config)
     if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
         refuse_stale_build_locks()
-    if training_args.fp8 and config_path is not None:
-        raise FinetuneError(
-            "--fp8 runs under single, ddp and the FSDP profiles, not DeepSpeed's: its engine is not "
-            "tested with torchao's float8 layers"
-        )
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
@@ -435,8 +430,6 @@ def parse_arguments(
         training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     model_args.model = absolute_if_local(model_args.model)
     model_args.tokenizer = model_args.tokenizer and absolute_if_local(model_args.tokenizer)
-    if training_args.fp8 and model_args.peft:
-        raise FinetuneError("--fp8 is for full fine-tuning: with --peft the frozen base gains little from it")
     return model_args, data_args, training_args
 
 

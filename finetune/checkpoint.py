@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 from pathlib import Path
@@ -28,13 +27,11 @@ from transformers.utils import logging
 from finetune import safe_unpickling
 from finetune.collectives import collective
 from finetune.errors import FinetuneError
+from finetune.run_folder import CHECKPOINT_PATTERN, CHECKPOINT_PREFIX, MANIFEST
 
 logger = logging.get_logger("finetune")
 
-STAGING_DIR = ".staging"
-MANIFEST = "finetune_checkpoint.json"
 TRAINER_STATE = "trainer_state.json"  # transformers.trainer.TRAINER_STATE_NAME
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -165,7 +162,7 @@ def swapped_to_nvme(checkpoint: Path) -> bool:
 
 def checkpoints_newest_first(output_dir: str | Path) -> list[Path]:
     found = []
-    for path in Path(output_dir).glob("checkpoint-*"):
+    for path in Path(output_dir).glob(f"{CHECKPOINT_PREFIX}*"):
         match = CHECKPOINT_PATTERN.match(path.name)
         if match and path.is_dir():
             found.append((int(match.group(1)), path))

@@ -80,8 +80,11 @@ def parse_run_flags(
     them. A mistake in the run flags stops the command here, before anything is launched.
     """
     from finetune.arguments import expand_recipe, parse_arguments
+    from finetune.converters import refuse_incompatible
 
-    return parse_arguments([*defaults, *expand_recipe(run_args)])
+    model_args, data_args, training_args = parse_arguments([*defaults, *expand_recipe(run_args)])
+    refuse_incompatible(model_args, training_args)  # the flags alone; run.py checks the launch too
+    return model_args, data_args, training_args
 
 
 DOCTOR_SCRIPT = Path(__file__).resolve().parent / "doctor.py"
@@ -135,7 +138,8 @@ def orphaned_ranks_outcome(output_dir: Path, killed_by: signal.Signals) -> int:
     The ranks outlive the launcher for as long as their save takes: they are waited for through the
     output_dir lock rank 0 holds until it exits, then the run summary says what they did.
     """
-    from finetune.outputs import LOCK_FILE, read_holder
+    from finetune.outputs import read_holder
+    from finetune.run_folder import LOCK_FILE
     from finetune.summary import read_summary
 
     deadline = time.monotonic() + ORPHANED_RANKS_WAIT_S

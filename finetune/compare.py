@@ -28,7 +28,8 @@ from typing import Any
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.profiles import load_profile, shipped_strategies
-from finetune.summary import SUMMARY_FILE, peak_memory, read_summary
+from finetune.run_folder import SUMMARY_FILE
+from finetune.summary import peak_memory, read_summary
 
 STOP_GRACE_S = 30
 

@@ -33,8 +33,8 @@ from finetune.arguments import parse_arguments
 from finetune.build_locks import extensions_root, on_one_machine, stale_build_locks
 from finetune.errors import CHECK_FAILED_EXIT_CODE, FinetuneError, exit_on_user_error, first_line
 from finetune.launched import Launch
+from finetune.run_folder import DOCTOR_REPORT
 
-REPORT = "doctor.json"
 # Bytes per collective. Bus bandwidth only shows at large buffers (nccl-tests sweeps up to GBs); GPUs
 # get one large size, CPU ranks stay small so the check takes a second there.
 COLLECTIVE_SIZES = {"cuda": (1 << 20, 64 << 20, 256 << 20), "cpu": (1 << 20, 16 << 20)}
@@ -419,7 +419,7 @@ def run_checks(argv: list[str]) -> list[Check]:
 def doctor_verdict(output_dir: Path) -> str | None:
     """For the run summary: "passed", or the checks that failed, as doctor.json in output_dir says."""
     try:
-        rows = json.loads((output_dir / REPORT).read_text())
+        rows = json.loads((output_dir / DOCTOR_REPORT).read_text())
     except (OSError, ValueError):
         return None
     failed = sorted({row["name"] for row in rows if not row.get("passed")})
@@ -446,11 +446,11 @@ def main(argv: list[str] | None = None) -> int:
         print(table(checks))
         folder = Path(training_args.output_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / REPORT).write_text(json.dumps([asdict(check) for check in checks], indent=1) + "\n")
+        (folder / DOCTOR_REPORT).write_text(json.dumps([asdict(check) for check in checks], indent=1) + "\n")
         failed = [check.name for check in checks if not check.passed]
         print(
             f"finetune doctor: {'all checks passed' if not failed else 'failed: ' + ', '.join(failed)}; "
-            f"{folder / REPORT}",
+            f"{folder / DOCTOR_REPORT}",
             file=sys.stderr,
         )
         return CHECK_FAILED_EXIT_CODE if failed else 0

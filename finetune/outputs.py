@@ -32,43 +32,14 @@ import psutil
 import torch.distributed as dist
 from transformers.utils import logging
 
-from finetune.checkpoint import STAGING_DIR
 from finetune.errors import FinetuneError
-from finetune.summary import SUMMARY_FILE
+from finetune.run_folder import LOCK_FILE, RESULT_PATTERNS, SUMMARY_FILE
 
 if TYPE_CHECKING:
     from finetune.arguments import FinetuneTrainingArguments
 
 logger = logging.get_logger("finetune")
 
-LOCK_FILE = ".finetune.lock"
-# What a run leaves in its output_dir, as glob patterns; the final model's config and tokenizer files
-# are left out: they are no result on their own and the next save replaces them.
-# Everything a run writes into output_dir: what --overwrite_output_dir removes, and what makes a later
-# run refuse the folder without it. A file left behind would be read as this run's: a stale adapter by
-# `from_pretrained`, a stale universal checkpoint by a later world-size change.
-RESULT_PATTERNS = (
-    SUMMARY_FILE,
-    "checkpoint-*",
-    "universal-checkpoint-*",  # finetune/reshard.py's conversions for a world-size change
-    STAGING_DIR,
-    "model.safetensors",
-    "model-*.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model*.bin",
-    "adapter_config.json",
-    "adapter_model.safetensors",
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "runs",
-)
 LAUNCHER_POLL_S = 1.0
 
 

@@ -8,7 +8,6 @@ text and as HParams, so runs of different profiles line up in one `tensorboard -
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -138,10 +137,6 @@ class GroupedTensorBoardCallback(TensorBoardCallback):
             if isinstance(value, (int, float)):
                 self.tb_writer.add_scalar(tensorboard_tag(key), value, state.global_step)
         self.tb_writer.flush()
-
-
-def logging_dir(output_dir: str, run_name: str) -> str:
-    return os.path.join(output_dir, "runs", run_name)
 
 
 def read_scalars(log_root: str | Path) -> Any:

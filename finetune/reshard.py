@@ -32,13 +32,13 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
-from finetune.checkpoint import MANIFEST, STAGING_DIR, checkpoint_problem, read_manifest, write_manifest
+from finetune.checkpoint import checkpoint_problem, read_manifest, write_manifest
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch
+from finetune.run_folder import MANIFEST, STAGING_DIR, universal_dir
 
 logger = logging.get_logger("finetune")
 
-UNIVERSAL_PREFIX = "universal-"  # not "checkpoint-*": neither resumed from nor rotated as a checkpoint
 DEEPSPEED_LATEST = "latest"
 
 
@@ -68,10 +68,6 @@ def deepspeed_tag(checkpoint: Path) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
-def universal_folder(checkpoint: Path) -> Path:
-    return checkpoint.with_name(UNIVERSAL_PREFIX + checkpoint.name)
-
-
 def _link_or_copy(source: str, destination: str) -> None:
     try:
         os.link(source, destination)
@@ -89,7 +85,7 @@ def convert_to_universal(checkpoint: Path, tag: str) -> Path:
     """
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
-    target = universal_folder(checkpoint)
+    target = universal_dir(checkpoint)
     if target.is_dir() and checkpoint_problem(target) is None:
         return target
     staged = checkpoint.parent / STAGING_DIR / target.name
@@ -159,7 +155,7 @@ def continue_on_this_world_size(
             f"{checkpoint} is a DeepSpeed checkpoint: resume it with a DeepSpeed (zero*) profile"
         )
     with training_args.main_process_first(local=False, desc="universal checkpoint conversion"):
-        converted = convert_to_universal(checkpoint, tag) if is_main else universal_folder(checkpoint)
+        converted = convert_to_universal(checkpoint, tag) if is_main else universal_dir(checkpoint)
     if is_main:
         logger.warning(
             f"finetune: converted {checkpoint.name}'s ZeRO state to a universal checkpoint in {converted} "

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
-from finetune.adapters import adapter_flags, add_adapters
+from finetune.adapters import adapter_flags
 from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
@@ -41,6 +41,7 @@ from finetune.checkpoint import (
     load_weights_only,
     read_manifest,
 )
+from finetune.converters import convert, refuse_incompatible
 from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
 from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
@@ -51,7 +52,7 @@ from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
 from finetune.generate import Sampling, generate
-from finetune.losses import align_output_matmul, chunked_loss_problem, compile_loss, use_chunked_loss
+from finetune.losses import compile_loss
 from finetune.models import (
     build_model,
     check_attention_implementation,
@@ -67,7 +68,8 @@ from finetune.models import (
 from finetune.outputs import claim_output_dir
 from finetune.planner import apply_global_batch
 from finetune.launched import BatchGeometry, CompilePlan, Launch
-from finetune.reporting import GroupedTensorBoardCallback, logging_dir, run_scalars
+from finetune.reporting import GroupedTensorBoardCallback, run_scalars
+from finetune.run_folder import logging_dir
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
 from finetune.slow_work import machine_first_rank_first, timeout_for_save
 from finetune.resume import (
@@ -173,22 +175,8 @@ def train_and_measure(
         {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
     )
     use_the_tokenizers_pad_token(model, tokenizer)
-    if training_args.chunked_loss:
-        problem = chunked_loss_problem(model)
-        if problem is None:
-            use_chunked_loss(model)
-        elif training_args.process_index == 0:
-            logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
-    if training_args.align_output_matmul:
-        align_output_matmul(model)
-    fp8_layers = None
-    if training_args.fp8:
-        from finetune.fp8 import convert_to_float8  # imports torchao, which only --fp8 needs
-
-        fp8_layers = convert_to_float8(model)
-    record.update({"fp8_layers": fp8_layers})
-    if model_args.peft:
-        model = add_adapters(model, adapter_flags(model_args), record.fields["dtype"])
+    model, converted = convert(model, model_args, training_args, record.fields["dtype"])
+    record.update(converted)
     memory.mark_phase("model loaded")
     startup.mark("model")
     token_flops = model_flops_per_token(model, config, block_size)
@@ -291,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         model_args, data_args, training_args = parse_arguments(argv)
         launch = Launch.from_environment()
         apply_launch_environment(training_args, launch)
+        refuse_incompatible(model_args, training_args, launch)
         apply_global_batch(model_args, data_args, training_args, launch)
         claim_output_dir(training_args)
         resume_from = checkpoint_to_resume(

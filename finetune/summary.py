@@ -31,8 +31,8 @@ from finetune.errors import Diverged, StoppedForResume, first_line, reported_by_
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
 from finetune.launched import BatchGeometry, Launch
 from finetune.models import count_parameters
+from finetune.run_folder import SUMMARY_FILE
 
-SUMMARY_FILE = "run_summary.json"
 PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "datasets")
 
 # name: (type, meaning). A type ending in "?" may be null.

@@ -42,17 +42,18 @@ from accelerate.utils import DynamoBackend, TorchDynamoPlugin
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
-from finetune.checkpoint import STAGING_DIR, publish, write_manifest
+from finetune.checkpoint import publish, write_manifest
 from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError
 from finetune.launched import CompilePlan, Launch
 from finetune.outputs import share_from_main
 from finetune.resume import run_identity
+from finetune.run_folder import STAGING_DIR, checkpoint_dir
 from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
 
@@ -204,7 +205,7 @@ class FinetuneTrainer(Trainer):
             if isinstance(callback, LossSumSoFar):
                 callback.loss_sum = None if self._loss_sum_before is None else self._loss_sum_so_far()
         output_dir = self.args.output_dir
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        name = checkpoint_dir(output_dir, self.state.global_step).name
         staged = Path(output_dir) / STAGING_DIR / name
         self.args.output_dir = str(staged.parent)
         try:

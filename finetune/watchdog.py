@@ -30,6 +30,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from finetune.checkpoint import checkpoints_newest_first
 from finetune.collectives import in_a_helper
 from finetune.errors import RESUMABLE_EXIT_CODE
+from finetune.run_folder import hang_dir
 
 STEP_TIMES_FACTOR = 20.0
 FLOOR_S = 600.0
@@ -125,7 +126,7 @@ class Watchdog(TrainerCallback):
 
     def fire(self, waited: float) -> None:
         step = self.last_step + 1
-        folder = self.output_dir / f"hang-step{step}"
+        folder = hang_dir(self.output_dir, step)
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"rank{self.rank}.txt", "w") as stream:
             faulthandler.dump_traceback(stream, all_threads=True)

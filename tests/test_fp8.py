@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import subprocess
 import sys
 
 import pytest
@@ -16,7 +17,8 @@ from torchao.float8.float8_linear import Float8Linear
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
 
-from finetune.arguments import apply_launch_environment, parse_arguments
+from finetune.arguments import parse_arguments
+from finetune.converters import refuse_incompatible
 from finetune.errors import FinetuneError
 from finetune.fp8 import Float8Conv1D, check_float8_gpu, convert_to_float8
 from finetune.launched import Launch
@@ -109,16 +111,19 @@ def test_fp8_trains_on_two_ranks(profile, tmp_path):
 
 
 def test_fp8_with_peft_is_one_error(output_flags):
+    model_args, _, training_args = parse_arguments(
+        [*output_flags, "--model", "gpt2", "--fp8", "--peft", "lora"]
+    )
     with pytest.raises(FinetuneError, match="--fp8 is for full fine-tuning"):
-        parse_arguments([*output_flags, "--model", "gpt2", "--fp8", "--peft", "lora"])
+        refuse_incompatible(model_args, training_args)
 
 
 def test_fp8_under_a_deepspeed_profile_is_one_error(output_flags, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero2.json"))
-    _, _, training_args = parse_arguments([*output_flags, "--fp8"])
+    model_args, _, training_args = parse_arguments([*output_flags, "--fp8"])
     with pytest.raises(FinetuneError, match="--fp8 runs under single, ddp and the FSDP profiles"):
-        apply_launch_environment(training_args, Launch.from_environment())
+        refuse_incompatible(model_args, training_args, Launch.from_environment())
 
 
 def test_fp8_without_torchao_is_one_error_saying_how_to_install_it(output_flags, monkeypatch):
@@ -140,3 +145,13 @@ def test_a_gpu_that_cannot_multiply_in_float8_is_one_error_naming_it(monkeypatch
         FinetuneError, match=r"compute capability 8\.9 or newer.*NVIDIA A100-SXM4-80GB is 8\.0"
     ):
         check_float8_gpu()
+
+
+def test_finetune_run_refuses_fp8_with_peft_before_launching(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune", "run", "--profile", "single", "--fp8", "--peft", "lora",
+         "--output_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("finetune: error: --fp8 is for full fine-tuning")

@@ -23,8 +23,9 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from finetune import cli
-from finetune.checkpoint import MANIFEST, file_records, load_weights_only
+from finetune.checkpoint import file_records, load_weights_only
 from finetune.errors import FinetuneError
+from finetune.run_folder import MANIFEST
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, accelerate_launch
 from runs import CHECKPOINT_STEPS, FLAGS, copy_checkpoint

@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from finetune import cli, outputs, run
-from finetune.checkpoint import MANIFEST
 from finetune.errors import FinetuneError
-from finetune.outputs import LOCK_FILE, claim_on_main, earlier_results, lock_output_dir, read_holder
+from finetune.outputs import claim_on_main, earlier_results, lock_output_dir, read_holder
+from finetune.run_folder import LOCK_FILE, MANIFEST
 from finetune.summary import read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
@@ -291,3 +291,9 @@ def test_finetune_run_exits_75_when_its_killed_launchers_ranks_saved_a_checkpoin
     ]
     assert "its ranks saved" in (tmp_path / "run.log").read_text()
     assert read_summary(output_dir)["status"] == "interrupted"
+
+
+def test_a_hung_runs_stacks_are_results_that_overwrite_removes_and_doctors_table_is_not(tmp_path):
+    (tmp_path / "hang-step3").mkdir()
+    (tmp_path / "doctor.json").write_text("[]")  # written by `run --doctor` just before the run claims it
+    assert earlier_results(tmp_path) == [tmp_path / "hang-step3"]

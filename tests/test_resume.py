@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import load_file
 
 from finetune import cli
-from finetune.checkpoint import MANIFEST
 from finetune.errors import RESUMABLE_EXIT_CODE
+from finetune.run_folder import MANIFEST
 from finetune.summary import read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, accelerate_launch, launch

@@ -29,7 +29,7 @@ from finetune.resume import (
     run_differences,
     run_identity,
 )
-from finetune.summary import SUMMARY_FILE
+from finetune.run_folder import SUMMARY_FILE
 
 from launching import PROJECT_ROOT, TINY_MODEL
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from finetune import run
-from finetune.checkpoint import MANIFEST
+from finetune.run_folder import MANIFEST
 from finetune.summary import read_summary
 
 from launching import TINY_MODEL

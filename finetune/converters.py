@@ -1,0 +1,100 @@
+"""Changes made to the built model before training, as a list (torchtitan's model converters).
+
+Each converter says when a run asks for it, which flag combinations it cannot run with (checked once
+the launch is known, before any data or model is loaded: `refuse_incompatible`), and applies itself,
+returning the model and the run-summary fields it sets. run.py applies them in order in one loop.
+Compilation is not one of them: what is compiled is the compile plan's (finetune/launched.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from transformers.utils import logging
+
+from finetune.adapters import adapter_flags, add_adapters
+from finetune.errors import FinetuneError
+from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
+
+logger = logging.get_logger("finetune")
+
+Model = Any  # a PreTrainedModel, or the PeftModel around one
+
+
+@dataclass(frozen=True)
+class Converter:
+    name: str
+    asked: Callable[[Any, Any], bool]  # (model_args, training_args)
+    apply: Callable[[Model, Any, Any, str], tuple[Model, dict[str, Any]]]  # (..., compute dtype)
+    refusal: Callable[[Any, Any, Any], str | None] = lambda model_args, training_args, launch: None
+
+
+def chunked_loss(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict]:
+    """A model whose loss cannot be chunked keeps its own, with a warning (not an error: the flag is
+    a speed lever)."""
+    problem = chunked_loss_problem(model)
+    if problem is None:
+        use_chunked_loss(model)
+    elif training_args.process_index == 0:
+        logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
+    return model, {}
+
+
+def aligned_output_matmul(
+    model: Model, model_args: Any, training_args: Any, dtype: str
+) -> tuple[Model, dict]:
+    align_output_matmul(model)
+    return model, {}
+
+
+def float8(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict]:
+    from finetune.fp8 import convert_to_float8  # imports torchao, which only --fp8 needs
+
+    return model, {"fp8_layers": convert_to_float8(model)}
+
+
+def float8_refusal(model_args: Any, training_args: Any, launch: Any) -> str | None:
+    if model_args.peft:
+        return "--fp8 is for full fine-tuning: with --peft the frozen base gains little from it"
+    if launch is not None and launch.strategy.framework == "deepspeed":
+        return (
+            "--fp8 runs under single, ddp and the FSDP profiles, not DeepSpeed's: its engine is not "
+            "tested with torchao's float8 layers"
+        )
+    return None
+
+
+def adapters(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict]:
+    return add_adapters(model, adapter_flags(model_args), dtype), {}
+
+
+CONVERTERS = (
+    Converter("chunked_loss", lambda model_args, training_args: training_args.chunked_loss, chunked_loss),
+    Converter("align_output_matmul", lambda model_args, training_args: training_args.align_output_matmul,
+              aligned_output_matmul),
+    Converter("fp8", lambda model_args, training_args: training_args.fp8, float8, float8_refusal),
+    Converter("peft", lambda model_args, training_args: bool(model_args.peft), adapters),
+)  # fmt: skip
+
+
+def refuse_incompatible(model_args: Any, training_args: Any, launch: Any = None) -> None:
+    """One line for the first converter the run asks for that cannot run with its other flags or (once
+    known) its launch."""
+    for converter in CONVERTERS:
+        if converter.asked(model_args, training_args):
+            problem = converter.refusal(model_args, training_args, launch)
+            if problem:
+                raise FinetuneError(problem)
+
+
+def convert(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict[str, Any]]:
+    """Every converter the run asks for, in order; the summary fields they set (fp8_layers: None when
+    not asked)."""
+    fields: dict[str, Any] = {"fp8_layers": None}
+    for converter in CONVERTERS:
+        if converter.asked(model_args, training_args):
+            model, set_fields = converter.apply(model, model_args, training_args, dtype)
+            fields.update(set_fields)
+    return model, fields
