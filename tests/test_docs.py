@@ -137,3 +137,13 @@ def test_no_module_of_the_package_cites_a_dated_benchmarks_folder():
     dated = re.compile(r"\b[a-z0-9]+-20\d\d-\d\d-\d\d[a-z]?\b")
     citing = [path.name for path in (ROOT / "finetune").glob("*.py") if dated.search(path.read_text())]
     assert citing == []
+
+
+def test_the_readme_layout_lists_every_module_of_the_package_once():
+    listed = re.findall(r"^      (\w+\.py) ", README.read_text(), re.M)
+    modules = sorted(
+        path.name
+        for path in (ROOT / "finetune").glob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    )
+    assert sorted(listed) == modules
