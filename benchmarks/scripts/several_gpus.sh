@@ -83,6 +83,27 @@ case $CALL in
     tail -n 5 "$ROOT/doctor/stalled.log"; cp -r /tmp/stalled/hang-step* "$ROOT/doctor/" 2>/dev/null
     ls -la "$ROOT"/doctor/hang-step*
     ;;
+  5)  # issue 31: every run checks the Launch and compile plan it resolved against accelerate's; on GPUs,
+    # where the profiles compile by default (whole, per block, ZeRO-3 blocks, CUDA graphs), 20 steps each
+    N=$(nvidia-smi -L | wc -l)
+    mkdir -p "$ROOT/launch"
+    for P in single ddp fsdp zero2 zero3 zero3_offload; do
+      G=$([ $P = single ] && echo 1 || echo 2)
+      echo "== $P on $G GPU(s)"
+      timeout 240 python -m finetune run --profile $P --num_processes $G --model gpt2 --from_scratch \
+        --max_steps 20 --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true \
+        --output_dir /tmp/launch-$P > "$ROOT/launch/$P.log" 2>&1; echo "rc $?"; tail -n 4 "$ROOT/launch/$P.log"
+      cp /tmp/launch-$P/run_summary.json "$ROOT/launch/$P.json"
+      python -c "import json,sys; s=json.load(open(sys.argv[1])); print({k: s.get(k) for k in ('status','strategy','world_size','torch_compile','torch_compile_regional','torch_compile_mode','loss_compiled','zero3_compiled_blocks','tokens_per_second_per_device')})" "$ROOT/launch/$P.json"
+    done
+    echo "== a stalled rank on 2 GPUs (NCCL), rank 0 waiting in a marked helper"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python -m finetune.launch --config_file accelerate_configs/ddp.yaml \
+      --num_processes 2 --main_process_port 0 tests/stalled_run.py --model gpt2 --from_scratch \
+      --config_overrides n_layer=2,n_embd=64,n_head=2 --block_size 32 --batch_size 2 --max_steps 6 \
+      --save_steps 2 --logging_steps 1 --max_eval_samples 4 --report_to none --disable_tqdm true \
+      --watchdog_s 5 --output_dir /tmp/stalled > "$ROOT/launch/stalled.log" 2>&1; echo "rc $?"
+    grep "no optimizer step ended" "$ROOT/launch/stalled.log"
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
