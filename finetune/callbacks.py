@@ -26,8 +26,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from finetune.data import IGNORE_INDEX
 from finetune.flops import PeakFlops, mfu
-
-GIB = 2**30
+from finetune.memory_model import GIB
 
 
 def gather_from_ranks(value: Any) -> list[Any]:

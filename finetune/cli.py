@@ -271,24 +271,14 @@ def generate_command(options: argparse.Namespace) -> int:
 
 def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, str]:
     """The planner's pick for the model and batch the run flags (and their recipe) ask for."""
-    from finetune.memory_model import Workload
-    from finetune.planner import choose_profile, shape_of, visible_gpu_memory_gib
+    from finetune.planner import choose_profile, run_workload, visible_gpu_memory_gib
 
     model_args, data_args, training_args = parse_run_flags(run_args)
     memory = visible_gpu_memory_gib()
     if memory is None:
         raise FinetuneError("--profile auto plans GPU memory, and no GPU is visible: name a profile")
-    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
-    workload = Workload(
-        training_args.per_device_train_batch_size,
-        data_args.block_size or default_block,
-        planned_dtype(training_args),
-        training_args.gradient_checkpointing,
-        training_args.torch_compile,  # None until the run applies its launch: planned per profile
-        model_args.peft,
-        model_args.lora_rank,
-        model_args.lora_dropout,
-    )
+    # torch_compile is None until the run applies its launch: planned per profile
+    shape, workload = run_workload(model_args, data_args, training_args, planned_dtype(training_args))
     return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
 
 

@@ -147,28 +147,9 @@ def gpu_checks(training_args) -> list[Check]:
     ]
 
 
-def run_workload(model_args, data_args, training_args):
-    """The planner's Workload for these run flags and its model shape."""
-    from finetune.memory_model import Workload
-    from finetune.planner import shape_of
-
-    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
-    dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
-    workload = Workload(
-        micro_batch=training_args.per_device_train_batch_size,
-        block_size=data_args.block_size or default_block,
-        dtype=dtype,
-        gradient_checkpointing=training_args.gradient_checkpointing,
-        compiled=training_args.torch_compile,
-        peft=model_args.peft,
-        lora_rank=model_args.lora_rank,
-        lora_dropout=model_args.lora_dropout,
-    )
-    return shape, workload
-
-
 def planned(model_args, data_args, training_args, launch: Launch):
     from finetune.memory_model import Calibration, estimate
+    from finetune.planner import run_workload
 
     shape, workload = run_workload(model_args, data_args, training_args)
     return estimate(launch.strategy, shape, workload, launch.data_parallel_size, Calibration.measured())

@@ -18,10 +18,10 @@ from finetune.errors import FinetuneError, first_line
 from finetune.resolve import describe_tried, resolve
 from finetune.run_flags import ModelArguments
 
-GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
 MODEL_ALIASES = {
     "gpt2-small": "gpt2",
-    **{f"openai-community/{size}": size for size in GPT2_SIZES if size != "distilgpt2"},
+    **{f"openai-community/{size}": size for size in GPT2_NAMES if size != "distilgpt2"},
     "distilbert/distilgpt2": "distilgpt2",
 }
 WEIGHT_FILES = (

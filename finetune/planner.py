@@ -207,6 +207,26 @@ def visible_gpu_memory_gib() -> float | None:
 MICRO_BATCH_WITHOUT_GPU = 8  # --batch_size's default: what a CPU run takes when no memory model applies
 
 
+def run_workload(
+    model_args: Any, data_args: Any, training_args: Any, dtype: str | None = None
+) -> tuple[ModelShape, Workload]:
+    """The model's shape and the Workload of these run flags, as the planner sees a run: the one
+    place run flags become a Workload. `dtype` plans another precision than the flags' (`--precision
+    auto` before the launch resolves it)."""
+    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
+    run_dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    return shape, Workload(
+        micro_batch=training_args.per_device_train_batch_size,
+        block_size=data_args.block_size or default_block,
+        dtype=dtype or run_dtype,
+        gradient_checkpointing=training_args.gradient_checkpointing,
+        compiled=training_args.torch_compile,
+        peft=model_args.peft,
+        lora_rank=model_args.lora_rank,
+        lora_dropout=model_args.lora_dropout,
+    )
+
+
 def largest_micro_batch_for_run(
     model_args: Any, data_args: Any, training_args: Any, launch: Launch
 ) -> tuple[int, str]:
@@ -221,18 +241,8 @@ def largest_micro_batch_for_run(
             f"at most {MICRO_BATCH_WITHOUT_GPU}, --batch_size's default: no GPU is visible to plan for "
             "(--gpu_memory_gib plans for one)"
         )
-    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
-    dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
-    workload = Workload(
-        1,
-        data_args.block_size or default_block,
-        dtype,
-        training_args.gradient_checkpointing,
-        training_args.torch_compile,
-        model_args.peft,
-        model_args.lora_rank,
-        model_args.lora_dropout,
-    )
+    shape, workload = run_workload(model_args, data_args, training_args)
+    workload = replace(workload, micro_batch=1)
     strategy = launch.strategy
     hardware = Hardware(launch.data_parallel_size, memory)
     largest = largest_micro_batch(strategy, shape, workload, hardware, Calibration.measured())
