@@ -11,6 +11,14 @@ phase() {  # NAME LIMIT_S GPUS COMMAND ARGS... : run.sh COMMAND --out ROOT/NAME 
     > "$ROOT/$NAME.out" 2>&1
   echo "== $NAME rc $?"; tail -n 30 "$ROOT/$NAME.out"
 }
+stalled_rank() {  # DIR: tests/stalled_run.py on GPUs 0 and 1 under NCCL, rank 1 asleep in step 3
+  echo "== a stalled rank on 2 GPUs (NCCL)"
+  CUDA_VISIBLE_DEVICES=0,1 timeout 300 python -m finetune.launch --config_file accelerate_configs/ddp.yaml \
+    --num_processes 2 --main_process_port 0 tests/stalled_run.py --model gpt2 --from_scratch \
+    --config_overrides n_layer=2,n_embd=64,n_head=2 --block_size 32 --batch_size 2 --max_steps 6 \
+    --save_steps 2 --logging_steps 1 --max_eval_samples 4 --report_to none --disable_tqdm true \
+    --watchdog_s 5 --output_dir /tmp/stalled > "$1/stalled.log" 2>&1; echo "rc $?"
+}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m
   python -c "import torch, transformers, accelerate, deepspeed; print(torch.__version__, transformers.__version__, accelerate.__version__, deepspeed.__version__)"
 } > "$ROOT/gpu.txt" 2>&1
@@ -74,12 +82,7 @@ case $CALL in
       --max_steps 20 --max_eval_samples 16 --report_to none --disable_tqdm true --output_dir /tmp/run-doctor \
       > "$ROOT/doctor/run-doctor.log" 2>&1; echo "rc $?"; tail -n 15 "$ROOT/doctor/run-doctor.log"
     cp /tmp/run-doctor/run_summary.json "$ROOT/doctor/run-doctor.summary.json"
-    echo "== a stalled rank on 2 GPUs (NCCL)"
-    CUDA_VISIBLE_DEVICES=0,1 timeout 300 python -m finetune.launch --config_file accelerate_configs/ddp.yaml \
-      --num_processes 2 --main_process_port 0 tests/stalled_run.py --model gpt2 --from_scratch \
-      --config_overrides n_layer=2,n_embd=64,n_head=2 --block_size 32 --batch_size 2 --max_steps 6 \
-      --save_steps 2 --logging_steps 1 --max_eval_samples 4 --report_to none --disable_tqdm true \
-      --watchdog_s 5 --output_dir /tmp/stalled > "$ROOT/doctor/stalled.log" 2>&1; echo "rc $?"
+    stalled_rank "$ROOT/doctor"
     tail -n 5 "$ROOT/doctor/stalled.log"; cp -r /tmp/stalled/hang-step* "$ROOT/doctor/" 2>/dev/null
     ls -la "$ROOT"/doctor/hang-step*
     ;;
@@ -96,12 +99,7 @@ case $CALL in
       cp /tmp/launch-$P/run_summary.json "$ROOT/launch/$P.json"
       python -c "import json,sys; s=json.load(open(sys.argv[1])); print({k: s.get(k) for k in ('status','strategy','world_size','torch_compile','torch_compile_regional','torch_compile_mode','loss_compiled','zero3_compiled_blocks','tokens_per_second_per_device')})" "$ROOT/launch/$P.json"
     done
-    echo "== a stalled rank on 2 GPUs (NCCL), rank 0 waiting in a marked helper"
-    CUDA_VISIBLE_DEVICES=0,1 timeout 200 python -m finetune.launch --config_file accelerate_configs/ddp.yaml \
-      --num_processes 2 --main_process_port 0 tests/stalled_run.py --model gpt2 --from_scratch \
-      --config_overrides n_layer=2,n_embd=64,n_head=2 --block_size 32 --batch_size 2 --max_steps 6 \
-      --save_steps 2 --logging_steps 1 --max_eval_samples 4 --report_to none --disable_tqdm true \
-      --watchdog_s 5 --output_dir /tmp/stalled > "$ROOT/launch/stalled.log" 2>&1; echo "rc $?"
+    stalled_rank "$ROOT/launch"
     grep "no optimizer step ended" "$ROOT/launch/stalled.log"
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
