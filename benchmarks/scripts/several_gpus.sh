@@ -11,6 +11,24 @@ phase() {  # NAME LIMIT_S GPUS COMMAND ARGS... : run.sh COMMAND --out ROOT/NAME 
     > "$ROOT/$NAME.out" 2>&1
   echo "== $NAME rc $?"; tail -n 30 "$ROOT/$NAME.out"
 }
+doctor() {  # NAME GPUS PROFILE ARGS...: finetune doctor on the GPUs listed, its table and JSON kept
+  local NAME=$1 GPUS=$2 PROFILE=$3; shift 3
+  echo "== doctor $NAME"
+  CUDA_VISIBLE_DEVICES=$GPUS timeout 400 python -m finetune doctor --profile $PROFILE \
+    --num_processes $(( $(tr -cd , <<< "$GPUS" | wc -c) + 1 )) --model gpt2-medium --from_scratch \
+    --output_dir /tmp/doctor-$NAME "$@" > "$ROOT/doctor/$NAME.log" 2>&1; echo "rc $?"
+  cp /tmp/doctor-$NAME/doctor.json "$ROOT/doctor/$NAME.json"; tail -n 25 "$ROOT/doctor/$NAME.log"
+}
+doctor_per_gpu_count() {  # ddp doctor on 1, 2 and all GPUs; beside it, the plain torch loop on 2 and all
+  for G in $(printf '%s\n' 1 2 $N | sort -un); do
+    GPUS=$(seq -s, 0 $((G - 1)))
+    doctor ddp-$G $GPUS ddp
+    if [ $G -gt 1 ]; then
+      CUDA_VISIBLE_DEVICES=$GPUS timeout 120 torchrun --nproc_per_node $G \
+        benchmarks/scripts/collective_loop.py "$ROOT/doctor/torch-$G.json" 2>&1 | tail -n 8
+    fi
+  done
+}
 stalled_rank() {  # DIR: tests/stalled_run.py on GPUs 0 and 1 under NCCL, rank 1 asleep in step 3
   echo "== a stalled rank on 2 GPUs (NCCL)"
   CUDA_VISIBLE_DEVICES=0,1 timeout 300 python -m finetune.launch --config_file accelerate_configs/ddp.yaml \
@@ -59,22 +77,7 @@ case $CALL in
     # doctor under the offload profiles (op builds, host RAM, NVMe speed); run --doctor; a stalled rank
     N=$(nvidia-smi -L | wc -l)
     mkdir -p "$ROOT/doctor"
-    doctor() {  # NAME GPUS PROFILE ARGS...: finetune doctor on the GPUs listed, its table and JSON kept
-      local NAME=$1 GPUS=$2 PROFILE=$3; shift 3
-      echo "== doctor $NAME"
-      CUDA_VISIBLE_DEVICES=$GPUS timeout 400 python -m finetune doctor --profile $PROFILE \
-        --num_processes $(( $(tr -cd , <<< "$GPUS" | wc -c) + 1 )) --model gpt2-medium --from_scratch \
-        --output_dir /tmp/doctor-$NAME "$@" > "$ROOT/doctor/$NAME.log" 2>&1; echo "rc $?"
-      cp /tmp/doctor-$NAME/doctor.json "$ROOT/doctor/$NAME.json"; tail -n 25 "$ROOT/doctor/$NAME.log"
-    }
-    for G in $(printf '%s\n' 1 2 $N | sort -un); do
-      GPUS=$(seq -s, 0 $((G - 1)))
-      doctor ddp-$G $GPUS ddp
-      if [ $G -gt 1 ]; then
-        CUDA_VISIBLE_DEVICES=$GPUS timeout 120 torchrun --nproc_per_node $G \
-          benchmarks/scripts/collective_loop.py "$ROOT/doctor/torch-$G.json" 2>&1 | tail -n 8
-      fi
-    done
+    doctor_per_gpu_count
     doctor zero3_offload-2 0,1 zero3_offload
     doctor zero3_nvme-2 0,1 zero3_nvme --nvme_path /tmp/nvme
     echo "== run --doctor"
@@ -85,6 +88,11 @@ case $CALL in
     stalled_rank "$ROOT/doctor"
     tail -n 5 "$ROOT/doctor/stalled.log"; cp -r /tmp/stalled/hang-step* "$ROOT/doctor/" 2>/dev/null
     ls -la "$ROOT"/doctor/hang-step*
+    ;;
+  6)  # issue 32, the bandwidth part of call 4 alone (a short call): doctor and the torch loop on 1, 2, N GPUs
+    N=$(nvidia-smi -L | wc -l)
+    mkdir -p "$ROOT/doctor"
+    doctor_per_gpu_count
     ;;
   5)  # issue 31: every run checks the Launch and compile plan it resolved against accelerate's; on GPUs,
     # where the profiles compile by default (whole, per block, ZeRO-3 blocks, CUDA graphs), 20 steps each
