@@ -357,7 +357,7 @@ def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
     from finetune.compare import compare, default_profiles, training_variants, variant_flags
 
     run_args = expand_recipe(run_args)  # every run's own flags are added around these
-    variants = training_variants(options.peft, run_args)
+    variants = training_variants(options.variants, run_args)
     for variant in variants:
         parse_run_flags([*run_args, *variant_flags(variant)])
     profiles = options.profiles.split(",") if options.profiles else default_profiles(run_args)
@@ -371,7 +371,7 @@ def compare_command(options: argparse.Namespace, run_args: list[str]) -> int:
         Path(options.output_dir),
         options.timeout,
         command_line,
-        **({"variants": tuple(variants)} if options.peft else {}),
+        **({"variants": tuple(variants)} if options.variants else {}),
     )
     print((Path(options.output_dir) / "comparison.md").read_text())
     return 0 if any(row.status == "completed" for row in rows) else 1
@@ -549,9 +549,10 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
     )
     comparing.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
     comparing.add_argument(
-        "--peft",
-        help="training variants each profile runs in, comma-separated: full (every weight), lora, dora; e.g. "
-        "full,lora to answer full or LoRA, on which profile (default: as the run flags say)",
+        "--variants",
+        help="training variants each profile runs in, comma-separated: full (every weight), lora, dora "
+        "(as run.py's --peft); e.g. full,lora to answer full or LoRA, on which profile (default: as the "
+        "run flags say)",
     )
 
 

@@ -238,20 +238,21 @@ def merge_rows(earlier: list[Row], new: list[Row]) -> list[Row]:
 FULL = "full"
 
 
-def training_variants(peft: str | None, run_args: list[str]) -> list[str]:
-    """`--peft full,lora` as the variants each profile runs in: full fine-tuning, or `--peft METHOD` added
-    to its run flags. Without it, one run per profile as its run flags say ("")."""
-    if not peft:
+def training_variants(given: str | None, run_args: list[str]) -> list[str]:
+    """`--variants full,lora`: each profile runs with full fine-tuning, or with `--peft METHOD` added to
+    its run flags (the run flag keeps its one meaning). Without it, one run per profile as its run
+    flags say ("")."""
+    if not given:
         return [""]
     from finetune.adapters import PEFT_METHODS
 
-    variants = [name.strip() for name in peft.split(",") if name.strip()]
+    variants = [name.strip() for name in given.split(",") if name.strip()]
     unknown = [name for name in variants if name not in (FULL, *PEFT_METHODS)]
     if unknown or not variants:
-        raise FinetuneError(f"--peft {peft}: give {FULL}, {', '.join(PEFT_METHODS)}, comma-separated")
+        raise FinetuneError(f"--variants {given}: give {FULL}, {', '.join(PEFT_METHODS)}, comma-separated")
     if "--peft" in run_args:
         raise FinetuneError(
-            "give --peft once: as compare's variants (--peft full,lora), not also in run flags"
+            "give --variants (full,lora: every profile both ways) or --peft in the run flags, not both"
         )
     return variants
 

@@ -192,7 +192,7 @@ def test_compare_runs_each_profile_full_and_with_lora():
 
 
 def test_compare_refuses_peft_both_as_variants_and_in_run_flags():
-    with pytest.raises(FinetuneError, match="give --peft once"):
+    with pytest.raises(FinetuneError, match=r"give --variants .* or --peft in the run flags, not both"):
         training_variants("full,lora", ["--peft", "dora"])
 
 
