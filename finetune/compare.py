@@ -275,7 +275,7 @@ def write_markdown(rows: list[Row], path: Path, header: list[str]) -> None:
 
 
 def bar_label(row: Row) -> str:
-    """A bar's name: the profile, and the variant when one was asked for (--peft full,lora)."""
+    """A bar's name: the profile, and the variant when one was asked for (--variants full,lora)."""
     return f"{row.profile} ({row.training})" if row.training else row.profile
 
 
