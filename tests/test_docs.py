@@ -51,7 +51,7 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
 
 def test_readme_shows_the_doctor_instruction_and_lora_tables_generated():
     assert [folder for _, folder, _ in speed_tables(README)] == [
-        "benchmarks/h100x2-2026-11-26b/doctor/ddp-2.json",
+        "benchmarks/h100x4-2026-11-26b/doctor/ddp-4.json",
         "benchmarks/h100-2026-11-25/gsm8k",
         "benchmarks/h100-2026-11-25/cuda_graphs",
     ]
@@ -63,6 +63,7 @@ def test_troubleshooting_starts_from_doctor_tables_generated_on_cpu_and_gpus():
         "benchmarks/h100x2-2026-11-26b/doctor/ddp-2.json",
         "benchmarks/h100x2-2026-11-26b/doctor/zero3_nvme-2.json",
         "benchmarks/h100x2-2026-11-26b/doctor",
+        "benchmarks/h100x4-2026-11-26b/doctor",
     ]
 
 
