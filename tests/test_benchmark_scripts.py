@@ -1,7 +1,7 @@
 """benchmarks/scripts/: the parts of the GPU benchmark scripts that run without a GPU.
 
 The GPU runs themselves are not tests (benchmarks/README.md); what is checked here is that
-instruction_lora_table.py reads a folder of results the way instruction_lora.sh names them, and that
+tables.py instruction_lora reads a folder of results the way instruction_lora.sh names them, and that
 memory_snapshot.py finds what was alive at the peak of an allocator trace, without training anything.
 """
 
@@ -19,9 +19,8 @@ def load_script(name: str):
     return module
 
 
-lora_table = load_script("instruction_lora_table")
+tables = load_script("tables")
 memory_snapshot = load_script("memory_snapshot")
-speed_table = load_script("speed_table")
 
 FALLING = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 7.0}]
 
@@ -32,8 +31,13 @@ def store(folder: Path, name: str, **fields) -> None:
 
 def printed_tables(folder: Path) -> dict[str, str]:
     """The printed tables by the first word of their heading (GSM8K, LoRA)."""
-    tables = lora_table.table(lora_table.results(folder)).split("\n\n")
-    return {table.split()[1].rstrip(","): table for table in tables}
+    printed = tables.instruction_lora(folder).split("\n\n")
+    return {table.split()[1].rstrip(","): table for table in printed}
+
+
+def speed_rows(folder: Path) -> dict[str, list[str]]:
+    """The cells of each row of a speed table by its first cell ('| plain', '| finetune')."""
+    return {row.split(" | ")[0]: row.split(" | ") for row in tables.speed(folder).splitlines()[2:]}
 
 
 def table_row(folder: Path, task: str, what: str) -> list[str]:
@@ -125,7 +129,7 @@ def test_a_speed_rows_model_may_hold_dots_and_an_accumulating_step_counts_all_it
     store(tmp_path, "finetune.llama-0.36b.b16.run1", step_time_median_s=0.5, global_batch_size=32,
           world_size=1, memory_peak_allocated_gib_max=40.0, **finetune)  # fmt: skip
     store(tmp_path, "plain.llama-0.36b.b16.run1", step_time_median_s=0.5, peak_allocated_gib=50.0)
-    rows = {row.split(" | ")[0]: row.split(" | ") for row in speed_table.rows(tmp_path)}
+    rows = speed_rows(tmp_path)
     assert rows["| finetune"][1:5] == ["llama-0.36b", "16", "1", "65,536"]  # 32 x 1024 / 0.5 s
     assert rows["| plain"][4] == "32,768"  # no accumulation: 16 x 1024 / 0.5 s
     assert rows["| finetune"][6] == "2.00"
@@ -138,6 +142,29 @@ def test_a_plain_run_that_accumulates_counts_all_its_micro_batches(tmp_path):
           world_size=1, memory_peak_allocated_gib_max=50.0, **finetune)  # fmt: skip
     store(tmp_path, "plain.gpt2-medium.b8.run1", step_time_median_s=2.0, gradient_accumulation_steps=8,
           peak_allocated_gib=26.0)  # fmt: skip
-    rows = {row.split(" | ")[0]: row.split(" | ") for row in speed_table.rows(tmp_path)}
+    rows = speed_rows(tmp_path)
     assert rows["| plain"][4] == "32,768"  # 8 x 8 x 1024 / 2 s
     assert rows["| finetune"][6] == "2.00"  # 64 x 1024 / 1 s against it
+
+
+def test_a_resumed_runs_step_losses_are_compared_after_its_resume_point_only(tmp_path):
+    straight = [{"step": 10, "loss": 4.0}, {"step": 20, "loss": 2.0}]
+    resumed = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 2.2}]  # step 10 was before the resume
+    store(tmp_path, "ddp.straight", loss_curve=straight, eval_loss=2.0, status="completed")
+    store(tmp_path, "ddp.resumed", loss_curve=resumed, eval_loss=2.1, resumed_from_step=10, status="done")
+    printed = tables.resume(tmp_path, ["ddp"]).splitlines()[2:]
+    rows = {row.split(" | ")[1]: row.strip("| ").split(" | ") for row in printed}
+    assert rows["resumed"][-2:] == ["5.0e-02", "1.0e-01"]  # eval 2.1 vs 2.0; step 20: 2.2 vs 2.0
+    assert rows["stopped"][2] == "missing"
+
+
+def test_two_launchers_eval_loss_is_compared_with_one_launchers(tmp_path):
+    store(tmp_path, "zero3.one-launcher", eval_loss=3.0, status="completed")
+    store(tmp_path, "zero3.two-launchers", eval_loss=3.5, status="completed")
+    last = tables.two_launchers(tmp_path, ["zero3"]).splitlines()[-1]
+    assert last.strip("| ").split(" | ")[-1] == "5.00e-01"
+
+
+def test_an_unknown_table_kind_is_one_usage_line_and_exit_2(capsys):
+    assert tables.main(["speeds", str(ROOT)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -1,8 +1,8 @@
 """docs/ and benchmarks/: every figure a page shows is generated from a stored result, and every
 pointer to a benchmarks/ folder leads to one.
 
-A speed table in docs/speed.md or the README is preceded by the line `<!-- speed table: python
-benchmarks/scripts/SCRIPT.py benchmarks/FOLDER -->`; what follows must be what that command prints,
+A table of results in docs/ or the README is preceded by the line `<!-- table: python
+benchmarks/scripts/tables.py KIND benchmarks/PATH -->`; what follows must be what that command prints,
 so a table is changed by rerunning the command, never by hand.
 """
 
@@ -21,36 +21,37 @@ SPEED_PAGE = ROOT / "docs" / "speed.md"
 PLANNER_PAGE = ROOT / "docs" / "planner.md"
 TROUBLESHOOTING_PAGE = ROOT / "docs" / "troubleshooting.md"
 README = ROOT / "README.md"
-SPEED_TABLE = re.compile(r"<!-- speed table: python (benchmarks/scripts/\S+\.py) (benchmarks/\S+) -->")
+TABLE_SCRIPT = "benchmarks/scripts/tables.py"
+GENERATED_TABLE = re.compile(rf"<!-- table: python {TABLE_SCRIPT} (\w+) (benchmarks/\S+) -->")
 REPORT_SUMMARY = "benchmarks/h200-2026-11-24e/finetune.gpt2-medium.b8.run1.json"
 
 
-def speed_tables(page: Path) -> list[tuple[str, str, str]]:
-    """(script, folder, the table that follows the marker) for every speed table of a page."""
+def generated_tables(page: Path) -> list[tuple[str, str, str]]:
+    """(kind, path, the table that follows the marker) for every generated table of a page."""
     text = page.read_text()
     tables = []
-    for found in SPEED_TABLE.finditer(text):
+    for found in GENERATED_TABLE.finditer(text):
         tables.append((found.group(1), found.group(2), text[found.end() :].lstrip("\n")))
     return tables
 
 
 PAGES = (SPEED_PAGE, README, PLANNER_PAGE, TROUBLESHOOTING_PAGE)
-TABLES = [table for page in PAGES for table in speed_tables(page)]
+TABLES = [table for page in PAGES for table in generated_tables(page)]
 
 
 def test_docs_speed_page_has_its_generated_tables():
-    assert len(speed_tables(SPEED_PAGE)) == 25
+    assert len(generated_tables(SPEED_PAGE)) == 25
 
 
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
-    assert [folder for _, folder, _ in speed_tables(PLANNER_PAGE)] == [
+    assert [folder for _, folder, _ in generated_tables(PLANNER_PAGE)] == [
         "benchmarks/h100x4-2026-11-26/call1",
         "benchmarks/h100x2-2026-11-26",
     ]
 
 
 def test_readme_shows_the_doctor_instruction_and_lora_tables_generated():
-    assert [folder for _, folder, _ in speed_tables(README)] == [
+    assert [folder for _, folder, _ in generated_tables(README)] == [
         "benchmarks/h100x4-2026-11-26b/doctor/ddp-4.json",
         "benchmarks/h100-2026-11-25/gsm8k",
         "benchmarks/h100-2026-11-25/cuda_graphs",
@@ -58,7 +59,7 @@ def test_readme_shows_the_doctor_instruction_and_lora_tables_generated():
 
 
 def test_troubleshooting_starts_from_doctor_tables_generated_on_cpu_and_gpus():
-    assert [folder for _, folder, _ in speed_tables(TROUBLESHOOTING_PAGE)] == [
+    assert [folder for _, folder, _ in generated_tables(TROUBLESHOOTING_PAGE)] == [
         "benchmarks/cpu-2026-11-26-doctor/ddp-2.json",
         "benchmarks/h100x2-2026-11-26b/doctor/ddp-2.json",
         "benchmarks/h100x2-2026-11-26b/doctor/zero3_nvme-2.json",
@@ -67,12 +68,17 @@ def test_troubleshooting_starts_from_doctor_tables_generated_on_cpu_and_gpus():
     ]
 
 
-@pytest.mark.parametrize(("script", "folder", "table"), TABLES, ids=[folder for _, folder, _ in TABLES])
-def test_speed_table_is_the_one_generated_from_the_stored_results(script, folder, table):
-    printed = subprocess.run(
-        [sys.executable, str(ROOT / script), str(ROOT / folder)], capture_output=True, text=True, check=True
-    )
-    assert table.startswith(printed.stdout.strip() + "\n"), f"stale: rerun python {script} {folder}"
+def test_every_table_marker_names_the_table_script():
+    for page in PAGES:
+        markers = re.findall(r"<!-- table: .*-->", page.read_text())
+        assert len(markers) == len(generated_tables(page)), f"{page.name}: a marker not naming {TABLE_SCRIPT}"
+
+
+@pytest.mark.parametrize(("kind", "folder", "table"), TABLES, ids=[folder for _, folder, _ in TABLES])
+def test_a_pages_table_is_the_one_generated_from_the_stored_results(kind, folder, table):
+    command = [sys.executable, str(ROOT / TABLE_SCRIPT), kind, str(ROOT / folder)]
+    printed = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+    assert table.startswith(printed + "\n"), f"stale: rerun python {TABLE_SCRIPT} {kind} {folder}"
 
 
 def test_the_measurements_page_end_of_run_block_is_a_stored_summary_formatted():

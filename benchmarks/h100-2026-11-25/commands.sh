@@ -26,4 +26,4 @@ OUT=$OUT/gsm8k STEPS=40 BLOCK=1024 LOG_EVERY=10 RUN_TIMEOUT=110 WORK=$W
 source benchmarks/scripts/one_gpu_runs.sh
 plain plain_instruction.gpt2-medium.b16.run1 plain_instruction.py "$FINETUNE_DATA_DIR/gpt2-medium" 16
 project finetune_instruction.gpt2-medium.b8.run1 --model gpt2-medium --from_scratch --dataset gsm8k --batch_size 8
-python benchmarks/scripts/instruction_lora_table.py "$OUT" | tee "$OUT/instruction_table.md"
+python benchmarks/scripts/tables.py instruction_lora "$OUT" | tee "$OUT/instruction_table.md"

@@ -14,4 +14,4 @@ for r in 1 2; do
   project "finetune_lora.llama-0.36b.b8.run$r" --model "$WORK/llama-0.36b" --peft lora --batch_size 8
 done
 project finetune.gpt2-medium.b8.run1 --model gpt2-medium --from_scratch --batch_size 8
-python benchmarks/scripts/instruction_lora_table.py "$OUT" | tee "$OUT/lora_table.md"
+python benchmarks/scripts/tables.py instruction_lora "$OUT" | tee "$OUT/lora_table.md"

@@ -13,4 +13,4 @@ for r in 1 2; do
   project "finetune_instruction.gpt2-medium.b8.run$r" --model gpt2-medium --from_scratch --dataset gsm8k \
     --batch_size 8
 done
-python benchmarks/scripts/instruction_lora_table.py "$OUT" | tee "$OUT/instruction_table.md"
+python benchmarks/scripts/tables.py instruction_lora "$OUT" | tee "$OUT/instruction_table.md"

@@ -5,8 +5,8 @@
 # a folder's weights (peft refuses random ones: `finetune run` asks for a saved model), COMPILE=1 runs
 # compiled as run.py's default does, EXTRA adds run.py flags and TAG names them in the file names (e.g.
 # EXTRA="--lora_dropout 0" TAG=dropout0). calibration_rows.py turns the summaries into rows of
-# finetune/calibration.json's form, each beside the planner's prediction for it
-# ($OUT/calibration_rows.json, $OUT/calibration_table.md).
+# finetune/calibration.json's form ($OUT/calibration_rows.json); `tables.py peaks` shows each beside the
+# planner's prediction for it ($OUT/calibration_table.md).
 N=$1 MODELS=$2 PROFILES=$3 BATCHES=$4 STEPS=${5:-4}
 COMPILE_FLAGS=(--torch_compile false) ADAPTER_FLAGS=() KIND=
 [ "${COMPILE:-0}" = 1 ] && COMPILE_FLAGS=() KIND=.compiled
@@ -25,4 +25,5 @@ for M in $MODELS; do for P in $PROFILES; do for B in $BATCHES; do
   echo "$COMMAND" | tr -s ' \n' ' ' > $OUT/$NAME.command
   rm -rf /tmp/cal_$NAME
 done; done; done
-python benchmarks/scripts/calibration_rows.py $OUT | tee $OUT/calibration_table.md
+python benchmarks/scripts/calibration_rows.py $OUT
+python benchmarks/scripts/tables.py peaks $OUT | tee $OUT/calibration_table.md

@@ -1,8 +1,7 @@
-"""Rows for finetune/calibration.json from the summaries `calibrate.sh` left, each beside the planner's
-prediction for it. usage: python benchmarks/scripts/calibration_rows.py DIR
+"""Rows for finetune/calibration.json from the summaries `calibrate.sh` left.
 
-Writes DIR/calibration_rows.json (rows in calibration.json's form) and prints a table of measured
-against predicted training peaks.
+usage: python benchmarks/scripts/calibration_rows.py DIR   writes DIR/calibration_rows.json (rows in
+calibration.json's form); `tables.py peaks DIR` shows each beside the planner's prediction.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from finetune.memory_model import Calibration, Measurement, ModelShape, estimate_for
+from finetune.memory_model import ModelShape
 from finetune.models import resolve_model
-from finetune.profiles import load_profile
 
 PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
 
@@ -78,24 +76,9 @@ def measured_rows(folder: Path) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    calibration = Calibration.measured()
-    print("| model | profile | GPUs | micro batch | measured GiB | predicted GiB | predicted/measured |")
-    print("|---|---|---|---|---|---|---|")
-    for values in rows:
-        measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
-        predicted = estimate_for(measurement, calibration).total
-        measured = values["peak_allocated_gib"]
-        print(
-            f"| {values['model']} | {values['profile']} | {values['gpus']} | {values['micro_batch']} | "
-            f"{measured:.2f} | {predicted:.2f} | {predicted / measured:.2f} |"
-        )
-
-
 def main(folder: Path) -> None:
     rows = measured_rows(folder)
     (folder / "calibration_rows.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print_table(rows)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@
 # interleaved (the table takes medians; FIRST_RUN=K numbers a later call's runs on into the same
 # folder). Summaries, logs and gpu.txt go to $OUT as <setup>.<model>.b<micro batch>.run<N>.{json,log};
 # models and run folders to WORK (not returned).
-# Then: python benchmarks/scripts/instruction_lora_table.py $OUT. TINY=1 is a CPU dry run: 2 layers,
+# Then: python benchmarks/scripts/tables.py instruction_lora $OUT. TINY=1 is a CPU dry run: 2 layers,
 # width 64, 128-token blocks, 3 steps, fp32.
 set -u
 STEPS=${STEPS:-40} REPEATS=${REPEATS:-1} PACKED_BATCH=${PACKED_BATCH:-4} RUN_TIMEOUT=${RUN_TIMEOUT:-400}
@@ -35,4 +35,4 @@ for r in $(seq "$FIRST_RUN" $((FIRST_RUN + REPEATS - 1))); do
   plain "plain_lora.$LLAMA.b8.run$r" plain_lora.py "$WORK/$LLAMA" 8
   project "finetune_lora.$LLAMA.b8.run$r" --model "$WORK/$LLAMA" --peft lora --batch_size 8 "${WARMUP[@]}"
 done
-python benchmarks/scripts/instruction_lora_table.py "$OUT" | tee "$OUT/instruction_lora_table.md"
+python benchmarks/scripts/tables.py instruction_lora "$OUT" | tee "$OUT/instruction_lora_table.md"

@@ -5,7 +5,7 @@
 # a NAME with "whole" runs with the whole model compiled as one graph instead of single.yaml's block by
 # block), then torch.profiler around steps 9-11 of the LoRA default (profile_steps.py; PROFILE=0: not).
 # usage: bash benchmarks/run.sh lora_levers --out DIR
-# Then: python benchmarks/scripts/instruction_lora_table.py DIR (finetune_lora against plain_lora).
+# Then: python benchmarks/scripts/tables.py instruction_lora DIR (finetune_lora against plain_lora).
 set -u
 STEPS=${STEPS:-30} RUN_TIMEOUT=${RUN_TIMEOUT:-150} WORK=${WORK:-/tmp/lora_levers}
 BLOCK=1024 LOG_EVERY=10 LLAMA=llama-0.36b
@@ -31,4 +31,4 @@ done
   --save_strategy no --report_to none --disable_tqdm true --output_dir "$WORK/profile" \
   > "$OUT/profile.finetune_lora.log" 2>&1
 echo "== profile rc $? $(grep PROFILE "$OUT/profile.finetune_lora.log")"
-python benchmarks/scripts/instruction_lora_table.py "$OUT" | tee "$OUT/lora_levers_table.md"
+python benchmarks/scripts/tables.py instruction_lora "$OUT" | tee "$OUT/lora_levers_table.md"

@@ -4,7 +4,7 @@
 # is checked, and it would dominate the time): the uninterrupted run; a run whose ranks get SIGTERM after
 # checkpoint-20, then `--resume`; and that checkpoint resumed on NPROC/2 processes (the world-size
 # change halves the processes and doubles the accumulation: 4 x 8 on 3 would not divide) with
-# --allow_world_size_change. Summaries and logs to $OUT; `resume_table.py` compares the loss curves.
+# --allow_world_size_change. Summaries and logs to $OUT; `tables.py resume` compares the loss curves.
 N=$1; shift
 FLAGS="--model gpt2 --from_scratch --max_steps 40 --save_steps 20 --batch_size 8 --block_size 512
  --logging_steps 5 --max_eval_samples 64 --report_to none --disable_tqdm true --torch_compile false
@@ -35,4 +35,4 @@ for P in "$@"; do
   cp /tmp/rm_${P}_smaller/run_summary.json $OUT/$P.smaller.json
   rm -rf /tmp/rm_${P}_*
 done
-python benchmarks/scripts/resume_table.py $OUT "$@" | tee $OUT/resume_table.md
+python benchmarks/scripts/tables.py resume $OUT "$@" | tee $OUT/resume_table.md

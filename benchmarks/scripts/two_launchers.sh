@@ -3,7 +3,7 @@
 # Per profile, gpt2 (124M) from scratch, 30 eager steps without dropout: one `finetune run` of 2 x N
 # processes, then two `finetune run`s of N processes each (--num_machines 2, --machine_rank 0 and 1,
 # rendezvous at 127.0.0.1), each seeing its own N GPUs, as `finetune slurm`'s job starts one per node.
-# The two runs should end at the same eval loss; two_launchers_table.py compares them.
+# The two runs should end at the same eval loss; tables.py two_launchers compares them.
 N=$1; shift
 FLAGS="--model gpt2 --from_scratch --max_steps 30 --batch_size 8 --block_size 512 --logging_steps 5
  --max_eval_samples 64 --report_to none --disable_tqdm true --torch_compile false --save_strategy no
@@ -24,4 +24,4 @@ for P in "$@"; do
   cp /tmp/tl_${P}_two/run_summary.json $OUT/$P.two-launchers.json
   rm -rf /tmp/tl_${P}_*
 done
-python benchmarks/scripts/two_launchers_table.py $OUT "$@" | tee $OUT/two_launchers_table.md
+python benchmarks/scripts/tables.py two_launchers $OUT "$@" | tee $OUT/two_launchers_table.md

@@ -1,0 +1,398 @@
+"""Every table made from benchmark results, one command per kind of result folder.
+
+usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...]
+
+  speed             PATH holds <setup>.<model>.b<micro batch>.run<N>.json (finetune summaries, the plain
+                    Trainer script's JSON): a row per setup, model and micro batch, the median over runs
+                    of tokens of a step over the median step time (one definition for both scripts), its
+                    spread, its ratio to the plain script's median, MFU, peak memory, whether it learned
+  several_gpus      PATH/speed/<profile>.{plain,finetune}.json (several_gpus.sh): finetune's defaults
+                    beside the plain Trainer script under the same profile, per GPU
+  instruction_lora  PATH holds instruction_lora.sh's <setup>.<model>.b<batch>.run<N>.json: GSM8K
+                    (finetune packed over the plain padded script) and LoRA (over Trainer + peft) ratios
+  peaks             PATH and its subfolders hold calibrate.sh runs: measured training peaks beside the
+                    planner's predictions (calibration_rows.py reads the runs)
+  doctor            PATH a folder (several_gpus.sh call 4): doctor's bus bandwidth beside a plain torch
+                    loop's per GPU count; PATH a doctor.json: rank 0's rows as doctor prints them
+  resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
+                    uninterrupted run's
+  two_launchers     PATH PROFILE... (two_launchers.sh): two launchers' eval loss beside one launcher's
+
+A page that shows a table puts `<!-- table: python benchmarks/scripts/tables.py KIND PATH -->` above
+it; tests/test_docs.py runs that command and compares, so a table changes only by rerunning it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # finetune, where it is not installed
+
+Summary = dict[str, Any]
+Measure = Callable[[Summary], float | None]
+BLOCK_SIZE = 1024  # every GPU speed run trains blocks of 1024 tokens
+
+
+def markdown(columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    columns = list(columns)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def read(path: Path) -> Summary:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def median(runs: list[Summary], measure: Measure) -> float | None:
+    values = [value for value in map(measure, runs) if value is not None]
+    return statistics.median(values) if values else None
+
+
+# speed --------------------------------------------------------------------------------------------
+SETUP_ORDER = ("plain", "finetune-eager", "finetune")  # the baseline first, then the project
+
+
+def learned(summary: Summary) -> str:
+    curve = summary.get("loss_curve") or []
+    if len(curve) < 2:
+        return "not recorded"
+    first, last = curve[0]["loss"], curve[-1]["loss"]
+    verdict = "yes" if last < first - 0.5 else "**no**"
+    return f"{verdict} ({first:.2f} → {last:.2f})"
+
+
+def step_rate(run: Summary, micro_batch: int) -> float:
+    """Tokens per GPU of an optimizer step (every micro batch it accumulates) over its median time."""
+    plain_samples = micro_batch * run.get("gradient_accumulation_steps", 1)  # the plain script's summary
+    samples = run.get("global_batch_size", plain_samples) / run.get("world_size", 1)
+    return samples * BLOCK_SIZE / run["step_time_median_s"]
+
+
+def speed(folder: Path) -> str:
+    groups: dict[tuple[str, str, int], list[Summary]] = defaultdict(list)
+    for path in sorted(folder.glob("*.run*.json")):
+        setup_and_model, batch, _ = path.name.removesuffix(".json").rsplit(".", 2)
+        setup, model = setup_and_model.split(".", 1)  # a model name may hold dots (llama-0.36b)
+        groups[(setup, model, int(batch.lstrip("b")))].append(read(path))
+    flops = {Path(s["model"]).name: s for runs in groups.values() for s in runs if "flops_per_token" in s}
+
+    def order(key: tuple[str, str, int]) -> tuple:
+        setup, model, batch = key
+        rank = SETUP_ORDER.index(setup) if setup in SETUP_ORDER else len(SETUP_ORDER)
+        return (model, rank, setup, batch)
+
+    def rates(key: tuple[str, str, int]) -> list[float]:
+        return [step_rate(run, key[2]) for run in groups[key]]
+
+    baseline = {key[1]: statistics.median(rates(key)) for key in groups if key[0] == "plain"}
+    rows = []
+    for key in sorted(groups, key=order):
+        setup, model, batch = key
+        runs, measured = groups[key], rates(key)
+        middle = statistics.median(measured)
+        ratio = f"{middle / baseline[model]:.2f}" if model in baseline else "n/a"
+        mfu = middle * flops[model]["flops_per_token"] / (flops[model]["peak_tflops"] * 1e12)
+        memory = max(
+            run.get("memory_peak_allocated_gib_max") or run.get("peak_allocated_gib") for run in runs
+        )
+        spread = f"{min(measured):,.0f} to {max(measured):,.0f}"
+        rows.append(
+            [setup, model, batch, len(runs), f"{middle:,.0f}", spread, ratio, f"{100 * mfu:.1f}",
+             f"{memory:.1f}", learned(runs[-1])]
+        )  # fmt: skip
+    columns = ["setup", "model", "micro batch", "runs", "tokens/s (median)", "spread", "x plain", "MFU %"]
+    columns += ["peak allocated GiB", "learned (loss at first → last log)"]
+    return markdown(columns, rows)
+
+
+# several_gpus -------------------------------------------------------------------------------------
+SEVERAL_GPUS_MICRO_BATCH = 8  # several_gpus.sh's speed cases
+
+
+def several_gpus(folder: Path) -> str:
+    """The plain script's rate is one micro batch's block tokens over its median step (it records step
+    times); finetune's is its summary's (tokens of the timed steps over their time)."""
+    speed_folder = folder / "speed"
+    profiles = [path.name.split(".")[0] for path in sorted(speed_folder.glob("*.finetune.json"))]
+    runs = {profile: read(speed_folder / f"{profile}.finetune.json") for profile in profiles}
+    ddp = runs["ddp"]["tokens_per_second_per_device"] if "ddp" in runs else None
+    rows = []
+    for profile in sorted(profiles, key=["ddp", "zero3", "fsdp"].index):
+        plain = read(speed_folder / f"{profile}.plain.json")
+        plain_rate = BLOCK_SIZE * SEVERAL_GPUS_MICRO_BATCH / plain["step_time_median_s"]
+        run = runs[profile]
+        rate = run["tokens_per_second_per_device"]
+        rows.append(
+            [profile, f"{plain_rate:,.0f}", f"{plain['peak_allocated_gib']:.1f}", f"{rate:,.0f}",
+             f"{run['memory_peak_allocated_gib_max']:.1f}", f"{rate / plain_rate:.2f}x",
+             f"{100 * rate / ddp:.0f}%", f"{100 * run['mfu']:.1f}%", "yes" if run["torch_compile"] else "no"]
+        )  # fmt: skip
+    columns = [
+        "profile", "plain tokens/s per GPU", "plain peak GiB", "finetune tokens/s per GPU",
+        "finetune peak GiB", "finetune / plain", "% of finetune's DDP", "finetune MFU", "compiled",
+    ]  # fmt: skip
+    return markdown(columns, rows)
+
+
+# instruction_lora ---------------------------------------------------------------------------------
+RESULT = re.compile(r"(?P<setup>[a-z_]+)\.(?P<model>[\w.-]+)\.b(?P<batch>\d+)\.run(?P<run>\d+)\.json")
+PEAK = "peak allocated GiB"
+
+
+def results(folder: Path) -> dict[str, list[Summary]]:
+    """Every run's summary by setup (plain_instruction, finetune_instruction, plain_lora, finetune_lora)."""
+    found: dict[str, list[Summary]] = {}
+    for path in sorted(folder.glob("*.json")):
+        match = RESULT.fullmatch(path.name)
+        if match:
+            found.setdefault(match["setup"], []).append(read(path))
+    return found
+
+
+def field(name: str) -> Measure:
+    return lambda run: run.get(name)
+
+
+def computed_per_second(run: Summary) -> float | None:
+    """finetune's computed tokens are its blocks' (samples/s x block size)."""
+    if run.get("samples_per_second") is None:
+        return None
+    return run["samples_per_second"] * run["block_size"]
+
+
+def padding_share(run: Summary) -> float | None:
+    """Over the timed steps, as the plain scripts measure it."""
+    computed = computed_per_second(run)
+    return (
+        None
+        if not computed or run.get("tokens_per_second") is None
+        else 1 - run["tokens_per_second"] / computed
+    )
+
+
+def peak(run: Summary) -> float | None:
+    """The higher of the set-up and training peaks: the plain scripts' peak is over the whole process."""
+    peaks = [run.get(key) for key in ("memory_setup_peak_allocated_gib_max", "memory_peak_allocated_gib_max")]
+    return max((value for value in peaks if value is not None), default=None)
+
+
+# (what, the plain script's figure, finetune's figure, format, target of finetune / plain)
+Row = tuple[str, Measure, Measure, str, str]
+GSM8K_ROWS: list[Row] = [
+    ("real tokens/s", field("tokens_per_second"), field("tokens_per_second"), ",.0f", ">= 8x"),
+    ("answer tokens/s", field("trained_tokens_per_second"), field("trained_tokens_per_second"), ",.0f", ""),
+    ("computed tokens/s", field("computed_tokens_per_second"), computed_per_second, ",.0f", ""),
+    ("padding share of computed tokens", field("padding_share"), padding_share, ".3f", ""),
+    (PEAK, field("peak_allocated_gib"), peak, ".2f", ""),
+]
+LORA_ROWS: list[Row] = [
+    ("tokens/s", field("tokens_per_second"), field("tokens_per_second"), ",.0f", ">= 2x"),
+    (PEAK, field("peak_allocated_gib"), peak, ".2f", "<= 1x"),
+]
+INSTRUCTION_LORA_SECTIONS = [  # (columns, rows, task: the setups are plain_<task> and finetune_<task>)
+    (["GSM8K, gpt2-medium from scratch", "plain, padded", "finetune, packed"], GSM8K_ROWS, "instruction"),
+    (
+        ["LoRA r=16 all-linear, Llama architecture", "plain Trainer + peft", "finetune --peft lora"],
+        LORA_ROWS,
+        "lora",
+    ),
+]
+
+
+def number(value: float | None, form: str) -> str:
+    return "n/a" if value is None else format(value, form)
+
+
+def trained(runs: list[Summary]) -> str:
+    """'yes' when every run's last logged loss is below its first, with first -> last of the first run:
+    a run that did not train has no speed worth comparing."""
+    curves = [[point["loss"] for point in run.get("loss_curve", [])] for run in runs]
+    if not curves or any(len(curve) < 2 for curve in curves):
+        return "no loss curve"
+    falls = all(curve[-1] < curve[0] for curve in curves)
+    return f"{'yes' if falls else 'NO'} ({curves[0][0]:.2f} -> {curves[0][-1]:.2f})"
+
+
+def ratio_section(columns: list[str], rows: list[Row], plain: list[Summary], ours: list[Summary]) -> str:
+    """Each figure the median over the folder's repeats."""
+    lines = []
+    for what, plain_measure, our_measure, form, target in rows:
+        theirs, mine = median(plain, plain_measure), median(ours, our_measure)
+        ratio = f"{mine / theirs:.2f}x" if theirs and mine is not None else "n/a"
+        lines.append([what, number(theirs, form), number(mine, form), ratio, target])
+    lines.append(["loss fell", trained(plain), trained(ours), "", ""])
+    lines.append(["runs", len(plain), len(ours), "", ""])
+    return markdown([*columns, "finetune / plain", "target"], lines)
+
+
+def instruction_lora(folder: Path) -> str:
+    """The GSM8K and LoRA tables, each only where the folder holds runs of it."""
+    found = results(folder)
+    printed = []
+    for columns, rows, task in INSTRUCTION_LORA_SECTIONS:
+        plain, ours = found.get(f"plain_{task}", []), found.get(f"finetune_{task}", [])
+        if plain or ours:
+            printed.append(ratio_section(columns, rows, plain, ours))
+    return "\n\n".join(printed)
+
+
+# peaks --------------------------------------------------------------------------------------------
+def peaks(folder: Path) -> str:
+    # imported here: the planner and transformers are needed by this kind alone
+    from calibration_rows import measured_rows
+
+    from finetune.memory_model import Calibration, Measurement, estimate_for
+    from finetune.profiles import load_profile
+
+    calibration = Calibration.measured()
+    rows = []
+    for each in [folder, *sorted(path for path in folder.iterdir() if path.is_dir())]:
+        for values in measured_rows(each):
+            measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
+            predicted = estimate_for(measurement, calibration).total
+            measured = values["peak_allocated_gib"]
+            rows.append(
+                [values["model"], values["profile"], values["gpus"], values["micro_batch"], f"{measured:.2f}",
+                 f"{predicted:.2f}", f"{predicted / measured:.2f}"]
+            )  # fmt: skip
+    columns = ["model", "profile", "GPUs", "micro batch", "measured GiB", "predicted GiB"]
+    columns.append("predicted/measured")
+    return markdown(columns, rows)
+
+
+# doctor -------------------------------------------------------------------------------------------
+COLLECTIVE_ROW = re.compile(r"(all-reduce|all-gather) (\d+) MiB")
+
+
+def doctor(path: Path) -> str:
+    """Doctor's figure is rank 0's row (time.monotonic around a few calls, a user's first look); the torch
+    loop's is collective_loop.py (CUDA events around 50 calls), both bus bandwidth. Every rank runs the
+    same per-rank checks, so one doctor.json is shown by rank 0's rows."""
+    from finetune.doctor import Check, table
+
+    if not path.is_dir():
+        return table([Check(**row) for row in read(path) if row["rank"] == 0])
+    rows = []
+    for loop_file in sorted(path.glob("torch-*.json")):
+        gpus = int(loop_file.stem.split("-")[1])
+        loop = {(row["operation"], row["bytes"] >> 20): row["busbw_gbps"] for row in read(loop_file)}
+        for row in read(path / f"ddp-{gpus}.json"):
+            found = COLLECTIVE_ROW.fullmatch(row["name"])
+            if row["rank"] != 0 or not found:
+                continue
+            measured = float(row["measured"].split()[0])
+            reference = loop[(found.group(1), int(found.group(2)))]
+            rows.append(
+                [gpus, found.group(1), f"{found.group(2)} MiB", f"{measured:.1f}", f"{reference:.1f}",
+                 f"{measured / reference:.2f}"]
+            )  # fmt: skip
+    columns = ["GPUs", "collective", "size", "doctor GB/s", "torch loop GB/s", "doctor / torch loop"]
+    return markdown(columns, rows)
+
+
+# resume -------------------------------------------------------------------------------------------
+RESUME_RUNS = ("straight", "stopped", "resumed", "smaller")
+
+
+def losses(summary: Summary) -> dict[int, float]:
+    return {point["step"]: point["loss"] for point in summary.get("loss_curve", [])}
+
+
+def largest_relative_difference(run: Summary, straight: Summary) -> float | None:
+    """Over the logged steps both runs trained after the resume point (None if there are none)."""
+    start = run.get("resumed_from_step") or 0
+    mine, theirs = losses(run), losses(straight)
+    steps = [step for step in mine if step > start and step in theirs]
+    if not steps:
+        return None
+    return max(abs(mine[step] - theirs[step]) / abs(theirs[step]) for step in steps)
+
+
+def resume(folder: Path, profiles: list[str]) -> str:
+    rows = []
+    for profile in profiles:
+        straight = read(folder / f"{profile}.straight.json")
+        for run in RESUME_RUNS:
+            summary = read(folder / f"{profile}.{run}.json")
+            if not summary:
+                rows.append([profile, run, "missing", "", "", "", "", "", ""])
+                continue
+            eval_loss = summary.get("eval_loss")
+            compared = run != "straight"
+            eval_diff = (
+                f"{abs(eval_loss - straight['eval_loss']) / straight['eval_loss']:.1e}"
+                if eval_loss is not None and compared and straight.get("eval_loss")
+                else ""
+            )
+            step_diff = largest_relative_difference(summary, straight) if compared else None
+            rows.append(
+                [profile, run, summary.get("status"), summary.get("resumed_from_step") or "",
+                 summary.get("world_size"), summary.get("steps"),
+                 "" if eval_loss is None else f"{eval_loss:.4f}", eval_diff,
+                 "" if step_diff is None else f"{step_diff:.1e}"]
+            )  # fmt: skip
+    columns = ["profile", "run", "status", "resumed from", "world size", "steps", "eval loss"]
+    columns += ["eval loss vs uninterrupted", "largest step-loss difference"]
+    return markdown(columns, rows)
+
+
+# two_launchers ------------------------------------------------------------------------------------
+def two_launchers(folder: Path, profiles: list[str]) -> str:
+    rows = []
+    for profile in profiles:
+        one = read(folder / f"{profile}.one-launcher.json")
+        two = read(folder / f"{profile}.two-launchers.json")
+        for run, summary in (("one launcher", one), ("two launchers", two)):
+            loss, reference = summary.get("eval_loss"), one.get("eval_loss")
+            difference = f"{abs(loss - reference):.2e}" if loss is not None and reference is not None else ""
+            rows.append(
+                [profile, run, summary.get("status"), summary.get("world_size"), summary.get("num_hosts"),
+                 loss, difference]
+            )  # fmt: skip
+    columns = ["profile", "run", "status", "world size", "machines", "eval loss"]
+    columns.append("difference to one launcher")
+    return markdown(columns, rows)
+
+
+KINDS: dict[str, Callable[[Path], str]] = {
+    "speed": speed,
+    "several_gpus": several_gpus,
+    "instruction_lora": instruction_lora,
+    "peaks": peaks,
+    "doctor": doctor,
+}
+KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
+    "resume": resume,
+    "two_launchers": two_launchers,
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] not in {*KINDS, *KINDS_WITH_PROFILES}:
+        kinds = ", ".join([*KINDS, *KINDS_WITH_PROFILES])
+        print(
+            f"usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...] (KIND: {kinds})",
+            file=sys.stderr,
+        )
+        return 2
+    kind, path, profiles = argv[0], Path(argv[1]), argv[2:]
+    if not path.exists():
+        print(f"tables.py: {path} does not exist", file=sys.stderr)
+        return 2
+    if kind in KINDS_WITH_PROFILES:
+        print(KINDS_WITH_PROFILES[kind](path, profiles))
+    else:
+        print(KINDS[kind](path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
