@@ -8,6 +8,7 @@ usage() {
 usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   speed MODEL BATCH STEPS VARIANT...   one GPU: plain Trainer baseline and/or run.py variants
   cases STEPS CASE...                  one GPU: named profile cases (see benchmarks/scripts/cases.sh)
+  model_cases MODEL CASE...            one GPU: cases at a global batch, then profiles, tarred as each ends
   largest NPROC PROFILE SHAPE [STEPS]  train a `finetune plan --largest` shape beside its prediction
   metrics NPROC PROFILE...             run metrics beside an independent memory sampler and nvidia-smi
   resume NPROC PROFILE...              train, SIGTERM, resume, export, eval, generate
@@ -37,6 +38,7 @@ cd "$(dirname "$0")/.."
 case $COMMAND in
   speed) exec bash $SCRIPTS/speed.sh "$@" ;;
   cases) exec bash $SCRIPTS/cases.sh "$@" ;;
+  model_cases) exec bash $SCRIPTS/model_cases.sh "$@" ;;
   largest) exec bash $SCRIPTS/largest.sh "$@" ;;
   metrics) exec bash $SCRIPTS/check_metrics.sh "$@" ;;
   resume) exec bash $SCRIPTS/check_resume.sh "$@" ;;

@@ -7,6 +7,8 @@ memory_snapshot.py finds what was alive at the peak of an allocator trace, witho
 
 import importlib.util
 import json
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,3 +170,35 @@ def test_two_launchers_eval_loss_is_compared_with_one_launchers(tmp_path):
 def test_an_unknown_table_kind_is_one_usage_line_and_exit_2(capsys):
     assert tables.main(["speeds", str(ROOT)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+RUNNER = ROOT / "benchmarks" / "run.sh"
+LIVE_SCRIPTS = [RUNNER, *sorted((ROOT / "benchmarks" / "scripts").iterdir())]
+
+
+def runner_commands() -> tuple[list[str], dict[str, str]]:
+    """The commands run.sh's usage lists, and each dispatched command's line."""
+    text = RUNNER.read_text()
+    usage = text.split("<<'USAGE'\n", 1)[1].split("\nUSAGE", 1)[0].splitlines()[1:]
+    listed = [line.split()[0] for line in usage if line.startswith("  ") and not line.startswith("   ")]
+    dispatched = dict(re.findall(r"^  (\w+)\) (exec .*) ;;$", text, flags=re.MULTILINE))
+    return listed, dispatched
+
+
+def test_every_benchmark_command_the_runner_lists_is_dispatched_to_a_script_that_exists():
+    listed, dispatched = runner_commands()
+    assert listed == list(dispatched)
+    for command, line in dispatched.items():
+        script = re.search(r"\$SCRIPTS/(\S+)", line)[1]
+        assert (ROOT / "benchmarks" / "scripts" / script).is_file(), command
+
+
+def test_no_live_benchmark_script_runs_a_dated_folders_record():
+    dated = re.compile(r"benchmarks/[a-z0-9]+-\d{4}-\d{2}-\d{2}\w*/\S+\.(sh|py)")
+    for script in LIVE_SCRIPTS:
+        assert not dated.search(script.read_text()), f"{script.name} runs a dated folder's file"
+
+
+def test_every_benchmark_shell_script_parses():
+    for script in [*ROOT.glob("benchmarks/**/*.sh")]:
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
