@@ -284,13 +284,13 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: L
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
     if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
-        refuse_stale_build_locks()
+        refuse_stale_build_locks(launch.on_one_machine)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
-    adapt_arguments_to_cpu(training_args)
+    adapt_arguments_to_cpu(training_args, launch)
     try:
         TrainingArguments.__post_init__(training_args)
     except ValueError as error:

@@ -43,10 +43,6 @@ def held_open(path: Path) -> bool:
     return False
 
 
-def on_one_machine() -> bool:
-    return os.environ.get("LOCAL_WORLD_SIZE", "1") == os.environ.get("WORLD_SIZE", "1")
-
-
 def stale_build_locks(root: Path, one_machine: bool = True) -> list[Path]:
     locks = [path for pattern in ("*/lock", "*/*/lock") for path in root.glob(pattern)]
     if not locks:
@@ -63,9 +59,9 @@ def stale_build_locks(root: Path, one_machine: bool = True) -> list[Path]:
     return stale
 
 
-def refuse_stale_build_locks() -> None:
+def refuse_stale_build_locks(one_machine: bool) -> None:
     """FinetuneError naming the first stale lock under the extensions folder, if there is one."""
-    stale = stale_build_locks(extensions_root(), on_one_machine())
+    stale = stale_build_locks(extensions_root(), one_machine)
     if stale:
         raise FinetuneError(
             f"{stale[0]} is a build lock left by a process that no longer runs (killed while building "

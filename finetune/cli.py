@@ -196,6 +196,7 @@ def export_command(options: argparse.Namespace) -> int:
 
 def eval_command(options: argparse.Namespace) -> int:
     from finetune.evaluation import AnswerCheck, evaluate_saved_model
+    from finetune.launched import Launch
 
     if not options.generate and (options.answer_pattern is not None or options.max_new_tokens is not None):
         raise FinetuneError("--answer_pattern and --max_new_tokens score generated answers: add --generate")
@@ -218,7 +219,7 @@ def eval_command(options: argparse.Namespace) -> int:
         options.max_examples,
     )
     completions = result.pop("_completions", None)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if Launch.from_environment().rank == 0:
         print(json.dumps(result))
         if options.output:
             Path(options.output).write_text(json.dumps(result, indent=2) + "\n")

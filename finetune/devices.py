@@ -8,7 +8,6 @@ FSDP2 is promoted the way accelerate promotes it on GPUs. On a GPU machine they 
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -20,30 +19,17 @@ from accelerate.utils import DistributedType
 if TYPE_CHECKING:  # transformers' classes cost every `finetune` command seconds to import
     from transformers import TrainingArguments
 
-
-def cpu_multi_process() -> bool:
-    return not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    from finetune.launched import Launch
 
 
-def launched_with(kind: str) -> bool:
-    return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() in ("1", "true")
-
-
-def cpu_fsdp() -> bool:
-    """FSDP on CPU ranks, a single one included: `accelerate launch` starts FSDP through torchrun
-    whatever the count, and a 1-process FSDP run must write and read sharded (DCP) checkpoints as
-    on one GPU, so that `--allow_world_size_change` can move them to more processes and back."""
-    return not torch.cuda.is_available() and launched_with("FSDP") and "WORLD_SIZE" in os.environ
-
-
-def adapt_arguments_to_cpu(args: TrainingArguments) -> None:
+def adapt_arguments_to_cpu(args: TrainingArguments, launch: Launch) -> None:
     """Before the process group exists: choose gloo the way each profile needs it."""
-    if cpu_fsdp():
+    if launch.fsdp_on_cpu:
         args.ddp_backend = "gloo"
         return
-    if not cpu_multi_process():
+    if not launch.several_cpu_ranks:
         return
-    if launched_with("DEEPSPEED"):
+    if launch.strategy.framework == "deepspeed":
         args.ddp_backend = "gloo"
     else:
         args.use_cpu = True
@@ -56,9 +42,9 @@ def apply_collective_timeout(args: TrainingArguments) -> None:
         torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=args.ddp_timeout))
 
 
-def promote_cpu_fsdp() -> None:
+def promote_cpu_fsdp(launch: Launch) -> None:
     """After the process group exists, before the Accelerator: let accelerate enable FSDP on CPU ranks."""
-    if cpu_fsdp():
+    if launch.fsdp_on_cpu:
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
 
 
@@ -66,11 +52,11 @@ def _indexed_cpu_location(storage: torch.UntypedStorage, location: str) -> torch
     return storage if re.fullmatch(r"cpu:\d+", location) else None
 
 
-def load_onto_indexed_cpu() -> None:
+def load_onto_indexed_cpu(launch: Launch) -> None:
     """Let torch.load map onto `cpu:0`, the device TrainingArguments reports for CPU DDP ranks.
 
     The Trainer resumes a multi-process run with `map_location=args.device`; torch only knows the
     location "cpu", so resuming DDP on CPU ranks would fail. Registered only on CPU multi-process runs.
     """
-    if cpu_multi_process():
+    if launch.several_cpu_ranks:
         torch.serialization.register_package(11, lambda obj: None, _indexed_cpu_location)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from finetune.arguments import parse_arguments
-from finetune.build_locks import extensions_root, on_one_machine, stale_build_locks
+from finetune.build_locks import extensions_root, stale_build_locks
 from finetune.errors import CHECK_FAILED_EXIT_CODE, FinetuneError, exit_on_user_error, first_line
 from finetune.launched import Launch
 from finetune.run_folder import DOCTOR_REPORT
@@ -89,8 +89,8 @@ def names_check(model_args, data_args) -> list[Check]:
     return checks
 
 
-def build_lock_check() -> Check:
-    stale = stale_build_locks(extensions_root(), on_one_machine())
+def build_lock_check(launch: Launch) -> Check:
+    stale = stale_build_locks(extensions_root(), launch.on_one_machine)
     if stale:
         return Check(
             "op build locks", f"stale: {stale[0]}", "none left by a dead process", False, f"rm {stale[0]}"
@@ -293,10 +293,10 @@ def slurm_checks(launch: Launch) -> list[Check]:
     ]  # fmt: skip
 
 
-def link_between_ranks(device_type: str) -> str:
+def link_between_ranks(launch: Launch, device_type: str) -> str:
     """What carries the collectives: the network between machines, NVLink or PCIe between GPUs of
     one machine (NVLink as nvidia-smi reports this GPU's links), shared memory between CPU ranks."""
-    if not on_one_machine():
+    if not launch.on_one_machine:
         return "network"
     if device_type == "cpu":
         return "shared memory"
@@ -309,15 +309,15 @@ def link_between_ranks(device_type: str) -> str:
     return "NVLink" if "GB/s" in links else "PCIe"
 
 
-def collective_checks(rank: int, world_size: int) -> list[Check]:
+def collective_checks(launch: Launch) -> list[Check]:
     """The first collective (the rendezvous all ranks wait for), then bus bandwidth at each size; the
     largest size is held to the floor of the link between the ranks."""
-    on_gpu = torch.cuda.is_available()
+    world_size, on_gpu = launch.world_size, launch.on_gpu
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     started = time.monotonic()
     dist.barrier()
     checks = [Check("first collective", f"{time.monotonic() - started:.2f} s", "seconds, not minutes", True)]
-    link = link_between_ranks(device.type)
+    link = link_between_ranks(launch, device.type)
     floor = BANDWIDTH_FLOOR_GBPS.get(link)
     sizes, repeats = COLLECTIVE_SIZES[device.type], COLLECTIVE_REPEATS[device.type]
     for size in sizes:
@@ -358,27 +358,20 @@ def collective_checks(rank: int, world_size: int) -> list[Check]:
     return checks
 
 
-def run_checks(argv: list[str]) -> list[Check]:
+def run_checks(model_args, data_args, training_args, launch: Launch) -> list[Check]:
     """Collectives first, so that the first one times the rendezvous and not a neighbour's checks; then
     each rank's own checks, each machine's (once, by its first rank) and the run's (rank 0)."""
-    model_args, data_args, training_args = parse_arguments(argv)
-    launch = Launch.from_environment()
-    rank, world_size, strategy, on_gpu = (
-        int(os.environ.get("RANK", "0")),
-        launch.world_size,
-        launch.strategy,
-        launch.on_gpu,
-    )
+    rank, world_size, strategy, on_gpu = launch.rank, launch.world_size, launch.strategy, launch.on_gpu
     checks = []
     if world_size > 1:
         if on_gpu:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(launch.local_rank)
         # the others wait at the gathering below while a first rank builds ops: up to OP_BUILD_LIMIT_S
         timeout = timedelta(seconds=OP_BUILD_LIMIT_S + GATHER_MARGIN_S)
         dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timeout)
-        checks += collective_checks(rank, world_size)
-    checks += [build_lock_check(), *gpu_checks(training_args)]
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per machine: its RAM, disks and op builds
+        checks += collective_checks(launch)
+    checks += [build_lock_check(launch), *gpu_checks(training_args)]
+    if launch.local_rank == 0:  # once per machine: its RAM, disks and op builds
         checks += [*op_build_checks(strategy, on_gpu)]
         machine = (
             host_memory_check(model_args, data_args, training_args, launch),
@@ -420,10 +413,11 @@ def table(checks: list[Check]) -> str:
 def main(argv: list[str] | None = None) -> int:
     with exit_on_user_error():
         argv = sys.argv[1:] if argv is None else argv
-        checks = run_checks(argv)
-        if int(os.environ.get("RANK", "0")) != 0:
+        model_args, data_args, training_args = parse_arguments(argv)
+        launch = Launch.from_environment()
+        checks = run_checks(model_args, data_args, training_args, launch)
+        if launch.rank != 0:
             return 0 if all(check.passed for check in checks) else CHECK_FAILED_EXIT_CODE
-        _, _, training_args = parse_arguments(argv)
         print(table(checks))
         folder = Path(training_args.output_dir)
         folder.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 A user error is reported once per run, not once per rank. Under `finetune run` (finetune/launch.py)
 the ranks write the message to the file `$FINETUNE_ERROR_FILE` names and the launcher prints it; under a
-bare `accelerate launch` rank 0 prints it and the other ranks stay silent.
+bare `accelerate launch` rank 0 prints it and the other ranks stay silent. The rank is read from the
+launcher's variable here, not from `Launch`: an error may come before the Launch exists, or from it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from accelerate.utils import DynamoBackend
 
-from finetune.devices import launched_with
 from finetune.errors import FinetuneError
 from finetune.profiles import (
     OFFLOAD_KEYS,
@@ -32,6 +31,10 @@ from finetune.profiles import (
 
 # torch.compile modes that record CUDA graphs
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def launched_with(kind: str) -> bool:
+    return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() in ("1", "true")
 
 
 def strategy_from_environment() -> Strategy:
@@ -275,15 +278,22 @@ class Launch:
     world_size: int = 1
     processes_per_machine: int = 1
     on_gpu: bool = False
+    rank: int = 0
+    local_rank: int = 0
+    by_launcher: bool = False  # started by torchrun/accelerate launch, even as its only process
 
     @classmethod
     def from_environment(cls) -> Launch:
+        """The only reader of the launcher's process variables."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         return cls(
             strategy_from_environment(),
             world_size,
             int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             torch.cuda.is_available(),
+            int(os.environ.get("RANK", "0")),
+            int(os.environ.get("LOCAL_RANK", "0")),
+            "WORLD_SIZE" in os.environ,
         )
 
     @property
@@ -295,6 +305,21 @@ class Launch:
     @property
     def machines(self) -> int:
         return max(1, self.world_size // self.processes_per_machine)
+
+    @property
+    def on_one_machine(self) -> bool:
+        return self.processes_per_machine >= self.world_size
+
+    @property
+    def several_cpu_ranks(self) -> bool:
+        return not self.on_gpu and self.world_size > 1
+
+    @property
+    def fsdp_on_cpu(self) -> bool:
+        """FSDP on CPU ranks, a single one included: `accelerate launch` starts FSDP through torchrun
+        whatever the count, and a 1-process FSDP run must write and read sharded (DCP) checkpoints as
+        on one GPU, so that `--allow_world_size_change` can move them to more processes and back."""
+        return not self.on_gpu and self.strategy.framework == "fsdp" and self.by_launcher
 
     @property
     def strategy_name(self) -> str:

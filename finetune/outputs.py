@@ -37,6 +37,7 @@ from finetune.run_folder import LOCK_FILE, RESULT_PATTERNS, SUMMARY_FILE
 
 if TYPE_CHECKING:
     from finetune.arguments import FinetuneTrainingArguments
+    from finetune.launched import Launch
 
 logger = logging.get_logger("finetune")
 
@@ -212,16 +213,16 @@ def claim_on_main(output_dir: Path, resume: bool, overwrite: bool) -> None:
     remove(found)
 
 
-def die_with_launcher() -> None:
+def die_with_launcher(launch: Launch) -> None:
     """A launched rank gets one SIGTERM when the process that started it dies, even by SIGKILL.
 
     torchelastic starts the ranks from the `accelerate launch` process itself, so that is the parent.
     A thread watches for the rank being re-parented, written by hand because the kernel's
     PR_SET_PDEATHSIG fires once per thread of a dying multi-threaded launcher, and one signal is what
-    the save-and-stop needs. Only launched ranks (LOCAL_RANK set) watch: a `python
-    finetune/run.py` under nohup must outlive its shell.
+    the save-and-stop needs. Only ranks a launcher started watch: a `python finetune/run.py` under
+    nohup must outlive its shell.
     """
-    if "LOCAL_RANK" not in os.environ:
+    if not launch.by_launcher:
         return
     launcher = os.getppid()
     if launcher == 1:
@@ -245,12 +246,12 @@ def share_from_main(message: str | None) -> str | None:
     return box[0]
 
 
-def claim_output_dir(args: FinetuneTrainingArguments) -> None:
+def claim_output_dir(args: FinetuneTrainingArguments, launch: Launch) -> None:
     """Before data or model are built: make this run the only owner of its output_dir, on every rank.
 
     Rank 0 decides; every rank stops with the same one-line error when it refuses.
     """
-    die_with_launcher()
+    die_with_launcher(launch)
     verdict = None
     if args.process_index == 0:
         try:

@@ -208,7 +208,7 @@ def train_and_measure(
         end_hung_run,
     )
 
-    promote_cpu_fsdp()
+    promote_cpu_fsdp(launch)
     trainer = FinetuneTrainer(
         model=model,
         args=training_args,
@@ -273,15 +273,15 @@ def main(argv: list[str] | None = None) -> None:
     if torch.cuda.is_available():  # NCCL's flight recorder, which the watchdog dumps (before NCCL starts)
         os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     load_weights_only()
-    load_onto_indexed_cpu()
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
         model_args, data_args, training_args = parse_arguments(argv)
         launch = Launch.from_environment()
+        load_onto_indexed_cpu(launch)
         apply_launch_environment(training_args, launch)
         refuse_incompatible(model_args, training_args, launch)
         apply_global_batch(model_args, data_args, training_args, launch)
-        claim_output_dir(training_args)
+        claim_output_dir(training_args, launch)
         resume_from = checkpoint_to_resume(
             training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
         )

@@ -98,13 +98,13 @@ def test_an_nvme_folder_slower_than_the_floor_fails(monkeypatch, tmp_path):
 
 
 def test_a_link_slower_than_its_floor_fails_at_the_largest_size(monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor, "link_between_ranks", lambda device_type: "network")
+    monkeypatch.setattr(doctor, "link_between_ranks", lambda launch, device_type: "network")
     monkeypatch.setattr(doctor, "BANDWIDTH_FLOOR_GBPS", {"network": 1e9})
     for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
         monkeypatch.setenv(name, value)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        checks = doctor.collective_checks(0, 1)
+        checks = doctor.collective_checks(Launch(load_strategy("ddp")))
     finally:
         dist.destroy_process_group()
     judged = [check for check in checks if check.expected == "network: >= 1e+09 GB/s"]

@@ -77,3 +77,40 @@ def test_the_same_launch_passes():
     Launch(load_strategy("zero2"), world_size=2).check_against(
         fake_accelerator(2, zero_stage=2), CompilePlan()
     )
+
+
+PROCESS_VARIABLES = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK")
+
+
+def test_the_process_layout_is_read_from_the_launchers_variables(monkeypatch):
+    for name, value in zip(PROCESS_VARIABLES, ("4", "2", "3", "1"), strict=True):
+        monkeypatch.setenv(name, value)
+    launch = Launch.from_environment()
+    layout = (launch.world_size, launch.processes_per_machine, launch.rank, launch.local_rank)
+    assert layout == (4, 2, 3, 1)
+    assert (launch.by_launcher, launch.machines, launch.on_one_machine) == (True, 2, False)
+
+
+def test_a_process_started_without_a_launcher_is_rank_0_alone_on_one_machine(monkeypatch):
+    for name in PROCESS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    launch = Launch.from_environment()
+    assert (launch.world_size, launch.rank, launch.by_launcher, launch.on_one_machine) == (1, 0, False, True)
+
+
+def test_fsdp_on_one_cpu_rank_is_set_up_as_cpu_fsdp_only_when_a_launcher_started_it():
+    fsdp = load_strategy("fsdp")
+    assert Launch(fsdp, by_launcher=True).fsdp_on_cpu
+    assert not Launch(fsdp, by_launcher=False).fsdp_on_cpu
+    assert not Launch(fsdp, by_launcher=True, on_gpu=True).fsdp_on_cpu
+    assert not Launch(load_strategy("ddp"), world_size=2, by_launcher=True).fsdp_on_cpu
+
+
+def test_only_launched_reads_the_launchers_process_variables():
+    """errors.py is the exception: it reports errors raised before, or while, the Launch is built."""
+    readers = {
+        path.name
+        for path in (Path(__file__).resolve().parents[1] / "finetune").glob("*.py")
+        if any(f'"{name}"' in path.read_text() for name in PROCESS_VARIABLES)
+    }
+    assert readers == {"launched.py", "errors.py"}
