@@ -22,7 +22,7 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
 from finetune.build_locks import refuse_stale_build_locks
-from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout
+from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, one_gpu_per_process
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.launched import BatchGeometry, Launch
@@ -296,6 +296,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: L
     except ValueError as error:
         raise FinetuneError(first_line(error)) from None
     apply_collective_timeout(training_args)
+    one_gpu_per_process(training_args, launch)
 
 
 def _apply_auto_precision(training_args: FinetuneTrainingArguments) -> None:

@@ -3,7 +3,8 @@
 Launched with a GPU profile on a CPU-only machine, accelerate picks no process-group backend, so
 each rank would silently train alone. These two adjustments give every profile its real semantics
 over gloo: DDP becomes accelerate's MULTI_CPU DDP, DeepSpeed gets an explicit gloo backend, and
-FSDP2 is promoted the way accelerate promotes it on GPUs. On a GPU machine they do nothing.
+FSDP2 is promoted the way accelerate promotes it on GPUs. On a GPU machine they do nothing; there
+the one adjustment is that a lone process trains on one GPU (`one_gpu_per_process`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def apply_collective_timeout(args: TrainingArguments) -> None:
     process group except on `use_cpu` ranks (CPU DDP), which kept torch's 30-minute default."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=args.ddp_timeout))
+
+
+def one_gpu_per_process(args: TrainingArguments, launch: Launch) -> None:
+    """After TrainingArguments set up the devices: a lone process trains on one GPU, as the single
+    profile says. transformers gives a process launched without distribution every visible GPU
+    (n_gpu > 1) and the Trainer then wraps the model in nn.DataParallel: replicas in threads, slower
+    than DDP, its memory unmeasured and the token counters raced. The Trainer's own model-parallel
+    path sets `_n_gpu = 1` the same way."""
+    if launch.on_gpu and args.n_gpu > 1:
+        print(
+            f"finetune: {launch.strategy_name} trains on one GPU of the {args.n_gpu} visible "
+            f"({args.device}); a profile of several processes (ddp, fsdp, zero*) uses them all"
+        )
+        args._n_gpu = 1
 
 
 def promote_cpu_fsdp(launch: Launch) -> None:

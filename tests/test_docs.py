@@ -65,6 +65,7 @@ def test_troubleshooting_starts_from_doctor_tables_generated_on_cpu_and_gpus():
         "benchmarks/h100x2-2026-11-26b/doctor/zero3_nvme-2.json",
         "benchmarks/h100x2-2026-11-26b/doctor",
         "benchmarks/h100x4-2026-11-26b/doctor",
+        "benchmarks/h200x2-2026-11-26/doctor",
     ]
 
 

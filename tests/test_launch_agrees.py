@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from accelerate.utils import DynamoBackend
 
+from finetune.devices import one_gpu_per_process
 from finetune.errors import FinetuneError
 from finetune.launched import CompilePlan, Launch
 from finetune.profiles import available_profiles, load_strategy
@@ -114,3 +115,22 @@ def test_only_launched_reads_the_launchers_process_variables():
         if any(f'"{name}"' in path.read_text() for name in PROCESS_VARIABLES)
     }
     assert readers == {"launched.py", "errors.py"}
+
+
+def test_a_lone_process_on_a_machine_of_several_gpus_trains_on_one_not_dataparallel(capsys):
+    """transformers would wrap the model in nn.DataParallel over every visible GPU (n_gpu > 1)."""
+    args = SimpleNamespace(n_gpu=4, _n_gpu=4, device="cuda:0")
+    one_gpu_per_process(args, Launch(load_strategy("single"), on_gpu=True))
+    assert args._n_gpu == 1
+    assert capsys.readouterr().out == (
+        "finetune: single trains on one GPU of the 4 visible (cuda:0); a profile of several processes "
+        "(ddp, fsdp, zero*) uses them all\n"
+    )
+
+
+def test_a_process_with_one_gpu_or_none_is_left_as_transformers_set_it(capsys):
+    one_gpu, cpu_only = SimpleNamespace(n_gpu=1, _n_gpu=1), SimpleNamespace(n_gpu=0, _n_gpu=0)
+    for args, on_gpu in ((one_gpu, True), (cpu_only, False)):
+        one_gpu_per_process(args, Launch(load_strategy("single"), on_gpu=on_gpu))
+        assert args._n_gpu == args.n_gpu
+    assert capsys.readouterr().out == ""

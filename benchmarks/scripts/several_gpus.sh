@@ -110,6 +110,23 @@ case $CALL in
     stalled_rank "$ROOT/launch"
     grep "no optimizer step ended" "$ROOT/launch/stalled.log"
     ;;
+  7)  # a lone process with every GPU visible (the single profile, as `finetune run` and `accelerate launch`
+    # start it) trains on one GPU, not nn.DataParallel over all: its trained tokens are its tokens less
+    # each row's first (DataParallel's replicas raced the counter: 0.5 of them on 2 GPUs in call 5)
+    mkdir -p "$ROOT/single"
+    FLAGS="--model gpt2 --from_scratch --max_steps 20 --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true"
+    for HOW in run launch; do
+      if [ $HOW = run ]; then
+        timeout 240 python -m finetune run --profile single $FLAGS --output_dir /tmp/single-$HOW > "$ROOT/single/$HOW.log" 2>&1
+      else
+        timeout 240 accelerate launch --config_file accelerate_configs/single.yaml finetune/run.py $FLAGS \
+          --output_dir /tmp/single-$HOW > "$ROOT/single/$HOW.log" 2>&1
+      fi
+      echo "== single by $HOW: rc $?"; grep "trains on one GPU" "$ROOT/single/$HOW.log"; tail -n 4 "$ROOT/single/$HOW.log"
+      cp /tmp/single-$HOW/run_summary.json "$ROOT/single/$HOW.json"
+      python -c "import json,sys; s=json.load(open(sys.argv[1])); print({k: s.get(k) for k in ('status','world_size','tokens_per_second','trained_tokens_per_second','memory_peak_allocated_gib_max')})" "$ROOT/single/$HOW.json"
+    done
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
