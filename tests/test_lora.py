@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from finetune import run
 from finetune.adapters import adapter_config, adapter_flags, add_adapters, trainable_parameters
 from finetune.arguments import parse_arguments
 from finetune.checkpoint import read_manifest
-from finetune.compare import training_variants, variant_flags
+from finetune.compare import read_rows, training_variants, variant_flags
 from finetune.errors import FinetuneError
 from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
@@ -29,7 +31,7 @@ from finetune.memory_model import CALIBRATION_KINDS, Calibration, ModelShape, Wo
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
 
-from launching import accelerate_launch, launch, nvme_flags
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, accelerate_launch, launch, nvme_flags
 
 RANK = 4
 STEPS = 4
@@ -376,3 +378,22 @@ def test_export_takes_a_base_model_that_moved(run_from_a_relative_path, tmp_path
         output_dir / "checkpoint-4", tmp_path / "b", merge=True, base_model=str(tmp_path / "moved-base")
     )
     assert (tmp_path / "b" / "model.safetensors").is_file()
+
+
+@pytest.mark.integration
+def test_compare_with_variants_trains_each_profile_in_full_and_with_lora(base_dir, corpus, tmp_path):
+    output_dir = tmp_path / "compare"
+    flags = ["--model", str(base_dir), "--dataset", str(corpus), "--block_size", "64", "--max_steps", "3",
+             "--batch_size", "4", "--max_eval_samples", "8", "--report_to", "none",
+             "--disable_tqdm", "true"]  # fmt: skip
+    command = [sys.executable, "-m", "finetune", "compare", "--profiles", "ddp", "--num_processes", "2",
+               "--variants", "full,lora", "--output_dir", str(output_dir), *flags]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = {row.training: row for row in read_rows(output_dir)}
+    assert sorted(rows) == ["full", "lora"]
+    assert {row.status for row in rows.values()} == {"completed"}
+    summaries = {name: read_summary(output_dir / row.run_dir) for name, row in rows.items()}
+    assert summaries["lora"]["trainable_parameters"] < summaries["full"]["trainable_parameters"]
