@@ -37,10 +37,11 @@ def launched_with(kind: str) -> bool:
     return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() in ("1", "true")
 
 
-def strategy_from_environment() -> Strategy:
+def strategy_from_environment(world_size: int) -> Strategy:
     """The strategy `accelerate launch` handed this process, from the variables it sets: the training
     process never sees the profile file. Named `$FINETUNE_PROFILE` (set by `finetune run` and
-    `compare`), else after the shipped profile it matches (`zero3`, `fsdp_grad_op`, ...)."""
+    `compare`), else after the shipped profile it matches (`zero3`, `fsdp_grad_op`, ...). Without
+    DeepSpeed or FSDP, `world_size` (as Launch read it) tells DDP from a single process."""
     if launched_with("DEEPSPEED"):
         _, config = active_deepspeed_config()
         if config is None:  # DeepSpeed set up by launch flags instead of a JSON
@@ -57,8 +58,7 @@ def strategy_from_environment() -> Strategy:
         }
         strategy = derive_strategy("", "FSDP", fsdp_config=fsdp)
     else:
-        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        strategy = derive_strategy("", "MULTI_GPU" if several else "NO")
+        strategy = derive_strategy("", "MULTI_GPU" if world_size > 1 else "NO")
     return replace(strategy, name=os.environ.get("FINETUNE_PROFILE") or conventional_name(strategy))
 
 
@@ -287,7 +287,7 @@ class Launch:
         """The only reader of the launcher's process variables."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         return cls(
-            strategy_from_environment(),
+            strategy_from_environment(world_size),
             world_size,
             int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             torch.cuda.is_available(),

@@ -267,7 +267,7 @@ def test_the_launched_deepspeed_strategy_is_the_profiles(name, monkeypatch):
     profile = load_profile(name)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(profile.deepspeed_config_path))
-    launched = strategy_from_environment()
+    launched = strategy_from_environment(world_size=2)
     assert (launched.name, facts(launched)) == (name, facts(profile.strategy))
 
 
@@ -276,15 +276,14 @@ def test_the_launched_fsdp_strategy_is_the_profiles(name, monkeypatch):
     settings = load_profile(name).settings["fsdp_config"]
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", str(settings["fsdp_reshard_after_forward"]).lower())
-    launched = strategy_from_environment()
+    launched = strategy_from_environment(world_size=2)
     assert (launched.name, facts(launched)) == (name, facts(load_strategy(name)))
 
 
 def test_the_launched_strategy_takes_the_name_finetune_run_gives_it(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert strategy_from_environment().name == "ddp"
+    assert strategy_from_environment(world_size=2).name == "ddp"
     monkeypatch.setenv("FINETUNE_PROFILE", "my_ddp")
-    assert strategy_from_environment().name == "my_ddp"
+    assert strategy_from_environment(world_size=2).name == "my_ddp"
 
 
 def test_profiles_command_lists_strategies_fastest_first(capsys):
