@@ -47,7 +47,8 @@ def markdown(columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     return "\n".join(lines)
 
 
-def read(path: Path) -> Summary:
+def read(path: Path) -> Any:
+    """A result file's JSON (a summary, or doctor's and the torch loop's lists of rows); {} if missing."""
     return json.loads(path.read_text()) if path.exists() else {}
 
 
