@@ -6,7 +6,9 @@ rank (so all ranks stop at the same step and no collective is left waiting):
 
 - the gradient norm of every optimizer step is finite (the Trainer computes it at every step, reduced
   over the ranks; a NaN or inf loss gives a non-finite norm). Steps the loss scaler skipped on overflow
-  (fp16) are not divergence.
+  (fp16) are not divergence. The norm stays on the GPU: the first step with a non-finite norm is kept
+  there and read only before a step's log, evaluation or save (reading it at every step made the host
+  wait for each step's GPU work before it could queue the next; see docs/speed.md).
 - the weights are finite before a checkpoint or the model is saved: an update from a finite but huge
   gradient step can overflow them before any gradient norm shows it.
 - each logged loss (the mean over the ranks and the steps since the last log) stays below
@@ -36,9 +38,33 @@ class DivergenceGuard:
         self.uniform_guess_loss = math.log(vocab_size) if vocab_size else 0.0
         self.logged_losses: list[float] = []
 
+        self._first_bad: torch.Tensor | None = None  # [step, norm] of the first non-finite norm, or [-1, 0]
+
     def check_gradient_norm(self, step: int, grad_norm: float | None) -> None:
         if grad_norm is not None and not math.isfinite(grad_norm):
             raise Diverged(f"diverged at step {step}: gradient norm {grad_norm}")
+
+    def observe_gradient_norm(self, step: int, grad_norm: torch.Tensor | float | None) -> None:
+        """Note a step's norm without reading it: a tensor is compared on its device."""
+        if not isinstance(grad_norm, torch.Tensor):
+            self.check_gradient_norm(step, grad_norm)
+            return
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2's norm is a DTensor of partial sums
+            grad_norm = grad_norm.full_tensor()
+        norm = grad_norm.detach().reshape(()).float()
+        if self._first_bad is None:
+            self._first_bad = torch.tensor([-1.0, 0.0], device=norm.device)
+        this_step = torch.stack([torch.full_like(norm, step), norm])
+        newly_bad = (self._first_bad[0] < 0) & ~torch.isfinite(norm)
+        self._first_bad = torch.where(newly_bad, this_step, self._first_bad)
+
+    def check_observed(self) -> None:
+        """Raise for the first non-finite norm noted so far (one read of the device)."""
+        if self._first_bad is None:
+            return
+        step, norm = self._first_bad.tolist()
+        if step >= 0:
+            raise Diverged(f"diverged at step {int(step)}: gradient norm {norm}")
 
     def check_logged_loss(self, step: int, loss: float) -> None:
         if not math.isfinite(loss):

@@ -21,10 +21,12 @@
   uninterrupted one, with identical weights, reported 10.60). Each checkpoint's trainer_state.json
   now holds the sum so far (`LossSumSoFar`, a stateful callback, the Trainer's own mechanism for
   state it does not know), and a resumed run starts its sum from there.
-- `_maybe_log_save_evaluate` and `log` stop a diverged run (finetune/divergence.py) at the step it
-  diverged, before that step's log, evaluation or checkpoint: a non-finite gradient norm (read at every
-  step, which makes the host wait for that step's GPU work), a logged loss spike, or, before a
-  checkpoint, a weight that is not finite.
+- `_maybe_log_save_evaluate` and `log` stop a diverged run (finetune/divergence.py) before any log,
+  evaluation or checkpoint from diverged weights: a non-finite gradient norm (kept on the GPU and read
+  only at steps that log, evaluate, save or end, so that the host never waits for a step's GPU work
+  in between; the error names the first such step), a logged loss spike, or, before a checkpoint, a
+  weight that is not finite. `_get_grad_norm` leaves DeepSpeed's norm a tensor for the same reason (the
+  Trainer reads it with `.item()` at every step; its log converts it at logging steps).
 - `training_step` and `prediction_step` mark a new CUDA-graph step before each forward when the
   compile mode records CUDA graphs (reduce-overhead, as the single profile asks, or max-autotune):
   torch's graph trees cannot tell the Trainer's steps apart on their own, and a block-by-block
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import DynamoBackend, TorchDynamoPlugin
+from accelerate.utils import DistributedType, DynamoBackend, TorchDynamoPlugin
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
@@ -103,10 +105,28 @@ class FinetuneTrainer(Trainer):
     def _maybe_log_save_evaluate(
         self, tr_loss: torch.Tensor, grad_norm: Any, *args: Any, **kwargs: Any
     ) -> None:
-        """Every optimizer step ends here: its gradient norm is checked before anything is logged or saved."""
+        """Every optimizer step ends here: its gradient norm is noted, and the norms noted so far are
+        checked before anything is logged, evaluated or saved."""
         if grad_norm is not None and not self.accelerator.optimizer_step_was_skipped:
-            self.divergence.check_gradient_norm(self.state.global_step, float(grad_norm))
+            self.divergence.observe_gradient_norm(self.state.global_step, grad_norm)
+        control = self.control
+        writes_or_ends = (
+            control.should_log
+            or control.should_evaluate
+            or control.should_save
+            or control.should_training_stop
+        )
+        if writes_or_ends:
+            self.divergence.check_observed()
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        """DeepSpeed's norm as the tensor its engine computed (the Trainer reads it at every step)."""
+        if self.accelerator.distributed_type != DistributedType.DEEPSPEED:
+            return super()._get_grad_norm(model, grad_norm)
+        if grad_norm is None:  # DeepSpeed clips in its step; this only reads the norm it computed
+            grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), float("inf"))
+        return grad_norm
 
     def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         """Once the state is restored, take the loss sum its checkpoint recorded."""

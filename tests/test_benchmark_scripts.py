@@ -202,3 +202,68 @@ def test_no_live_benchmark_script_runs_a_dated_folders_record():
 def test_every_benchmark_shell_script_parses():
     for script in [*ROOT.glob("benchmarks/**/*.sh")]:
         assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
+
+
+trace_analysis = load_script("trace_analysis")
+
+
+def write_trace(folder: Path, rank: int, kernels: list[tuple[str, float, float, float]]) -> None:
+    """A rank's Chrome trace: (name, host launch end, kernel start, kernel end) per kernel, in µs."""
+    events = []
+    for correlation, (name, launched, start, end) in enumerate(kernels):
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "tid": 1,
+                "ts": launched - 5,
+                "dur": 5,
+                "args": {"correlation": correlation},
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "tid": 7,
+                "ts": start,
+                "dur": end - start,
+                "args": {"correlation": correlation},
+            }
+        )
+    events.append(
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "FSDP::pre_forward (h.3)",
+            "tid": 1,
+            "ts": 0,
+            "dur": 10_000,
+        }
+    )
+    (folder / f"rank{rank}.trace.json").write_text(json.dumps({"traceEvents": events}))
+
+
+def test_collectives_are_paired_across_ranks_by_end_time_and_the_last_to_arrive_is_named(tmp_path):
+    gather = "ncclDevKernel_AllGather_RING_LL(x)"
+    # rank 1 launches the all-gather 900 µs after rank 0 did; both end together at 1,100 µs
+    write_trace(tmp_path, 0, [("gemm", 0, 10, 90), (gather, 100, 105, 1100)])
+    write_trace(tmp_path, 1, [("gemm", 0, 10, 90), (gather, 995, 1000, 1101)])
+    numbers = trace_analysis.analyse(tmp_path, steps=1)
+    collectives = numbers["collectives"]
+    assert collectives["paired"] == 1 and collectives["last_to_arrive"] == {"1": 1}
+    assert collectives["why_last_was_late"] == {"host-late": 1}
+    assert collectives["host_doing_before_late_launch"] == {"FSDP::pre_forward (h.N)": 1}
+    all_gather = collectives["by_type"]["AllGather"]
+    assert all_gather["median_wait_for_last_ms"] == 0.895
+    assert abs(all_gather["median_transfer_after_last_arrival_ms"] - 0.1005) < 1e-3
+    assert numbers["ranks"][0]["gpu_nccl_ms"] == 0.995
+
+
+def test_a_collective_whose_ends_differ_more_than_the_clocks_allow_is_left_unpaired(tmp_path):
+    gather = "ncclDevKernel_AllGather_RING_LL(x)"
+    write_trace(tmp_path, 0, [(gather, 100, 105, 1100)])
+    write_trace(tmp_path, 1, [(gather, 100, 105, 5000)])
+    assert trace_analysis.analyse(tmp_path, steps=1)["collectives"]["paired"] == 0

@@ -1,0 +1,54 @@
+#!/bin/bash
+# The sharding floor, case by case on all visible GPUs, in turn: finetune's run (or the plain Trainer
+# script) under a profile at micro batch BATCH x 1024 tokens, one summary and log per case, all packed
+# into $OUT/floor.tgz after each case (the device tool brings back 8 files; a call cut short keeps
+# what ended). usage: bash benchmarks/run.sh floor --out DIR MODEL BATCH STEPS CASE...
+# A CASE is [ENV=VALUE+...][TOOL/]PROFILE[:flag,value,...][#tag]:
+#   TOOL  run (default): finetune/run.py through `python -m finetune.launch` (what `finetune run` starts)
+#         trace: benchmarks/scripts/rank_traces.py (every rank profiled, then trace_analysis.py's numbers)
+#         plain: benchmarks/scripts/plain_trainer.py (the plain Trainer) under the same accelerate config
+#         base/: any of those with the code of $BASELINE (a folder with an older checkout) instead
+#   PROFILE a name in accelerate_configs/ or a path to a YAML
+#   ENV=VALUE+ environment for that case alone (NCCL_PROTO=Simple+fsdp)
+# e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--fsdp_prefetch,1 trace/fsdp
+MODEL=$1 BATCH=$2 STEPS=$3; shift 3
+N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
+HERE=$PWD
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m
+  python -c "import torch, transformers, accelerate, deepspeed; print(torch.__version__, torch.cuda.nccl.version(), transformers.__version__, accelerate.__version__, deepspeed.__version__)"
+} > "$OUT/gpu.txt" 2>&1
+for CASE in "$@"; do
+  ENVS=""; REST=$CASE
+  while [[ $REST == *=*+* && ${REST%%+*} == *=* ]]; do ENVS="$ENVS ${REST%%+*}"; REST=${REST#*+}; done
+  TAG=""; [[ $REST == *'#'* ]] && { TAG=${REST#*#}; REST=${REST%%#*}; }
+  CODE=$HERE; [[ $REST == base/* ]] && { CODE=${BASELINE:?BASELINE=folder of the older checkout}; REST=${REST#base/}; }
+  TOOL=run; [[ $REST =~ ^(run|trace|plain)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
+  PROFILE=${REST%%:*}; EXTRA=$(echo "${REST#$PROFILE}" | sed 's/^://' | tr ',' ' ')
+  [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
+  NAME=$(echo "${CASE}" | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80); NAME=${NAME%_}
+  FLAGS="--model $MODEL --from_scratch --max_steps $STEPS --batch_size $BATCH --block_size ${BLOCK:-1024}
+    --logging_steps ${LOGGING_STEPS:-10} --max_eval_samples 16 --save_strategy no --report_to none
+    --disable_tqdm true --output_dir /tmp/floor/$NAME ${EXTRA_FLAGS:-}"
+  rm -rf /tmp/floor/$NAME; mkdir -p "$OUT/$NAME"
+  START=$(date +%s)
+  case $TOOL in
+    run) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
+          --config_file $CONFIG --num_processes $N --main_process_port 0 finetune/run.py $FLAGS $EXTRA) ;;
+    trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
+          --config_file $CONFIG --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/rank_traces.py \
+          /tmp/traces/$NAME $FLAGS --max_steps 14 --logging_steps 50 $EXTRA) ;;
+    plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
+          --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \
+          $FINETUNE_DATA_DIR/$MODEL $BATCH $STEPS "$OUT/$NAME/plain.json") ;;
+    *) echo "floor.sh: unknown tool '$TOOL' in $CASE" >&2; exit 2 ;;
+  esac > "$OUT/$NAME/log" 2>&1
+  RC=$?
+  cp /tmp/floor/$NAME/run_summary.json "$OUT/$NAME/" 2>/dev/null
+  if [ $TOOL = trace ]; then
+    cp /tmp/traces/$NAME/*.syncs.json "$OUT/$NAME/" 2>/dev/null
+    timeout 120 python benchmarks/scripts/trace_analysis.py /tmp/traces/$NAME 3 "$OUT/$NAME/traces.json" \
+      > "$OUT/$NAME/analysis.log" 2>&1
+  fi
+  echo "== $CASE rc $RC $(( $(date +%s) - START )) s: $(python benchmarks/scripts/floor_line.py "$OUT/$NAME" 2>&1 | tail -n 1)"
+  tar -czf /tmp/floor.tgz -C "$OUT" --exclude floor.tgz . && mv /tmp/floor.tgz "$OUT/floor.tgz"
+done

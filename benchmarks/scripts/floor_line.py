@@ -1,0 +1,38 @@
+"""One line for a floor.sh case folder: tokens/s per GPU, median step, peak memory, loss; the trace's
+numbers and the sync audit where the case was traced. usage: python floor_line.py CASE_DIR"""
+
+import json
+import sys
+from pathlib import Path
+
+
+def line(folder: Path) -> str:
+    parts = []
+    summary, plain = folder / "run_summary.json", folder / "plain.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        parts.append(
+            f"{s.get('status')} {s.get('tokens_per_second_per_device') or 0:,.0f} tok/s/GPU, step "
+            f"{(s.get('step_time_median_s') or 0) * 1e3:.0f} ms, peak {s.get('memory_peak_allocated_gib_max')} GiB, "
+            f"MFU {s.get('mfu')}, loss {s.get('final_loss')}"
+        )
+    if plain.exists():
+        p = json.loads(plain.read_text())
+        parts.append(" ".join(f"{k} {v}" for k, v in p.items() if not isinstance(v, (list, dict)))[:200])
+    traces = folder / "traces.json"
+    if traces.exists():
+        t = json.loads(traces.read_text())
+        rank0 = t["ranks"].get("0", {})
+        parts.append(
+            f"rank0 step {rank0.get('step_ms')} ms compute {rank0.get('gpu_compute_ms')} nccl "
+            f"{rank0.get('gpu_nccl_ms')} idle {rank0.get('gpu_idle_ms')}; "
+            f"last {t.get('collectives', {}).get('last_to_arrive')} {t.get('collectives', {}).get('why_last_was_late')}"
+        )
+    syncs = sorted(folder.glob("rank*.syncs.json"))
+    if syncs:
+        parts.append(f"syncs rank0 {json.loads(syncs[0].read_text())['syncs']}")
+    return " | ".join(parts) or "no result"
+
+
+if __name__ == "__main__":
+    print(line(Path(sys.argv[1])))
