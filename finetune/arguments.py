@@ -257,6 +257,10 @@ class FinetuneTrainingArguments(TrainingArguments):
         self._check_values()
         if self.ddp_bucket_cap_mb is None:
             self.ddp_bucket_cap_mb = DDP_BUCKET_CAP_MB
+        if self.accelerator_config is None and self.dataloader_pin_memory:
+            # Each batch's copy to the GPU is queued, not waited for: a blocking copy made the host wait
+            # for the previous step's GPU work before it could queue the next (docs/speed.md).
+            self.accelerator_config = {"non_blocking": True}
         if self.precision != "auto":
             if self.bf16 or self.fp16:
                 raise FinetuneError("give either --precision or --bf16/--fp16, not both")

@@ -25,7 +25,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.utils import logging
 
 from finetune import safe_unpickling
-from finetune.collectives import collective
+from finetune.collectives import collective, host_group
 from finetune.errors import FinetuneError
 from finetune.run_folder import CHECKPOINT_PATTERN, CHECKPOINT_PREFIX, MANIFEST
 
@@ -224,12 +224,12 @@ def load_weights_only() -> None:
 
 
 @collective
-def highest_on_any_rank(value: int, device: torch.device) -> int:
-    """The largest of every rank's value, on every rank. Collective."""
+def highest_on_any_rank(value: int, device: torch.device, group: dist.ProcessGroup | None = None) -> int:
+    """The largest of every rank's value, on every rank. Collective (over `group`, on `device`)."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
     shared = torch.tensor([value], device=device)
-    dist.all_reduce(shared, op=dist.ReduceOp.MAX)
+    dist.all_reduce(shared, op=dist.ReduceOp.MAX, group=group)
     return int(shared.item())
 
 
@@ -237,8 +237,8 @@ class SaveAndStopOnSignal(TrainerCallback):
     """On SIGTERM or SIGUSR1, save a checkpoint at the next step boundary on all ranks, then stop.
 
     The signal may reach only some ranks, or each at another time, so at every step end the ranks
-    agree (one all-reduce of the signal's number) before any of them acts, and all name the same
-    signal whichever rank got it first. A repeated stop signal is the same request: SLURM signals every
+    agree (one all-reduce of the signal's number, between the hosts over gloo: no GPU wait) before any
+    of them acts, and all name the same signal whichever rank got it first. A repeated stop signal is the same request: SLURM signals every
     process of a job, launcher included, and the launcher forwards its SIGTERM to the ranks, so each
     rank gets two at once. Ctrl-C (SIGINT, not handled here) still stops at once.
 
@@ -252,6 +252,7 @@ class SaveAndStopOnSignal(TrainerCallback):
         self.stopped_at_step: int | None = None
         self._signal_number = 0
         self._previous: dict[int, Any] = {}
+        self._group: dist.ProcessGroup | None = None
 
     def _handle(self, signum: int, frame: object) -> None:
         self._signal_number = self._signal_number or signum
@@ -260,13 +261,15 @@ class SaveAndStopOnSignal(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._previous = {number: signal.signal(number, self._handle) for number in STOP_SIGNALS}
+        if dist.is_available() and dist.is_initialized():
+            self._group = host_group()
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self.received is not None:
             return
-        number = highest_on_any_rank(self._signal_number, args.device)
+        number = highest_on_any_rank(self._signal_number, torch.device("cpu"), self._group)
         if number:
             self.received = signal.Signals(number).name
             self.stopped_at_step = state.global_step

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+import torch.distributed as dist
+
 Function = TypeVar("Function", bound=Callable)
 HELPERS: set[str] = set()  # "file in function", as the watchdog writes a frame without its line
 
@@ -24,3 +26,20 @@ def in_a_helper(frame: str) -> bool:
     """Whether a frame written as `file:line in function` is inside a marked helper."""
     place, _, function = frame.rpartition(" in ")
     return f"{place.rpartition(':')[0]} in {function}" in HELPERS
+
+
+_host_groups: dict[str, dist.ProcessGroup | None] = {}
+
+
+def host_group() -> dist.ProcessGroup | None:
+    """A gloo group of every rank, for agreements between the hosts that need no GPU; None where the
+    default group is gloo already. Created at the first call, which every rank makes at the same point.
+
+    An agreement over NCCL is queued behind the step's GPU work, and reading its result (`.item()`)
+    makes the host wait for all of that work: at every step, the host could not queue the next step
+    while the GPU finished this one (docs/speed.md). Over gloo the hosts agree alone.
+    """
+    if "group" not in _host_groups:
+        on_gloo = dist.get_backend() == "gloo"
+        _host_groups["group"] = None if on_gloo else dist.new_group(backend="gloo")
+    return _host_groups["group"]

@@ -7,8 +7,11 @@
 #   TOOL  run (default): finetune/run.py through `python -m finetune.launch` (what `finetune run` starts)
 #         trace: benchmarks/scripts/rank_traces.py (every rank profiled, then trace_analysis.py's numbers)
 #         plain: benchmarks/scripts/plain_trainer.py (the plain Trainer) under the same accelerate config
+#         grouped: benchmarks/scripts/grouped_units.py (FSDP2 units of $GROUP blocks: GROUP=2+grouped/fsdp)
 #         base/: any of those with the code of $BASELINE (a folder with an older checkout) instead
-#   PROFILE a name in accelerate_configs/ or a path to a YAML
+#   PROFILE a name in accelerate_configs/ or a path to a YAML; NAME~KEY=JSON~... a changed copy of it
+#         (profile_variant.py: fsdp~fsdp_config.fsdp_reshard_after_forward=false,
+#         zero3~ds.timers.throughput.enabled=false)
 #   ENV=VALUE+ environment for that case alone (NCCL_PROTO=Simple+fsdp)
 # e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--fsdp_prefetch,1 trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
@@ -22,14 +25,19 @@ for CASE in "$@"; do
   while [[ $REST == *=*+* && ${REST%%+*} == *=* ]]; do ENVS="$ENVS ${REST%%+*}"; REST=${REST#*+}; done
   TAG=""; [[ $REST == *'#'* ]] && { TAG=${REST#*#}; REST=${REST%%#*}; }
   CODE=$HERE; [[ $REST == base/* ]] && { CODE=${BASELINE:?BASELINE=folder of the older checkout}; REST=${REST#base/}; }
-  TOOL=run; [[ $REST =~ ^(run|trace|plain)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
+  TOOL=run; [[ $REST =~ ^(run|trace|plain|grouped)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
   PROFILE=${REST%%:*}; EXTRA=$(echo "${REST#$PROFILE}" | sed 's/^://' | tr ',' ' ')
+  CHANGES=(); if [[ $PROFILE == *~* ]]; then IFS='~' read -ra CHANGES <<< "${PROFILE#*~}"; PROFILE=${PROFILE%%~*}; fi
   [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
   NAME=$(echo "${CASE}" | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80); NAME=${NAME%_}
   FLAGS="--model $MODEL --from_scratch --max_steps $STEPS --batch_size $BATCH --block_size ${BLOCK:-1024}
     --logging_steps ${LOGGING_STEPS:-10} --max_eval_samples 16 --save_strategy no --report_to none
     --disable_tqdm true --output_dir /tmp/floor/$NAME ${EXTRA_FLAGS:-}"
-  rm -rf /tmp/floor/$NAME; mkdir -p "$OUT/$NAME"
+  rm -rf /tmp/floor/$NAME; mkdir -p "$OUT/$NAME" /tmp/floor/variants
+  if [ ${#CHANGES[@]} -gt 0 ]; then
+    python benchmarks/scripts/profile_variant.py $CONFIG /tmp/floor/variants/$NAME.yaml "${CHANGES[@]}" || exit 2
+    CONFIG=/tmp/floor/variants/$NAME.yaml; cp $CONFIG /tmp/floor/variants/$NAME.json "$OUT/$NAME/" 2>/dev/null
+  fi
   START=$(date +%s)
   case $TOOL in
     run) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
@@ -37,6 +45,9 @@ for CASE in "$@"; do
     trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
           --config_file $CONFIG --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/rank_traces.py \
           /tmp/traces/$NAME $FLAGS --max_steps 14 --logging_steps 50 $EXTRA) ;;
+    grouped) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
+          --config_file $CONFIG --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/grouped_units.py \
+          $FLAGS $EXTRA) ;;
     plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
           --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \
           $FINETUNE_DATA_DIR/$MODEL $BATCH $STEPS "$OUT/$NAME/plain.json") ;;

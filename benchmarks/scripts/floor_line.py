@@ -11,9 +11,10 @@ def line(folder: Path) -> str:
     summary, plain = folder / "run_summary.json", folder / "plain.json"
     if summary.exists():
         s = json.loads(summary.read_text())
+        step_ms = (s.get("step_time_median_s") or 0) * 1e3
         parts.append(
             f"{s.get('status')} {s.get('tokens_per_second_per_device') or 0:,.0f} tok/s/GPU, step "
-            f"{(s.get('step_time_median_s') or 0) * 1e3:.0f} ms, peak {s.get('memory_peak_allocated_gib_max')} GiB, "
+            f"{step_ms:.0f} ms, peak {s.get('memory_peak_allocated_gib_max')} GiB, "
             f"MFU {s.get('mfu')}, loss {s.get('final_loss')}"
         )
     if plain.exists():
@@ -22,11 +23,11 @@ def line(folder: Path) -> str:
     traces = folder / "traces.json"
     if traces.exists():
         t = json.loads(traces.read_text())
-        rank0 = t["ranks"].get("0", {})
+        rank0, collectives = t["ranks"].get("0", {}), t.get("collectives", {})
         parts.append(
             f"rank0 step {rank0.get('step_ms')} ms compute {rank0.get('gpu_compute_ms')} nccl "
             f"{rank0.get('gpu_nccl_ms')} idle {rank0.get('gpu_idle_ms')}; "
-            f"last {t.get('collectives', {}).get('last_to_arrive')} {t.get('collectives', {}).get('why_last_was_late')}"
+            f"last {collectives.get('last_to_arrive')} {collectives.get('why_last_was_late')}"
         )
     syncs = sorted(folder.glob("rank*.syncs.json"))
     if syncs:

@@ -27,14 +27,16 @@ from transformers import TrainerCallback
 
 FIRST_STEP, STEPS = 8, 3
 AUDITED_STEP = FIRST_STEP + STEPS
-LIBRARY_MARKERS = ("/torch/", "/torch\\", "<frozen", "/warnings.py")
+TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+LIBRARY_MARKERS = (TORCH_DIR, "<frozen", "/warnings.py")
+WITH_STACKS = os.environ.get("TRACE_STACKS") == "1"  # Python functions in the trace (slower steps)
 
 
 def asking_frame(stack: list[traceback.FrameSummary]) -> str:
     """The innermost frame outside torch itself: the code that asked for the synchronization."""
     for frame in reversed(stack):
         if not any(marker in frame.filename for marker in LIBRARY_MARKERS):
-            parts = frame.filename.split("site-packages/")[-1].split("/work/")[-1]
+            parts = frame.filename.split("-packages/")[-1]
             return f"{parts}:{frame.lineno} {frame.name}"
     return "torch"
 
@@ -56,7 +58,8 @@ class RankTraces(TrainerCallback):
         rank = args.process_index
         os.makedirs(self.folder, exist_ok=True)
         if state.global_step == FIRST_STEP:
-            self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+            self.profiler = profile(activities=activities, with_stack=WITH_STACKS)
             self.profiler.__enter__()
         if state.global_step == FIRST_STEP + STEPS and self.profiler is not None:
             self.profiler.__exit__(None, None, None)

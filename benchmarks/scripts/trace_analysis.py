@@ -64,7 +64,7 @@ def read_rank(path: Path, steps: int) -> dict:
     events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     host = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation", "python_function")]
-    runtime = [e for e in events if e.get("cat") == "cuda_runtime"]
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     launches = {e["args"].get("correlation"): e for e in runtime if e["name"] in LAUNCH_CALLS}
     nccl = [e for e in kernels if collective_type(e["name"])]
     compute = [e for e in kernels if not collective_type(e["name"])]
@@ -95,6 +95,7 @@ def read_rank(path: Path, steps: int) -> dict:
             }
         )
     annotations = [e for e in host if e.get("cat") == "user_annotation" or e["name"].startswith("FSDP")]
+    python = [e for e in host if e.get("cat") == "python_function"]
     return {
         "summary": {
             "step_ms": per_step(window_ms),
@@ -116,10 +117,34 @@ def read_rank(path: Path, steps: int) -> dict:
                 for name, (count, ms) in syncs.items()
             },
             "nccl_kernels_per_step": round(len(nccl) / steps, 1),
+            "python_self_ms_top": {name: per_step(ms) for name, ms in self_times(python).most_common(15)},
         },
         "collectives": collectives,
         "annotations": [(e["tid"], e["ts"], e["ts"] + e["dur"], e["name"]) for e in annotations],
     }
+
+
+def self_times(events: list[dict]) -> collections.Counter[str]:
+    """Milliseconds each function spent in itself (its callees' time taken out), by function.
+
+    Traced with `with_stack`: the Python functions of one thread nest like a call stack.
+    """
+    totals: collections.Counter[str] = collections.Counter()
+    by_thread = collections.defaultdict(list)
+    for e in events:
+        by_thread[e["tid"]].append(e)
+    for thread in by_thread.values():
+        stack: list[list] = []  # [end, name, time left to itself]
+        for e in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1][0] <= e["ts"]:
+                _, name, own = stack.pop()
+                totals[name] += own / 1e3
+            if stack:
+                stack[-1][2] -= e["dur"]
+            stack.append([e["ts"] + e["dur"], strip_numbers(e["name"]), e["dur"]])
+        for _, name, own in stack:
+            totals[name] += own / 1e3
+    return totals
 
 
 def enclosing_annotation(annotations: list, tid, at: float) -> str:
