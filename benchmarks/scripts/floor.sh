@@ -12,7 +12,8 @@
 #   PROFILE a name in accelerate_configs/ or a path to a YAML; NAME~KEY=JSON~... a changed copy of it
 #         (profile_variant.py: fsdp~fsdp_config.fsdp_reshard_after_forward=false,
 #         zero3~ds.timers.throughput.enabled=false)
-#   ENV=VALUE+ environment for that case alone (NCCL_PROTO=Simple+fsdp)
+#   ENV=VALUE+ environment for that case alone (NCCL_PROTO=Simple+fsdp); PIN=1+ runs each rank on its own
+#         share of the cores (pin_and_run.py)
 # e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--fsdp_prefetch,1 trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
@@ -38,15 +39,16 @@ for CASE in "$@"; do
     python benchmarks/scripts/profile_variant.py $CONFIG /tmp/floor/variants/$NAME.yaml "${CHANGES[@]}" || exit 2
     CONFIG=/tmp/floor/variants/$NAME.yaml; cp $CONFIG /tmp/floor/variants/$NAME.json "$OUT/$NAME/" 2>/dev/null
   fi
+  PIN=""; [[ " $ENVS " == *" PIN=1 "* ]] && PIN=$HERE/benchmarks/scripts/pin_and_run.py
   START=$(date +%s)
   case $TOOL in
     run) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
-          --config_file $CONFIG --num_processes $N --main_process_port 0 finetune/run.py $FLAGS $EXTRA) ;;
+          --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN finetune/run.py $FLAGS $EXTRA) ;;
     trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
-          --config_file $CONFIG --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/rank_traces.py \
+          --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN $HERE/benchmarks/scripts/rank_traces.py \
           /tmp/traces/$NAME $FLAGS --max_steps 14 --logging_steps 50 $EXTRA) ;;
     grouped) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
-          --config_file $CONFIG --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/grouped_units.py \
+          --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN $HERE/benchmarks/scripts/grouped_units.py \
           $FLAGS $EXTRA) ;;
     plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
           --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \

@@ -1,8 +1,9 @@
 """Write a changed copy of a profile for sweeps: its YAML, and its DeepSpeed JSON where it has one.
 
-Each change is DOTTED.KEY=JSON. Keys under `ds.` change the DeepSpeed JSON (ds.timers.throughput.enabled=false,
-ds.zero_optimization.stage3_prefetch_bucket_size=2e8, ds.compile='{"deepcompile": true}'), the others the
-YAML (fsdp_config.fsdp_reshard_after_forward=false). The copy's YAML points at the copied JSON.
+Each change is DOTTED.KEY=JSON. Keys under `ds.` change the DeepSpeed JSON
+(ds.timers.throughput.enabled=false, ds.zero_optimization.stage3_prefetch_bucket_size=2e8,
+ds.compile='{"deepcompile": true}'), the others the YAML (fsdp_config.fsdp_reshard_after_forward=false).
+The copy's YAML points at the copied JSON.
 usage: python benchmarks/scripts/profile_variant.py PROFILE.yaml TARGET.yaml CHANGE...
 """
 
