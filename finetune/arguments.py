@@ -188,15 +188,6 @@ class FinetuneTrainingArguments(TrainingArguments):
             "least 600 s, from the first step on; 0 turns it off."
         },
     )
-    fsdp_prefetch: int = field(
-        default=0,
-        metadata={
-            "help": "FSDP profiles: each transformer block issues the all-gathers of the next N blocks "
-            "(and in backward the previous N), so they overlap compute even when the host runs behind the "
-            "GPU; each costs one block's unsharded parameters. 0: FSDP2's implicit prefetch "
-            "(finetune/fsdp_prefetch.py)."
-        },
-    )
     profile_memory: bool = field(
         default=False,
         metadata={
@@ -238,8 +229,6 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError(
                 f"--throughput_warmup_steps must be 0 or more, got {self.throughput_warmup_steps}"
             )
-        if self.fsdp_prefetch < 0:
-            raise FinetuneError(f"--fsdp_prefetch must be 0 or more, got {self.fsdp_prefetch}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise FinetuneError(f"--peak_tflops must be positive, got {self.peak_tflops}")
         if self.global_batch_size is not None and self.global_batch_size < 1:
@@ -257,10 +246,6 @@ class FinetuneTrainingArguments(TrainingArguments):
         self._check_values()
         if self.ddp_bucket_cap_mb is None:
             self.ddp_bucket_cap_mb = DDP_BUCKET_CAP_MB
-        if self.accelerator_config is None and self.dataloader_pin_memory:
-            # Each batch's copy to the GPU is queued, not waited for: a blocking copy made the host wait
-            # for the previous step's GPU work before it could queue the next (docs/speed.md).
-            self.accelerator_config = {"non_blocking": True}
         if self.precision != "auto":
             if self.bf16 or self.fp16:
                 raise FinetuneError("give either --precision or --bf16/--fp16, not both")

@@ -238,9 +238,10 @@ class SaveAndStopOnSignal(TrainerCallback):
 
     The signal may reach only some ranks, or each at another time, so at every step end the ranks
     agree (one all-reduce of the signal's number, between the hosts over gloo: no GPU wait) before any
-    of them acts, and all name the same signal whichever rank got it first. A repeated stop signal is the same request: SLURM signals every
-    process of a job, launcher included, and the launcher forwards its SIGTERM to the ranks, so each
-    rank gets two at once. Ctrl-C (SIGINT, not handled here) still stops at once.
+    of them acts, and all name the same signal whichever rank got it first. A repeated stop signal is
+    the same request: SLURM signals every process of a job, launcher included, and the launcher
+    forwards its SIGTERM to the ranks, so each rank gets two at once. Ctrl-C (SIGINT, not handled
+    here) still stops at once.
 
     Once the checkpoint is saved the ranks exit 75, and the first to go makes the launcher send
     SIGTERM to the others; a rank still on its way out would die of it (-15, or an abort in

@@ -28,7 +28,7 @@ def in_a_helper(frame: str) -> bool:
     return f"{place.rpartition(':')[0]} in {function}" in HELPERS
 
 
-_host_groups: dict[str, dist.ProcessGroup | None] = {}
+_host_groups: dict[int, dist.ProcessGroup | None] = {}  # by the default group it was made beside
 
 
 def host_group() -> dist.ProcessGroup | None:
@@ -39,7 +39,8 @@ def host_group() -> dist.ProcessGroup | None:
     makes the host wait for all of that work: at every step, the host could not queue the next step
     while the GPU finished this one (docs/speed.md). Over gloo the hosts agree alone.
     """
-    if "group" not in _host_groups:
+    world = id(dist.group.WORLD)
+    if world not in _host_groups:
         on_gloo = dist.get_backend() == "gloo"
-        _host_groups["group"] = None if on_gloo else dist.new_group(backend="gloo")
-    return _host_groups["group"]
+        _host_groups[world] = None if on_gloo else dist.new_group(backend="gloo")
+    return _host_groups[world]

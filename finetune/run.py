@@ -46,7 +46,6 @@ from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
 from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
-from finetune.fsdp_prefetch import FsdpPrefetch
 from finetune.doctor import doctor_verdict
 from finetune.errors import StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
@@ -220,8 +219,7 @@ def train_and_measure(
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice(), watchdog]
-        + ([ContinueTheReplannedSchedule()] if extension else [])
-        + ([FsdpPrefetch(training_args.fsdp_prefetch)] if launch.strategy.framework == "fsdp" else []),
+        + ([ContinueTheReplannedSchedule()] if extension else []),
         run_flags=run_defining_flags(model_args, data_args, training_args),
         launch=launch,
         compile_plan=compile_plan,

@@ -210,11 +210,11 @@ def test_a_repeated_stop_signal_still_saves_at_the_next_step_end(events):
     assert (callback.received, callback.stopped_at_step) == ("SIGTERM", 3)
 
 
-def stop_on_two_ranks(rank: int, store: str, results: str) -> None:
-    """One gloo rank: rank 1 alone gets SIGUSR1 before the step ends; each writes what it saw."""
+def stop_on_two_ranks(rank: int, store: str, results: str, backend: str) -> None:
+    """One rank: rank 1 alone gets SIGUSR1 before the step ends; each writes what it saw."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=2)
     args, state, control = SimpleNamespace(device=torch.device("cpu")), TrainerState(), TrainerControl()
     state.global_step = 4
     callback = SaveAndStopOnSignal()
@@ -228,8 +228,11 @@ def stop_on_two_ranks(rank: int, store: str, results: str) -> None:
     Path(results, str(rank)).write_text(seen)
 
 
-def test_a_signal_on_one_rank_stops_every_rank_naming_that_signal(tmp_path):
-    torch.multiprocessing.spawn(stop_on_two_ranks, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+# "cpu:gloo" is not plain gloo: the ranks agree over a gloo group of their own, as they do under NCCL
+@pytest.mark.parametrize("backend", ["gloo", "cpu:gloo"])
+def test_a_signal_on_one_rank_stops_every_rank_naming_that_signal(tmp_path, backend):
+    arguments = (str(tmp_path / "store"), str(tmp_path), backend)
+    torch.multiprocessing.spawn(stop_on_two_ranks, args=arguments, nprocs=2)
     assert [(tmp_path / str(rank)).read_text() for rank in (0, 1)] == ["SIGUSR1 4 True"] * 2
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from finetune import run
@@ -33,6 +34,27 @@ def test_a_non_finite_gradient_norm_names_the_step(norm):
 
 def test_a_finite_gradient_norm_passes_however_large():
     DivergenceGuard(10, VOCAB).check_gradient_norm(1, 1e30)
+
+
+def test_a_norm_on_the_device_is_not_read_until_checked_and_the_first_non_finite_step_is_named():
+    guard = DivergenceGuard(10, VOCAB)
+    for step, norm in enumerate([1.0, math.inf, math.nan, 2.0], start=1):
+        guard.observe_gradient_norm(step, torch.tensor(norm))  # no raise: nothing is read here
+    with pytest.raises(Diverged, match="step 2: gradient norm inf"):
+        guard.check_observed()
+
+
+def test_finite_norms_on_the_device_pass_the_check():
+    guard = DivergenceGuard(10, VOCAB)
+    guard.check_observed()  # nothing observed yet
+    for step in range(1, 4):
+        guard.observe_gradient_norm(step, torch.tensor(1e30))
+    guard.check_observed()
+
+
+def test_a_norm_given_as_a_number_is_checked_at_once():
+    with pytest.raises(Diverged, match="step 3: gradient norm nan"):
+        DivergenceGuard(10, VOCAB).observe_gradient_norm(3, math.nan)
 
 
 def test_a_loss_spike_over_the_factor_and_a_uniform_guess_stops():

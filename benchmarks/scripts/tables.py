@@ -14,6 +14,10 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...]
                     planner's predictions (calibration_rows.py reads the runs)
   doctor            PATH a folder (several_gpus.sh call 4): doctor's bus bandwidth beside a plain torch
                     loop's per GPU count; PATH a doctor.json: rank 0's rows as doctor prints them
+  floor             PATH one floor.sh call: a row per case (finetune's summary or the plain script's JSON)
+                    with its rate per GPU as a share of the same call's ddp case
+  floor_traces      PATH one floor.sh call: per traced case, each rank's step (GPU compute, NCCL, idle)
+                    and the collectives paired across ranks (who arrived last, how long the rest waited)
   resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
                     uninterrupted run's
   two_launchers     PATH PROFILE... (two_launchers.sh): two launchers' eval loss beside one launcher's
@@ -363,12 +367,75 @@ def two_launchers(folder: Path, profiles: list[str]) -> str:
     return markdown(columns, rows)
 
 
+# floor --------------------------------------------------------------------------------------------
+def floor_cases(folder: Path) -> dict[str, Summary]:
+    """Each case folder's result: finetune's summary, or the plain script's JSON (marked `plain`)."""
+    cases = {}
+    for case in sorted(path for path in folder.iterdir() if path.is_dir()):
+        if (case / "run_summary.json").exists():
+            cases[case.name] = read(case / "run_summary.json")
+        elif (case / "plain.json").exists():
+            cases[case.name] = {"plain": True, **read(case / "plain.json")}
+    return cases
+
+
+def floor(folder: Path) -> str:
+    """Traced cases are left out of the rates (the profiler slows their steps)."""
+    cases = {name: run for name, run in floor_cases(folder).items() if "trace" not in name}
+    ddp = cases.get("ddp", {}).get("tokens_per_second_per_device")
+    rows = []
+    for name, run in cases.items():
+        if run.get("plain"):
+            rate, peak_gib, mfu = run["tokens_per_second"], run["peak_allocated_gib"], None
+        else:
+            rate, peak_gib, mfu = (
+                run["tokens_per_second_per_device"],
+                run["memory_peak_allocated_gib_max"],
+                run["mfu"],
+            )
+        rows.append(
+            [f"`{name}`", f"{rate:,.0f}", f"{1e3 * run['step_time_median_s']:.0f}", f"{peak_gib:.1f}",
+             "n/a" if mfu is None else f"{100 * mfu:.1f}", f"{100 * rate / ddp:.0f}%" if ddp else "n/a",
+             learned(run)]
+        )  # fmt: skip
+    columns = ["case", "tokens/s per GPU", "step ms (median)", "peak allocated GiB", "MFU %", "% of ddp"]
+    return markdown([*columns, "learned (loss at first → last log)"], rows)
+
+
+def floor_traces(folder: Path) -> str:
+    rows = []
+    for traces in sorted(folder.glob("*/traces.json")):
+        analysis = read(traces)
+        collectives = analysis.get("collectives", {})
+        last = ", ".join(f"{rank}: {count}" for rank, count in collectives.get("last_to_arrive", {}).items())
+        waits = "; ".join(
+            f"{kind} {numbers['median_kernel_ms']} ms ({numbers['median_transfer_after_last_arrival_ms']})"
+            for kind, numbers in collectives.get("by_type", {}).items()
+        )
+        for rank, summary in analysis["ranks"].items():
+            host = "+".join(
+                f"{ms:.0f}" for ms in sorted(summary["host_busy_ms_by_thread"].values(), reverse=True)[:2]
+            )
+            syncs = sum(sync["calls"] for sync in summary["host_syncs_per_step"].values())
+            gpu = [
+                f"{summary[key]:.0f}" for key in ("step_ms", "gpu_compute_ms", "gpu_nccl_ms", "gpu_idle_ms")
+            ]
+            first = rank == "0"
+            rows.append([f"`{traces.parent.name}`", rank, *gpu, host, f"{syncs:g}", last if first else "",
+                         waits if first else ""])  # fmt: skip
+    columns = ["case", "rank", "step ms", "GPU compute ms", "NCCL kernels ms", "GPU idle ms"]
+    columns += ["host busy ms (two busiest threads)", "host syncs", "last to arrive (collectives)"]
+    return markdown([*columns, "median NCCL kernel ms (of it, after the last arrival)"], rows)
+
+
 KINDS: dict[str, Callable[[Path], str]] = {
     "speed": speed,
     "several_gpus": several_gpus,
     "instruction_lora": instruction_lora,
     "peaks": peaks,
     "doctor": doctor,
+    "floor": floor,
+    "floor_traces": floor_traces,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
     "resume": resume,
