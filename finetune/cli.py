@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -13,11 +14,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import torch
 
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, OneLineArgumentErrors, exit_on_user_error
@@ -123,12 +125,44 @@ def launch(options: argparse.Namespace, run_args: list[str], script: Path) -> in
         command = launch_command(profile, config_file, placement_of(options), run_args, script)
         print("finetune: " + " ".join(command), file=sys.stderr)
         environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
-        with subprocess.Popen(command, env=environment) as launcher:
+        with subprocess.Popen(command, env=environment) as launcher, forwarding_stop_signals(launcher):
             try:
                 code = launcher.wait()
             except KeyboardInterrupt:  # Ctrl-C reached the launcher too: let it stop its ranks
                 code = launcher.wait()
     return code
+
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def forwarding_stop_signals(launcher: subprocess.Popen) -> Iterator[None]:
+    """A stop signal sent to this process alone (`kill PID`) reaches the ranks, and this process waits.
+
+    As torchrun and accelerate launch pass their signals on, this process passes SIGTERM and SIGUSR1 to
+    the processes the launcher started (the ranks, which save a checkpoint at the next step end and exit
+    75) and goes on waiting for the launcher, whose exit code is then the run's. Not to the launcher
+    itself: torch elastic would stop its ranks after 30 s, maybe in the middle of a save. Before any
+    rank exists, the launcher gets it. A signal sent to the whole process group (SLURM, Ctrl-C) reached
+    the ranks already; the second copy is the same request to them.
+    """
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            ranks = psutil.Process(launcher.pid).children()
+        except psutil.NoSuchProcess:
+            return
+        for process in ranks or [psutil.Process(launcher.pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signum)
+
+    previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def orphaned_ranks_outcome(output_dir: Path, killed_by: signal.Signals) -> int:

@@ -100,11 +100,15 @@ def exit_on_user_error() -> Iterator[None]:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"finetune: {diverged}", file=sys.stderr)
         raise SystemExit(DIVERGED_EXIT_CODE) from None
-    except StoppedForResume as stop:
-        print(f"finetune: {stop}", file=sys.stderr)
+    except StoppedForResume as stop:  # every rank stopped at the same step: one line says so
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"finetune: {stop}", file=sys.stderr)
         raise SystemExit(RESUMABLE_EXIT_CODE) from None
     except KeyboardInterrupt as interrupt:
-        print(f"finetune: interrupted ({str(interrupt) or 'SIGINT'})", file=sys.stderr)
+        if reported_by_another_rank() is not None:  # stopped by the launcher after that rank's error
+            raise SystemExit(USAGE_EXIT_CODE) from None
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"finetune: interrupted ({str(interrupt) or 'SIGINT'})", file=sys.stderr)
         raise SystemExit(INTERRUPTED_EXIT_CODE) from None
     except Exception:
         if reported_by_another_rank() is not None:  # the launcher prints that rank's line

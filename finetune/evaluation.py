@@ -29,16 +29,9 @@ from finetune.data import IGNORE_INDEX, load_raw, named_split, split_tokens, var
 from finetune.errors import FinetuneError
 from finetune.generate import complete_greedily
 from finetune.instruction import detect_format, encode, template_for
-from finetune.models import (
-    build_model,
-    choose_block_size,
-    context_length,
-    load_config,
-    load_tokenizer,
-    resolve_model,
-)
+from finetune.models import SavedModel, choose_block_size, context_length
 from finetune.packing import truncate
-from finetune.run_flags import DataArguments, ModelArguments
+from finetune.run_flags import DataArguments
 
 
 def loss_sums_per_sample(
@@ -160,9 +153,8 @@ def evaluate_saved_model(
     if max_examples is not None and max_examples < 1:
         raise FinetuneError(f"--max_examples must be at least 1, got {max_examples}")
     state = PartialState()
-    location = resolve_model(model_path)
-    model_args = ModelArguments(model=model_path)
-    config = load_config(model_args, location)
+    saved = SavedModel.at(model_path)
+    config = saved.config()
     block_size = choose_block_size(block_size, config)
     with state.main_process_first():
         raw, source = load_raw(data_args)
@@ -182,8 +174,8 @@ def evaluate_saved_model(
             )
         examples = named_split(raw, data_args, split, seed=42)
         examples = examples.select(range(min(max_examples, len(examples)))) if max_examples else examples
-        tokenizer = load_tokenizer(model_args, location)
-        model = build_model(model_args, config, location).to(state.device).eval()
+        tokenizer = saved.tokenizer()
+        model = saved.model(config).to(state.device).eval()
         result = evaluate_examples(
             model, tokenizer, examples, data_format.name, data_args, block_size, batch_size, answers
         )
@@ -196,14 +188,14 @@ def evaluate_saved_model(
     stride = block_size if stride is None else stride
     if not 0 < stride <= block_size:
         raise FinetuneError(f"--stride must be between 1 and the block size ({block_size}), got {stride}")
-    tokenizer = load_tokenizer(model_args, location)
+    tokenizer = saved.tokenizer()
     with state.main_process_first():
         tokens = torch.from_numpy(split_tokens(data_args, tokenizer, split, seed=42))
     tokens = tokens[:max_tokens] if max_tokens else tokens
     windows = sliding_windows(len(tokens), block_size, stride)
     if not windows:
         raise FinetuneError(f"the {split} split has fewer than 2 tokens")
-    model = build_model(model_args, config, location).to(state.device).eval()
+    model = saved.model(config).to(state.device).eval()
     with state.split_between_processes(windows) as mine:
         local = sliding_window_loss(model, tokens, mine, batch_size)
     totals = gather_object([local])

@@ -14,8 +14,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import end_of_turn_ids
-from finetune.models import build_model, load_config, load_tokenizer, resolve_model
-from finetune.run_flags import ModelArguments
+from finetune.models import SavedModel
 
 
 @dataclass(frozen=True)
@@ -112,11 +111,9 @@ def generate(model_path: str, prompts: list[str], sampling: Sampling, chat: Chat
     template renders its own special tokens (a BOS among them), so the tokenizer adds none.
     """
     load_weights_only()
-    location = resolve_model(model_path)
-    model_args = ModelArguments(model=model_path)
-    config = load_config(model_args, location)
-    tokenizer = load_tokenizer(model_args, location)
-    model = build_model(model_args, config, location).eval()
+    saved = SavedModel.at(model_path)
+    tokenizer = saved.tokenizer()
+    model = saved.model(saved.config()).eval()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     stop_ids = end_of_turn_ids(tokenizer)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -152,6 +154,70 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
             f"cannot load weights of model '{args.model}' from {location}: {first_line(error)}"
         ) from None
     return name_causal_lm_loss(model)
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder of adapters, not of a model
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """A folder to evaluate or generate from: a model, or a `--peft` run's adapters on their base.
+
+    A `--peft` run's output_dir holds peft's adapter folder and the run's tokenizer, not a model: its
+    `adapter_config.json` names the base the adapters were trained on, and the model is that base with
+    the adapters loaded and merged by peft's own `PeftModel.from_pretrained` and `merge_and_unload`.
+    """
+
+    model_path: str  # as given
+    location: str  # the folder (or Hub id): the tokenizer, and the model unless it holds adapters
+    base: str | None = None  # the adapters' base model, as their config names it
+
+    @classmethod
+    def at(cls, model_path: str) -> SavedModel:
+        location = resolve_model(model_path)
+        adapter_file = Path(location) / ADAPTER_CONFIG
+        if not adapter_file.is_file() or (Path(location) / "config.json").is_file():
+            return cls(model_path, location)
+        try:
+            base = json.loads(adapter_file.read_text(encoding="utf-8")).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError) as error:
+            raise FinetuneError(f"{adapter_file}: cannot read it: {first_line(error)}") from None
+        if not base:
+            raise FinetuneError(f"{adapter_file} names no base model (base_model_name_or_path)")
+        return cls(model_path, location, base)
+
+    def _base_arguments(self) -> tuple[ModelArguments, str]:
+        if self.base is None:
+            return ModelArguments(model=self.model_path), self.location
+        try:
+            return ModelArguments(model=self.base), resolve_model(self.base)
+        except FinetuneError as error:
+            raise FinetuneError(
+                f"{self.model_path} holds adapters trained on '{self.base}', not found here ({error})"
+            ) from None
+
+    def config(self) -> PretrainedConfig:
+        return load_config(*self._base_arguments())
+
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return load_tokenizer(ModelArguments(model=self.model_path), self.location)
+
+    def model(self, config: PretrainedConfig) -> PreTrainedModel:
+        arguments, location = self._base_arguments()
+        model = build_model(arguments, config, location)
+        if self.base is None:
+            return model
+        from peft import PeftModel
+
+        vocabulary = len(self.tokenizer())
+        if vocabulary > model.get_input_embeddings().num_embeddings:  # the run added tokens
+            model.resize_token_embeddings(vocabulary)
+        try:
+            return PeftModel.from_pretrained(model, self.location).merge_and_unload()
+        except (OSError, ValueError, RuntimeError) as error:
+            raise FinetuneError(
+                f"cannot load the adapters in {self.location} onto '{self.base}': {first_line(error)}"
+            ) from None
 
 
 def unreadable(weights: Path) -> bool:

@@ -47,7 +47,7 @@ from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
 from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
 from finetune.doctor import doctor_verdict
-from finetune.errors import StoppedForResume, exit_on_user_error
+from finetune.errors import FinetuneError, StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
@@ -262,7 +262,14 @@ def train_and_measure(
         save_consolidated_model(trainer, training_args.output_dir, tokenizer)
     if training_args.generation_prompt and training_args.process_index == 0:
         prompts = training_args.generation_prompt
-        completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed))
+        try:
+            completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed))
+        except FinetuneError as error:  # the training finished and was saved: that stays its outcome
+            print(
+                f"finetune: --generation_prompt: nothing generated ({error}); the run completed",
+                file=sys.stderr,
+            )
+            return
         pairs = list(zip(prompts, completions, strict=True))
         record.update({"generations": [{"prompt": prompt, "completion": text} for prompt, text in pairs]})
         for prompt, text in pairs:

@@ -88,3 +88,27 @@ def test_a_system_message_without_chat_is_refused(tiny_gpt2_dir, capsys):
         cli_main(["generate", str(tiny_gpt2_dir), "--system", "Be brief.", "--prompt", "Hi"])
     assert stopped.value.code == 2
     assert "add --chat" in capsys.readouterr().err
+
+
+def test_a_generation_that_fails_after_training_leaves_the_run_completed(
+    tmp_path, monkeypatch, capsys, in_process_commands
+):
+    from finetune import run
+    from finetune.summary import read_summary
+
+    from launching import TINY_MODEL
+
+    def failing(*args, **kwargs):
+        raise FinetuneError("cannot load it")
+
+    monkeypatch.setattr(run, "generate", failing)
+    run.main([
+        *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "32", "--batch_size", "2",
+        "--max_steps", "2", "--max_eval_samples", "4", "--report_to", "none", "--disable_tqdm", "true",
+        "--generation_prompt", "The", "--output_dir", str(tmp_path / "out"),
+    ])  # fmt: skip
+    assert read_summary(tmp_path / "out")["status"] == "completed"
+    assert (
+        "--generation_prompt: nothing generated (cannot load it); the run completed"
+        in capsys.readouterr().err
+    )

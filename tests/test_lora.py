@@ -88,7 +88,9 @@ def lora_run(tmp_path_factory, base_dir, corpus):
         patch.setattr(torch, "load", torch.load)
         patch.setattr(dcp.FileSystemReader, "read_metadata", dcp.FileSystemReader.read_metadata)
         patch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
-        run.main(run_flags(base_dir, corpus, output_dir, "--save_steps", "2"))
+        run.main(
+            run_flags(base_dir, corpus, output_dir, "--save_steps", "2", "--generation_prompt", "line 3")
+        )
     return output_dir
 
 
@@ -204,6 +206,46 @@ def test_run_summary_records_trainable_and_total_parameters(lora_run, base_dir):
     assert summary["peft"] == "lora"
     assert summary["trainable_parameters"] == trainable_parameters(model)
     assert summary["parameters"] == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def test_a_generation_prompt_after_lora_training_completes_from_the_adapter_folder(lora_run):
+    summary = read_summary(lora_run)
+    assert summary["status"] == "completed"
+    assert [generation["prompt"] for generation in summary["generations"]] == ["line 3"]
+
+
+def test_eval_and_generate_take_a_lora_runs_output_dir(
+    lora_run, base_dir, corpus, capsys, in_process_commands
+):
+    """They load the base the adapter folder names and merge the adapters, as peft does."""
+    from peft import PeftModel
+
+    from finetune import cli
+
+    eval_flags = ["--dataset", str(corpus), "--block_size", "64", "--max_tokens", "512"]
+    assert cli.main(["eval", str(lora_run), *eval_flags]) == 0
+    assert cli.main(["eval", str(base_dir), *eval_flags]) == 0
+    adapted, base = (json.loads(line)["loss"] for line in capsys.readouterr().out.splitlines()[-2:])
+    assert adapted < base  # the adapters, not the base alone
+    assert cli.main(["generate", str(lora_run), "--prompt", "line 3", "--max_new_tokens", "4"]) == 0
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), lora_run)
+    assert capsys.readouterr().out.strip() and merged is not None
+
+
+def test_an_adapter_folder_whose_base_is_not_here_is_one_line(
+    lora_run, tmp_path, capsys, in_process_commands
+):
+    from finetune import cli
+
+    moved = tmp_path / "adapters"
+    shutil.copytree(lora_run, moved, ignore=shutil.ignore_patterns("checkpoint-*", "runs"))
+    config = json.loads((moved / "adapter_config.json").read_text())
+    (moved / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "/gone"}))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["generate", str(moved), "--prompt", "x", "--max_new_tokens", "2"])
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "holds adapters trained on '/gone', not found here" in lines[0]
 
 
 def test_checkpoint_holds_only_the_adapters_and_says_so(lora_run):
