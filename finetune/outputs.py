@@ -33,7 +33,7 @@ import torch.distributed as dist
 from transformers.utils import logging
 
 from finetune.errors import FinetuneError
-from finetune.run_folder import LOCK_FILE, RESULT_PATTERNS, SUMMARY_FILE
+from finetune.run_folder import ADAPTER_CARD, LOCK_FILE, RESULT_PATTERNS, SUMMARY_FILE
 
 if TYPE_CHECKING:
     from finetune.arguments import FinetuneTrainingArguments
@@ -170,10 +170,12 @@ def unlock_output_dir(output_dir: Path) -> None:
 def earlier_results(output_dir: Path) -> list[Path]:
     """What an earlier run left in output_dir. A summary of a run that failed before its first step
     is no result: re-running after fixing a typo in a flag must not need --overwrite_output_dir."""
-    found = sorted({path for pattern in RESULT_PATTERNS for path in output_dir.glob(pattern)})
-    if found == [output_dir / SUMMARY_FILE] and failed_before_training(output_dir / SUMMARY_FILE):
+    found = {path for pattern in RESULT_PATTERNS for path in output_dir.glob(pattern)}
+    if (output_dir / "adapter_config.json") in found and (output_dir / ADAPTER_CARD).is_file():
+        found.add(output_dir / ADAPTER_CARD)
+    if found == {output_dir / SUMMARY_FILE} and failed_before_training(output_dir / SUMMARY_FILE):
         return []
-    return found
+    return sorted(found)
 
 
 def failed_before_training(summary: Path) -> bool:
@@ -192,8 +194,23 @@ def remove(paths: list[Path]) -> None:
             path.unlink()
 
 
-def claim_on_main(output_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Lock output_dir, then refuse, keep or remove what an earlier run left in it."""
+def refuse_deleting_inputs(output_dir: Path, inputs: dict[str, str | None]) -> None:
+    """--overwrite_output_dir never deletes what the run reads: a --model or --tokenizer folder that is
+    output_dir or lies inside it (`--model M --output_dir M`)."""
+    folder = output_dir.resolve()
+    for flag, value in inputs.items():
+        if value and Path(value).exists() and Path(value).resolve().is_relative_to(folder):
+            raise FinetuneError(
+                f"--overwrite_output_dir would delete {flag} {value}: it lies in --output_dir {output_dir}; "
+                "choose another output_dir"
+            )
+
+
+def claim_on_main(
+    output_dir: Path, resume: bool, overwrite: bool, inputs: dict[str, str | None] | None = None
+) -> None:
+    """Lock output_dir, then refuse, keep or remove what an earlier run left in it (never `inputs`,
+    the folders the run reads by flag)."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -209,6 +226,11 @@ def claim_on_main(output_dir: Path, resume: bool, overwrite: bool) -> None:
             f"--output_dir {output_dir} holds another run's results ({names}): pass --resume to continue "
             "that run, --overwrite_output_dir to delete them and start anew, or choose another folder"
         )
+    try:
+        refuse_deleting_inputs(output_dir, inputs or {})
+    except FinetuneError:
+        unlock_output_dir(output_dir)
+        raise
     logger.warning(f"finetune: --overwrite_output_dir: removing {names} from {output_dir}")
     remove(found)
 
@@ -246,10 +268,13 @@ def share_from_main(message: str | None) -> str | None:
     return box[0]
 
 
-def claim_output_dir(args: FinetuneTrainingArguments, launch: Launch) -> None:
+def claim_output_dir(
+    args: FinetuneTrainingArguments, launch: Launch, inputs: dict[str, str | None] | None = None
+) -> None:
     """Before data or model are built: make this run the only owner of its output_dir, on every rank.
 
-    Rank 0 decides; every rank stops with the same one-line error when it refuses.
+    Rank 0 decides; every rank stops with the same one-line error when it refuses. `inputs`: the
+    folders the run reads by flag ({"--model": ...}), which --overwrite_output_dir must not delete.
     """
     die_with_launcher(launch)
     verdict = None
@@ -259,6 +284,7 @@ def claim_output_dir(args: FinetuneTrainingArguments, launch: Launch) -> None:
                 Path(args.output_dir),
                 args.resume or bool(args.resume_from_checkpoint),
                 args.overwrite_output_dir,
+                inputs,
             )
         except FinetuneError as error:
             verdict = str(error)

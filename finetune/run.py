@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> None:
         apply_launch_environment(training_args, launch)
         refuse_incompatible(model_args, training_args, launch)
         apply_global_batch(model_args, data_args, training_args, launch)
-        claim_output_dir(training_args, launch)
+        claim_output_dir(
+            training_args, launch, {"--model": model_args.model, "--tokenizer": model_args.tokenizer}
+        )
         resume_from = checkpoint_to_resume(
             training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
         )

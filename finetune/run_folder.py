@@ -50,6 +50,8 @@ MODEL_FILES = (
     "merges.txt",
     "added_tokens.json",
 )
+# peft writes a model card beside the adapters it saves; a README.md is a result only beside them.
+ADAPTER_CARD = "README.md"
 # Everything a run writes into output_dir: what --overwrite_output_dir removes, and what makes a later
 # run refuse the folder without it. A file left behind would be read as this run's: a stale adapter by
 # `from_pretrained`, a stale universal checkpoint by a later world-size change.

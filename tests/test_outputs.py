@@ -264,6 +264,32 @@ def test_overwrite_output_dir_removes_an_adapter_and_universal_checkpoints_too(t
     assert sorted(listing(output_dir)) == [LOCK_FILE]
 
 
+def test_overwrite_removes_peft_s_model_card_with_the_adapters_but_not_a_readme_alone(tmp_path, monkeypatch):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    (output_dir / "README.md").write_text("# my notes")
+    assert earlier_results(output_dir) == []
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (output_dir / name).write_text("{}")
+    warnings(monkeypatch)
+    claim_on_main(output_dir, resume=False, overwrite=True)
+    assert sorted(listing(output_dir)) == [LOCK_FILE]
+
+
+@pytest.mark.parametrize("inside", [".", "base"])
+def test_overwrite_never_deletes_the_model_the_run_reads(tmp_path, inside):
+    """`--model M --output_dir M --overwrite_output_dir` removed the user's model, then failed to load it."""
+    output_dir = tmp_path / "out"
+    model = output_dir / inside
+    model.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        (output_dir / name).write_text("{}")
+    with pytest.raises(FinetuneError, match="would delete --model .* it lies in --output_dir"):
+        claim_on_main(output_dir, resume=False, overwrite=True, inputs={"--model": str(model)})
+    assert (output_dir / "model.safetensors").exists()
+    claim_on_main(output_dir, resume=False, overwrite=True, inputs={"--model": str(tmp_path / "elsewhere")})
+
+
 def test_a_folder_holding_only_an_adapter_is_another_runs_results(tmp_path):
     output_dir = tmp_path / "out"
     output_dir.mkdir()
