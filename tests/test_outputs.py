@@ -284,7 +284,7 @@ def test_overwrite_never_deletes_the_model_the_run_reads(tmp_path, inside):
     model.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         (output_dir / name).write_text("{}")
-    with pytest.raises(FinetuneError, match="would delete --model .* it lies in --output_dir"):
+    with pytest.raises(FinetuneError, match=r"would delete --model .* it lies in --output_dir"):
         claim_on_main(output_dir, resume=False, overwrite=True, inputs={"--model": str(model)})
     assert (output_dir / "model.safetensors").exists()
     claim_on_main(output_dir, resume=False, overwrite=True, inputs={"--model": str(tmp_path / "elsewhere")})
