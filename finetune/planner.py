@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -188,7 +189,13 @@ def shape_of(model: str, config_overrides: str | None = None) -> tuple[ModelShap
     from finetune.run_flags import ModelArguments
 
     model_args = ModelArguments(model=model, config_overrides=config_overrides)
-    config = load_config(model_args, resolve_model(model))
+    location = resolve_model(model) if model not in MODEL_LADDER else local_folder(model)
+    if location is None:  # a GPT-2 size without its folder here: its shape is built in, no Hub needed
+        config = ladder_config(model)
+        if config_overrides:
+            config.update_from_string(config_overrides)
+    else:
+        config = load_config(model_args, location)
     try:  # the model's own constructor checks its shape (heads dividing the width, and so on)
         shape = ModelShape.from_config(model, config)
     except ValueError as error:
@@ -322,13 +329,29 @@ MODEL_LADDER = {**GPT2_SIZES, **LARGER_GPT_SIZES}
 LADDER_BLOCK_SIZE = 1024  # their context
 
 
-@cache
-def gpt2_shape(name: str) -> ModelShape:
-    """A GPT-2-architecture shape of MODEL_LADDER, counted on the meta device."""
+def local_folder(model: str) -> str | None:
+    """The model's folder here (a path or under $FINETUNE_DATA_DIR), or None."""
+    from finetune.models import resolve_model
+
+    try:
+        location = resolve_model(model)
+    except FinetuneError:
+        return None
+    return location if Path(location).is_dir() else None
+
+
+def ladder_config(name: str) -> Any:
+    """A GPT-2-architecture config of a MODEL_LADDER size."""
     from transformers import GPT2Config
 
     layers, width, heads = MODEL_LADDER[name]
-    return ModelShape.from_config(name, GPT2Config(n_layer=layers, n_embd=width, n_head=heads))
+    return GPT2Config(n_layer=layers, n_embd=width, n_head=heads)
+
+
+@cache
+def gpt2_shape(name: str) -> ModelShape:
+    """A GPT-2-architecture shape of MODEL_LADDER, counted on the meta device."""
+    return ModelShape.from_config(name, ladder_config(name))
 
 
 def run_flags(name: str) -> str:

@@ -418,3 +418,13 @@ def test_a_large_model_on_one_gpu_is_given_an_offload_profile(gpt2_xl):
 def test_the_single_profile_is_not_planned_on_several_gpus():
     with pytest.raises(FinetuneError, match="single runs one process: plan it with --gpus 1"):
         planned_strategies(["ddp", "single"], 2)
+
+
+def test_a_gpt2_size_is_planned_from_its_built_in_shape_without_a_data_folder(capsys, monkeypatch):
+    """Offline, with no model folder anywhere: the GPT-2 shapes need no config file."""
+    with_folder = shape_of("gpt2-xl")  # from its config in $FINETUNE_DATA_DIR, as the suite runs
+    monkeypatch.delenv("FINETUNE_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli_main(["plan", "--model", "gpt2-xl", "--gpu_memory", "80"]) == 0
+    assert "recommended:" in capsys.readouterr().out
+    assert shape_of("gpt2-xl")[0].parameters == with_folder[0].parameters
