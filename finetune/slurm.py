@@ -34,11 +34,13 @@ CARRIED_ENVIRONMENT = ("HF_HUB_OFFLINE", "HF_HOME")
 # the first command, dropping the ones after it (the time limit, --requeue, --signal).
 DIRECTIVE_FORMATS = {
     "time": (
-        re.compile(r"(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|unlimited|infinite)", re.IGNORECASE),
+        re.compile(
+            r"(\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|unlimited|infinite)", re.IGNORECASE | re.ASCII
+        ),
         "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
     ),
-    "mem": (re.compile(r"\d+[KMGT]?", re.IGNORECASE), "a number with an optional K, M, G or T, e.g. 64G"),
-    "mem_per_gpu": (re.compile(r"\d+[KMGT]?", re.IGNORECASE), "a number with an optional K, M, G or T"),
+    "mem": (re.compile(r"\d+[KMGT]?", re.I | re.ASCII), "a number with an optional K, M, G or T, e.g. 64G"),
+    "mem_per_gpu": (re.compile(r"\d+[KMGT]?", re.I | re.ASCII), "a number with an optional K, M, G or T"),
     "partition": (re.compile(r"[\w.-]+(,[\w.-]+)*", re.ASCII), "names of letters, digits, '_', '.', '-'"),
     "job_name": (re.compile(r"[\w.+-]{1,128}", re.ASCII), "up to 128 letters, digits, '_', '.', '+', '-'"),
     "nccl_debug": (re.compile(r"VERSION|WARN|INFO|TRACE", re.IGNORECASE), "VERSION, WARN, INFO or TRACE"),
@@ -62,13 +64,17 @@ def finetune_command() -> tuple[list[str], str]:
     the job's python, and the script says so rather than pointing at this machine's checkout.
     """
     entry_point = Path(sys.executable).parent / "finetune"
+    # a path is only quoted in a comment: a newline in it would end the comment and run the rest
+    shown_entry_point, shown_python = (
+        CONTROL_CHARACTER.sub("?", str(path)) for path in (entry_point, sys.executable)
+    )
     if entry_point.is_file() and shutil.which("finetune") == str(entry_point):
         return ["finetune"], (
-            f"# Runs the `finetune` on the job's PATH (this script was written by {entry_point}):\n"
+            f"# Runs the `finetune` on the job's PATH (this script was written by {shown_entry_point}):\n"
             "# submit from a shell where that environment is active; sbatch passes it on."
         )
     return ["python", "-m", "finetune"], (
-        f"# finetune was not an installed command where this was written (python: {sys.executable}):\n"
+        f"# finetune was not an installed command where this was written (python: {shown_python}):\n"
         "# the job runs `python -m finetune`, so the job's python must have finetune installed (pip install)."
     )
 

@@ -319,6 +319,19 @@ def test_a_value_outside_its_sbatch_format_is_refused_in_one_line(name, tmp_path
     assert not script.exists()
 
 
+@pytest.mark.parametrize(("name", "value"), [("time", "１２"), ("mem", "١٦G"), ("mem_per_gpu", "８G")])
+def test_digits_of_other_scripts_are_refused(name, value, tmp_path, capsys):
+    """sbatch reads ASCII digits only: `\\d` in Python matches every script's digits."""
+    refused(tmp_path / "job.sbatch", f"--{name}", value)
+    assert capsys.readouterr().err.startswith(f"finetune: error: --{name} ")
+
+
+def test_a_newline_in_the_interpreters_path_stays_inside_the_scripts_comment(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.executable", f"/opt/env\ntouch {tmp_path / 'ran'}\n/bin/python")
+    script = write_script(tmp_path, tmp_path / "out", gpus_per_node="1").read_text()
+    assert not [line for line in script.splitlines() if line.startswith("touch")]
+
+
 def test_a_newline_in_a_run_flag_is_refused(tmp_path, capsys):
     script = tmp_path / "job.sbatch"
     refused(script, "--run_name", "a\ntouch x")
