@@ -319,7 +319,13 @@ def test_a_value_outside_its_sbatch_format_is_refused_in_one_line(name, tmp_path
     assert not script.exists()
 
 
-@pytest.mark.parametrize(("name", "value"), [("time", "１２"), ("mem", "١٦G"), ("mem_per_gpu", "８G")])
+FULLWIDTH_12, ARABIC_INDIC_16, FULLWIDTH_8 = "\uff11\uff12", "\u0661\u0666", "\uff18"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("time", FULLWIDTH_12), ("mem", f"{ARABIC_INDIC_16}G"), ("mem_per_gpu", f"{FULLWIDTH_8}G")],
+)
 def test_digits_of_other_scripts_are_refused(name, value, tmp_path, capsys):
     """sbatch reads ASCII digits only: `\\d` in Python matches every script's digits."""
     refused(tmp_path / "job.sbatch", f"--{name}", value)
