@@ -123,6 +123,35 @@ def disk_check(model_args, training_args) -> Check:
     )
 
 
+def output_dir_check(model_args, training_args) -> Check:
+    """What `finetune run` decides before training: a folder in use, or holding another run's results
+    that neither --resume nor --overwrite_output_dir says what to do with, is refused there."""
+    from finetune.outputs import earlier_results, read_holder, refuse_deleting_inputs
+    from finetune.run_folder import LOCK_FILE
+
+    folder = Path(training_args.output_dir)
+    expected = "free, or --resume / --overwrite_output_dir for an earlier run's results"
+    holder = read_holder(folder / LOCK_FILE)
+    if holder is not None and not holder.is_gone():
+        return Check("output_dir", f"in use by pid {holder.pid} on {holder.host}", expected, False,
+                     "wait for that run, or choose another --output_dir")  # fmt: skip
+    found = earlier_results(folder) if folder.is_dir() else []
+    if not found:
+        return Check("output_dir", f"{folder}: no earlier results", expected, True)
+    names = ", ".join(path.name for path in found[:4]) + (", ..." if len(found) > 4 else "")
+    if training_args.resume or training_args.resume_from_checkpoint:
+        return Check("output_dir", f"{folder}: {names} (continued: --resume)", expected, True)
+    if not training_args.overwrite_output_dir:
+        return Check("output_dir", f"{folder} holds another run's results ({names})", expected, False,
+                     "pass --resume to continue it, --overwrite_output_dir to replace it, or choose another "
+                     "--output_dir")  # fmt: skip
+    try:
+        refuse_deleting_inputs(folder, {"--model": model_args.model, "--tokenizer": model_args.tokenizer})
+    except FinetuneError as error:
+        return Check("output_dir", str(error), expected, False, "choose another --output_dir")
+    return Check("output_dir", f"{folder}: {names} (replaced: --overwrite_output_dir)", expected, True)
+
+
 def gpu_checks(training_args) -> list[Check]:
     if not torch.cuda.is_available():
         return [Check("GPUs", "none visible", "GPUs for a GPU run (CPU ranks use gloo)", True)]
@@ -379,7 +408,8 @@ def run_checks(model_args, data_args, training_args, launch: Launch) -> list[Che
         )
         checks += [check for check in machine if check]
     if rank == 0:
-        checks += [*names_check(model_args, data_args), disk_check(model_args, training_args)]
+        checks += [*names_check(model_args, data_args), output_dir_check(model_args, training_args)]
+        checks.append(disk_check(model_args, training_args))
         memory = memory_check(model_args, data_args, training_args, launch)
         checks += [*([memory] if memory else []), *slurm_checks(launch)]
     if world_size > 1:

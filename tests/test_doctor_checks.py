@@ -116,3 +116,26 @@ def test_a_link_slower_than_its_floor_fails_at_the_largest_size(monkeypatch, tmp
 def test_a_failed_check_says_no_and_what_to_do():
     row = table([Check("disk", "1 GiB free", ">= 9 GiB", False, "free space")]).splitlines()[-1]
     assert row == "| 0 | disk | 1 GiB free | >= 9 GiB | NO | free space |"
+
+
+def output_dir_row(tmp_path, *flags: str) -> Check:
+    from finetune.arguments import parse_arguments
+
+    model_args, _, training_args = parse_arguments(["--model", "gpt2", "--output_dir", str(tmp_path), *flags])
+    return doctor.output_dir_check(model_args, training_args)
+
+
+def test_an_output_dir_holding_another_runs_results_fails_as_the_run_would_refuse_it(tmp_path):
+    (tmp_path / "run_summary.json").write_text('{"status": "completed", "steps": 10}')
+    row = output_dir_row(tmp_path)
+    assert not row.passed and "holds another run's results (run_summary.json)" in row.measured
+    assert "--resume" in row.advice and "--overwrite_output_dir" in row.advice
+    assert output_dir_row(tmp_path, "--resume").passed
+    assert output_dir_row(tmp_path, "--overwrite_output_dir").passed
+
+
+def test_an_empty_output_dir_passes_and_overwriting_the_model_read_fails(tmp_path):
+    assert output_dir_row(tmp_path / "new").passed
+    (tmp_path / "config.json").write_text("{}")
+    row = output_dir_row(tmp_path, "--overwrite_output_dir", "--tokenizer", str(tmp_path))
+    assert not row.passed and "would delete --tokenizer" in row.measured

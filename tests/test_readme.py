@@ -175,3 +175,15 @@ def test_readme_cpu_commands_run_as_printed(project_copy, line, block):
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=project_copy, env=environment,
                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
     assert result.returncode == 0, f"{line} failed:\n{result.stderr[-4000:]}"
+
+
+@pytest.mark.integration
+def test_the_quick_start_runs_twice_in_a_row_as_printed(project_copy):
+    """The second run of the same command replaces the first's results instead of refusing its folder."""
+    block = next(block for _, block in RUNS if "cpu_quickstart" in block)
+    environment = {key: value for key, value in ENVIRONMENT.items() if key != "FINETUNE_DATA_DIR"}
+    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
+    for attempt in ("first", "second"):
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=project_copy, env=environment,
+                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
+        assert result.returncode == 0, f"the {attempt} run failed:\n{result.stderr[-4000:]}"
