@@ -1,6 +1,8 @@
-"""`finetune` command line: profiles, run, export, eval, generate.
+"""`finetune` command line: the commands below, each with its own --help.
 
-`run` launches finetune/run.py under a profile; the others work on what a run leaves behind.
+Before a run, `profiles`, `plan` and `doctor` say what fits and whether the machine is ready; `run`,
+`compare` and `slurm` launch finetune/run.py under a profile; `export`, `eval` and `generate` work
+on what a run leaves behind.
 """
 
 from __future__ import annotations
@@ -454,7 +456,7 @@ def add_slurm_parser(commands: argparse._SubParsersAction) -> None:
     slurm = commands.add_parser(
         "slurm",
         help="write an sbatch script: a profile on N nodes, checkpoint before the time limit, requeue",
-        description="Flags not listed here go to every run (see `python finetune/run.py --help`).",
+        description="Flags not listed here go to every run (see `python -m finetune.run --help`).",
     )
     slurm.add_argument("--profile", required=True, help="profile name or YAML file")
     slurm.add_argument("--nodes", type=int, default=1)
@@ -571,7 +573,7 @@ def add_compare_parser(commands: argparse._SubParsersAction) -> None:
         "compare",
         help="run several profiles on one model, one table",
         description="Flags not listed here go to every run, as to `finetune run`: --model, a recipe first, "
-        "... (see `python finetune/run.py --help`).",
+        "... (see `python -m finetune.run --help`).",
     )
     comparing.add_argument(
         "--profiles",
@@ -693,7 +695,7 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser(
         "run",
         help="launch finetune/run.py under a profile with accelerate launch",
-        description="Any flag not listed here goes to finetune/run.py (see `python finetune/run.py --help`). "
+        description="Any flag not listed here goes to finetune/run.py (see `python -m finetune.run --help`). "
         "Run flags may start with a recipe, a YAML file of them (`finetune run --profile single "
         "recipes/cpu_quickstart.yaml`): a path, or, where no such file exists, the shipped recipe of that "
         "file name.",
