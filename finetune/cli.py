@@ -200,8 +200,25 @@ def orphaned_ranks_outcome(output_dir: Path, killed_by: signal.Signals) -> int:
     return 128 + killed_by
 
 
+def check_export_source(checkpoint: Path) -> None:
+    """A run's output_dir given for one of its checkpoints: say which to pass."""
+    from finetune.checkpoint import checkpoints_newest_first
+    from finetune.run_folder import MANIFEST
+
+    newest = checkpoints_newest_first(checkpoint) if checkpoint.is_dir() else []
+    if newest and not (checkpoint / MANIFEST).exists():
+        raise FinetuneError(
+            f"{checkpoint} is a run's output_dir, not a checkpoint: pass one of its checkpoints, the newest "
+            f"being {newest[0]} (its final model is already a model folder: eval and generate take it)"
+        )
+
+
 def check_export_folder(checkpoint: Path, folder: Path, overwrite: bool) -> None:
-    """An export never replaces a run's results, and replaces other files only when asked to."""
+    """An export never replaces a run's results (a finished run's, or a live one's), and replaces other
+    files only when asked to."""
+    from finetune.outputs import read_holder
+    from finetune.run_folder import CHECKPOINT_PREFIX, LOCK_FILE, SUMMARY_FILE
+
     run_dir = checkpoint.resolve().parent
     target = folder.resolve()
     if target == run_dir:
@@ -213,6 +230,16 @@ def check_export_folder(checkpoint: Path, folder: Path, overwrite: bool) -> None
         raise FinetuneError(f"{folder} is inside the checkpoint {checkpoint}: choose another folder")
     if folder.exists() and not folder.is_dir():
         raise FinetuneError(f"{folder} is a file, not a folder: choose a folder to export into")
+    holder = read_holder(folder / LOCK_FILE)
+    if holder is not None and not holder.is_gone():
+        raise FinetuneError(
+            f"{folder} is the output_dir of a running run (pid {holder.pid}): choose another folder"
+        )
+    if (folder / SUMMARY_FILE).exists() or any(folder.glob(f"{CHECKPOINT_PREFIX}*")):
+        raise FinetuneError(
+            f"{folder} holds a run's results ({SUMMARY_FILE}, checkpoints): --overwrite replaces an earlier "
+            "export, never a run; choose another folder"
+        )
     if folder.is_dir() and any(folder.iterdir()) and not overwrite:
         raise FinetuneError(f"{folder} is not empty: pass --overwrite to replace what is in it")
 
@@ -221,6 +248,7 @@ def export_command(options: argparse.Namespace) -> int:
     from finetune.checkpoint import load_weights_only
     from finetune.export import export_checkpoint
 
+    check_export_source(Path(options.checkpoint))
     check_export_folder(Path(options.checkpoint), Path(options.output_dir), options.overwrite)
     load_weights_only()
     folder = export_checkpoint(

@@ -168,22 +168,24 @@ def unlock_output_dir(output_dir: Path) -> None:
 
 
 def earlier_results(output_dir: Path) -> list[Path]:
-    """What an earlier run left in output_dir. A summary of a run that failed before its first step
-    is no result: re-running after fixing a typo in a flag must not need --overwrite_output_dir."""
+    """What an earlier run left in output_dir. A summary of a run that failed or was interrupted before
+    its first step is no result: re-running after fixing a typo in a flag, or after a Ctrl-C during the
+    data preparation, must not need --overwrite_output_dir."""
     found = {path for pattern in RESULT_PATTERNS for path in output_dir.glob(pattern)}
     if (output_dir / "adapter_config.json") in found and (output_dir / ADAPTER_CARD).is_file():
         found.add(output_dir / ADAPTER_CARD)
-    if found == {output_dir / SUMMARY_FILE} and failed_before_training(output_dir / SUMMARY_FILE):
+    if found == {output_dir / SUMMARY_FILE} and stopped_before_training(output_dir / SUMMARY_FILE):
         return []
     return sorted(found)
 
 
-def failed_before_training(summary: Path) -> bool:
+def stopped_before_training(summary: Path) -> bool:
     try:
         fields = json.loads(summary.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(fields, dict) and fields.get("status") == "failed" and not fields.get("steps")
+    stopped = isinstance(fields, dict) and fields.get("status") in ("failed", "interrupted")
+    return stopped and not fields.get("steps")
 
 
 def remove(paths: list[Path]) -> None:

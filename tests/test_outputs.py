@@ -15,7 +15,7 @@ import pytest
 
 from finetune import cli, outputs, run
 from finetune.errors import FinetuneError
-from finetune.outputs import claim_on_main, earlier_results, lock_output_dir, read_holder
+from finetune.outputs import claim_on_main, earlier_results, lock_output_dir, read_holder, unlock_output_dir
 from finetune.run_folder import LOCK_FILE, MANIFEST
 from finetune.summary import read_summary
 
@@ -100,9 +100,16 @@ def test_overwrite_output_dir_says_what_it_removes_and_removes_only_that(tmp_pat
     assert sorted(listing(output_dir)) == [LOCK_FILE, "notes.txt"]
 
 
-def test_summary_of_a_run_that_failed_before_training_does_not_block_the_folder(tmp_path):
-    (tmp_path / "run_summary.json").write_text(json.dumps({"status": "failed", "steps": None}))
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_summary_of_a_run_stopped_before_training_does_not_block_the_folder(tmp_path, status):
+    """A typo in a flag, or a Ctrl-C during data preparation: the same command may run again."""
+    (tmp_path / "run_summary.json").write_text(json.dumps({"status": status, "steps": None}))
     assert earlier_results(tmp_path) == []
+
+
+def test_summary_of_a_run_interrupted_after_training_steps_blocks_the_folder(tmp_path):
+    (tmp_path / "run_summary.json").write_text(json.dumps({"status": "interrupted", "steps": 3}))
+    assert earlier_results(tmp_path) == [tmp_path / "run_summary.json"]
 
 
 def test_a_live_runs_lock_stops_a_second_run_naming_its_holder(tmp_path, capsys):
@@ -194,6 +201,36 @@ def test_export_into_a_folder_with_files_is_refused_without_overwrite(tmp_path, 
     (tmp_path / "export" / "model.safetensors").write_bytes(b"earlier export")
     line = export_error([str(checkpoint), str(tmp_path / "export")], capsys)
     assert line.endswith("is not empty: pass --overwrite to replace what is in it")
+
+
+def test_export_into_another_runs_folder_is_refused_even_with_overwrite(tmp_path, capsys):
+    checkpoint = checkpoint_of_a_run(tmp_path)
+    other_run = tmp_path / "other"
+    other_run.mkdir()
+    (other_run / "run_summary.json").write_text("{}")
+    line = export_error([str(checkpoint), str(other_run), "--overwrite"], capsys)
+    assert "holds a run's results" in line and "never a run" in line
+
+
+def test_export_into_a_live_runs_folder_is_refused_even_with_overwrite(tmp_path, capsys):
+    checkpoint = checkpoint_of_a_run(tmp_path)
+    live = tmp_path / "live"
+    live.mkdir()
+    lock_output_dir(live)  # this process holds it, as rank 0 of a running run does
+    try:
+        line = export_error([str(checkpoint), str(live), "--overwrite"], capsys)
+    finally:
+        unlock_output_dir(live)
+    assert "is the output_dir of a running run" in line
+
+
+def test_export_of_a_run_folder_names_its_newest_checkpoint(tmp_path, capsys):
+    checkpoint = checkpoint_of_a_run(tmp_path)
+    (checkpoint.parent / "checkpoint-10").mkdir()
+    line = export_error([str(checkpoint.parent), str(tmp_path / "export")], capsys)
+    assert (
+        "is a run's output_dir, not a checkpoint" in line and str(checkpoint.parent / "checkpoint-10") in line
+    )
 
 
 def test_export_to_a_path_that_is_a_file_is_refused(tmp_path, capsys):
