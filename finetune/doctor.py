@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -123,6 +124,16 @@ def disk_check(model_args, training_args) -> Check:
     )
 
 
+def not_writable(folder: Path) -> str | None:
+    """Why a file cannot be created in the folder (or the nearest existing folder above it), or None."""
+    existing = next(p for p in (folder.resolve(), *folder.resolve().parents) if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".finetune-doctor-"):
+            return None
+    except OSError as error:
+        return error.strerror or str(error)
+
+
 def output_dir_check(model_args, training_args) -> Check:
     """What `finetune run` decides before training: a folder in use, or holding another run's results
     that neither --resume nor --overwrite_output_dir says what to do with, is refused there."""
@@ -131,6 +142,10 @@ def output_dir_check(model_args, training_args) -> Check:
 
     folder = Path(training_args.output_dir)
     expected = "free, or --resume / --overwrite_output_dir for an earlier run's results"
+    unwritable = not_writable(folder)
+    if unwritable:
+        return Check("output_dir", f"{folder}: cannot write ({unwritable})", "a folder this user can write",
+                     False, "choose another --output_dir")  # fmt: skip
     holder = read_holder(folder / LOCK_FILE)
     if holder is not None and not holder.is_gone():
         return Check("output_dir", f"in use by pid {holder.pid} on {holder.host}", expected, False,
@@ -449,15 +464,16 @@ def main(argv: list[str] | None = None) -> int:
         if launch.rank != 0:
             return 0 if all(check.passed for check in checks) else CHECK_FAILED_EXIT_CODE
         print(table(checks))
-        folder = Path(training_args.output_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / DOCTOR_REPORT).write_text(json.dumps([asdict(check) for check in checks], indent=1) + "\n")
+        report = Path(training_args.output_dir) / DOCTOR_REPORT
+        try:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            report.write_text(json.dumps([asdict(check) for check in checks], indent=1) + "\n")
+            where = str(report)
+        except OSError as error:
+            where = f"{report} not written ({error.strerror or error})"
         failed = [check.name for check in checks if not check.passed]
-        print(
-            f"finetune doctor: {'all checks passed' if not failed else 'failed: ' + ', '.join(failed)}; "
-            f"{folder / DOCTOR_REPORT}",
-            file=sys.stderr,
-        )
+        verdict = "all checks passed" if not failed else "failed: " + ", ".join(failed)
+        print(f"finetune doctor: {verdict}; {where}", file=sys.stderr)
         return CHECK_FAILED_EXIT_CODE if failed else 0
 
 

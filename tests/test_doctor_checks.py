@@ -139,3 +139,12 @@ def test_an_empty_output_dir_passes_and_overwriting_the_model_read_fails(tmp_pat
     (tmp_path / "config.json").write_text("{}")
     row = output_dir_row(tmp_path, "--overwrite_output_dir", "--tokenizer", str(tmp_path))
     assert not row.passed and "would delete --tokenizer" in row.measured
+
+
+def test_an_output_dir_that_cannot_be_written_fails_its_row(tmp_path, monkeypatch):
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(doctor.tempfile, "NamedTemporaryFile", refused)
+    row = output_dir_row(tmp_path / "new")
+    assert not row.passed and "cannot write (Permission denied)" in row.measured
