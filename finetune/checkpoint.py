@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,53 @@ def read_manifest(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / MANIFEST).read_text())
 
 
+def manifest_files_problem(checkpoint: Path, files: Any) -> str | None:
+    """What is wrong with a manifest's `files` before any of them is opened: a name outside the
+    checkpoint (`../x`, `/dev/zero`), a record of the wrong shape, a path that is not a regular file
+    (opening a FIFO would wait forever), or no files at all."""
+    if not isinstance(files, dict) or not files:
+        return f"{MANIFEST} is damaged: it lists no files"
+    inside = checkpoint.resolve()
+    for name, record in files.items():
+        size_only = isinstance(record, int) and not isinstance(record, bool)
+        hashed = isinstance(record, dict) and isinstance(record.get("size"), int)
+        if not (size_only or (hashed and isinstance(record.get("sha256"), str))):
+            return f"{MANIFEST} is damaged: the record of {name!r:.60} is not a size and a sha256"
+        path = checkpoint / name
+        if Path(name).is_absolute() or not path.resolve().is_relative_to(inside):
+            return f"{MANIFEST} names {name!r:.60}, which is not inside the checkpoint"
+        try:
+            mode = path.stat().st_mode
+        except OSError as error:
+            return f"{name}: {error.strerror}"
+        if not stat.S_ISREG(mode):
+            return f"{name} is not a regular file"
+    return None
+
+
+def step_problem(checkpoint: Path, manifest: dict[str, Any]) -> str | None:
+    """The step the folder's name, the manifest and trainer_state.json give must be one: the Trainer
+    continues from trainer_state.json's, the run reports the folder's."""
+    match = CHECKPOINT_PATTERN.match(checkpoint.name)
+    if match is None:
+        return None
+    step = int(match.group(1))
+    if manifest.get("step", step) != step:
+        return f"{MANIFEST} says step {manifest.get('step')!r:.20}, the folder's name step {step}"
+    state_path = checkpoint / TRAINER_STATE
+    if not state_path.is_file():
+        return None
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None  # trainer_state_problem says what is wrong with it
+    if isinstance(state, dict) and state.get("global_step") != step:
+        return (
+            f"{TRAINER_STATE}: global_step is {state.get('global_step')!r:.20}, the folder's name step {step}"
+        )
+    return None
+
+
 def checkpoint_problem(checkpoint: Path) -> str | None:
     """Why a checkpoint cannot be resumed from, or None if every file it was written with is intact."""
     try:
@@ -88,15 +136,15 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
         return f"no readable {MANIFEST} ({error.strerror}): it was not completely written"
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{MANIFEST} is damaged"
-    files = manifest["files"]
+    if not isinstance(manifest, dict):
+        return f"{MANIFEST} is damaged: not a JSON object"
+    files = manifest.get("files")
+    problem = manifest_files_problem(checkpoint, files)
+    if problem:
+        return problem
     for name, record in files.items():
         size = record if isinstance(record, int) else record["size"]
-        path = checkpoint / name
-        try:
-            with path.open("rb"):
-                actual = path.stat().st_size
-        except OSError as error:
-            return f"{name}: {error.strerror}"
+        actual = (checkpoint / name).stat().st_size
         if actual != size:
             return f"{name} has {actual} bytes, {size} were written"
     if any(isinstance(record, int) for record in files.values()):
@@ -104,11 +152,11 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
             f"finetune: {checkpoint}: its {MANIFEST} holds file sizes only (written before content "
             "hashes were recorded): sizes checked, damaged bytes of the right size would go unnoticed"
         )
-        return None
+        return step_problem(checkpoint, manifest)
     for name, record in files.items():
         if sha256_of(checkpoint / name) != record["sha256"]:
             return f"{name} does not hold the bytes that were written (its sha256 differs)"
-    return trainer_state_problem(checkpoint / TRAINER_STATE)
+    return trainer_state_problem(checkpoint / TRAINER_STATE) or step_problem(checkpoint, manifest)
 
 
 # What each of trainer_state.json's fields (transformers.TrainerState) may hold. The Trainer loads the

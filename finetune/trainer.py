@@ -133,7 +133,11 @@ class FinetuneTrainer(Trainer):
         trained = super()._init_training_state(*args, **kwargs)
         name = LossSumSoFar.__name__
         recorded = self.state.stateful_callbacks.setdefault(name, LossSumSoFar(loss_sum=None).state())
-        self._loss_sum_before = recorded["args"]["loss_sum"] if self.state.global_step else 0.0
+        arguments = recorded.get("args") if isinstance(recorded, dict) else None
+        loss_sum = arguments.get("loss_sum") if isinstance(arguments, dict) else None  # unknown if missing
+        if not isinstance(loss_sum, (int, float)) or isinstance(loss_sum, bool):
+            loss_sum = None
+        self._loss_sum_before = loss_sum if self.state.global_step else 0.0
         self._loss_sum_to_restore = True
         return trained
 

@@ -29,8 +29,9 @@ from finetune.export import export_checkpoint
 def make_checkpoint(root, step, files=None):
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
+    state = json.dumps({"global_step": step}).encode()
     for name, content in (
-        files or {"model.safetensors": b"weights" * 10, "trainer_state.json": b"{}"}
+        files or {"model.safetensors": b"weights" * 10, "trainer_state.json": state}
     ).items():
         (folder / name).write_bytes(content)
     write_manifest(folder, step, "run-a")
@@ -46,7 +47,7 @@ def test_manifest_records_step_run_name_and_each_files_size_and_sha256(tmp_path)
     assert (manifest["step"], manifest["run_name"]) == (2, "run-a")
     assert manifest["files"] == {
         "model.safetensors": {"size": 70, "sha256": hashlib.sha256(b"weights" * 10).hexdigest()},
-        "trainer_state.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()},
+        "trainer_state.json": {"size": 18, "sha256": hashlib.sha256(b'{"global_step": 2}').hexdigest()},
     }
 
 
@@ -84,7 +85,7 @@ def test_a_sizes_only_manifest_still_catches_a_truncated_file(tmp_path):
 def test_resume_skips_a_checkpoint_with_damaged_bytes_for_the_older_good_one(tmp_path, caplog):
     good = make_checkpoint(tmp_path, 2)
     damaged = make_checkpoint(tmp_path, 4)
-    (damaged / "trainer_state.json").write_bytes(b"[]")
+    (damaged / "trainer_state.json").write_bytes(b'{"global_step": 5}')  # same size, other bytes
     with caplog.at_level(logging.WARNING, logger="finetune"):
         assert checkpoint_to_resume(str(tmp_path), resume=True, resume_from=None) == good
     assert f"skipping {damaged}: trainer_state.json does not hold the bytes" in caplog.text
@@ -282,6 +283,49 @@ def test_a_trainer_state_the_trainer_cannot_trust_is_a_problem_of_its_checkpoint
     (tmp_path / "trainer_state.json").write_text(content)
     write_manifest(tmp_path, 3, "run")  # recomputed over the edited file: the hashes cannot tell
     assert problem in checkpoint_problem(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("state", "manifest_step", "problem"),
+    [
+        ("{}", 20, "global_step is None, the folder's name step 20"),
+        ('{"global_step": 5}', 20, "global_step is 5, the folder's name step 20"),
+        ('{"global_step": 20}', 5, "says step 5, the folder's name step 20"),
+    ],
+)
+def test_a_step_that_disagrees_with_the_folders_name_is_a_problem(tmp_path, state, manifest_step, problem):
+    """The Trainer would continue from trainer_state.json's step while the run says the folder's."""
+    checkpoint = tmp_path / "checkpoint-20"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(state)
+    write_manifest(checkpoint, manifest_step, "run")
+    assert problem in checkpoint_problem(checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("files", "problem"),
+    [
+        ([], "lists no files"),
+        ({}, "lists no files"),
+        ({"x": "big"}, "is not a size and a sha256"),
+        ({"/dev/zero": {"size": 1, "sha256": "0"}}, "not inside the checkpoint"),
+        ({"../outside": {"size": 1, "sha256": "0"}}, "not inside the checkpoint"),
+        ({"pipe": {"size": 0, "sha256": "0"}}, "pipe is not a regular file"),
+    ],
+)
+def test_a_hostile_manifest_is_a_problem_without_opening_anything(tmp_path, files, problem):
+    """A FIFO or /dev/zero would make the check wait or read forever; a wrong shape is no traceback."""
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    os.mkfifo(checkpoint / "pipe")
+    (checkpoint / MANIFEST).write_text(json.dumps({"step": 3, "files": files}))
+    assert problem in checkpoint_problem(checkpoint)
+
+
+@pytest.mark.parametrize("manifest", ["[]", "{}", '"text"'])
+def test_a_manifest_that_is_no_record_is_damaged(tmp_path, manifest):
+    (tmp_path / MANIFEST).write_text(manifest)
+    assert "is damaged" in checkpoint_problem(tmp_path)
 
 
 def test_resume_falls_back_from_a_newest_checkpoint_with_a_bad_trainer_state(tmp_path):
