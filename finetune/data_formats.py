@@ -28,3 +28,4 @@ FORMATS = {
     )
 }
 DATA_FORMATS = ("auto", *FORMATS)
+CHAT_FORMATS = ("messages", "sharegpt")  # conversations: rendered by a chat template, answered in turns

@@ -23,7 +23,7 @@ from typing import Any
 from datasets import Dataset
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from finetune.data_formats import FORMATS, DataFormat
+from finetune.data_formats import CHAT_FORMATS, FORMATS, DataFormat
 from finetune.errors import FinetuneError
 
 IGNORE_INDEX = -100
@@ -92,7 +92,7 @@ def template_for(
 ) -> str:
     """The chat template examples are rendered with ("" for the plain layout): chat data always; a
     prompt/answer format when detected (not asked for) and the tokenizer brings its own template."""
-    chat = data_format in ("messages", "sharegpt")
+    chat = data_format in CHAT_FORMATS
     if chat or (requested == "auto" and bool(tokenizer.chat_template)):
         return chat_template_for(tokenizer, path)
     return ""

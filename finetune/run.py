@@ -51,7 +51,9 @@ from finetune.errors import FinetuneError, StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
-from finetune.generate import Sampling, generate
+from finetune.data_formats import CHAT_FORMATS
+from finetune.generate import Chat, Sampling, generate
+from finetune.instruction import end_of_turn_ids
 from finetune.losses import compile_loss
 from finetune.models import (
     build_model,
@@ -108,10 +110,15 @@ def default_run_name(model: str, training_args: FinetuneTrainingArguments, launc
 
 def use_the_tokenizers_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Give the model the pad token load_tokenizer chose (GPT-2 has none: its EOS) before the Trainer
-    does the same with a warning on every rank."""
+    does the same with a warning on every rank; and, where a chat template ends a turn with its own
+    token (ChatML's <|im_end|>), that token as an end of generation in the saved generation_config.json,
+    as TRL's setup_chat_format does: `generate`, pipelines and inference servers read it there."""
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+        stops = end_of_turn_ids(tokenizer)
+        if len(stops) > 1:
+            model.generation_config.eos_token_id = stops
 
 
 def run_defining_flags(
@@ -262,8 +269,9 @@ def train_and_measure(
         save_consolidated_model(trainer, training_args.output_dir, tokenizer)
     if training_args.generation_prompt and training_args.process_index == 0:
         prompts = training_args.generation_prompt
+        chat = Chat() if record.fields["data_format"] in CHAT_FORMATS else None  # answered as trained
         try:
-            completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed))
+            completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed), chat)
         except FinetuneError as error:  # the training finished and was saved: that stays its outcome
             print(
                 f"finetune: --generation_prompt: nothing generated ({error}); the run completed",

@@ -134,7 +134,9 @@ def digit_reversals(count, seed):
     return rows
 
 
-def train_digit_model(tmp_path, make_jsonl_file, output_flags, tokenizer, rows_of) -> tuple[str, Path]:
+def train_digit_model(
+    tmp_path, make_jsonl_file, output_flags, tokenizer, rows_of, extra: tuple[str, ...] = ()
+) -> tuple[str, Path]:
     """A 2-layer GPT-2 over the tokenizer, trained 300 steps on 2,000 digit reversals (`rows_of(count,
     seed)` writes them in a format): its output_dir and the data folder (50 unseen test rows)."""
     model = tmp_path / "model"
@@ -157,6 +159,7 @@ def train_digit_model(tmp_path, make_jsonl_file, output_flags, tokenizer, rows_o
             *("--max_steps", "300", "--batch_size", "8", "--learning_rate", "3e-3", "--warmup_steps", "10"),
             *("--use_cpu", "--save_strategy", "no", "--eval_strategy", "no", "--disable_tqdm", "true"),
             *output_flags,
+            *extra,
         ]
     )
     return output_flags[output_flags.index("--output_dir") + 1], data
@@ -231,9 +234,16 @@ def test_a_chatml_model_stops_at_its_end_of_turn_and_its_right_answers_count(
 ):
     """Trained on ChatML turns ending in <|im_end|>: generation stops there, so a right answer is not
     followed by a next turn that the pattern would read as part of it."""
+    tokenizer = chatml_character_tokenizer()
     output_dir, data = train_digit_model(
-        tmp_path, make_jsonl_file, output_flags, chatml_character_tokenizer(), chat_reversals
+        tmp_path, make_jsonl_file, output_flags, tokenizer, chat_reversals, ("--generation_prompt", "1 2 3")
     )
+    # what generate(), pipelines and inference servers read: the turn's end is an end of generation
+    saved = json.loads((Path(output_dir) / "generation_config.json").read_text())
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in saved["eos_token_id"]
+    # --generation_prompt on a chat run is a user's message, answered in the trained format
+    (generation,) = json.loads((Path(output_dir) / "run_summary.json").read_text())["generations"]
+    assert generation["completion"].startswith("#### "), generation
     result = eval_line(
         capsys,
         *(
