@@ -653,7 +653,11 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("model", help="a model folder (a run's output_dir, an export) or a name")
     add_run_flags(evaluate, DataArguments, EVAL_DATA_FLAGS)  # the data read as run.py reads it
     evaluate.add_argument("--split", default="validation", choices=["train", "validation", "test"])
-    evaluate.add_argument("--block_size", type=int, help="window length (default: the model's context)")
+    evaluate.add_argument(
+        "--block_size",
+        type=int,
+        help="window length (default: the block size a run trained at, else the context)",
+    )
     evaluate.add_argument("--stride", type=int, help="window step (default: the block size, no overlap)")
     evaluate.add_argument("--batch_size", type=int, default=8, help="windows per forward")
     evaluate.add_argument("--max_tokens", type=int, help="evaluate only the split's first N tokens")

@@ -10,9 +10,11 @@ last batch) and `token_weighted_loss` divides the totals.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from finetune.instruction import detect_format, encode, template_for
 from finetune.models import SavedModel, choose_block_size, context_length
 from finetune.packing import truncate
 from finetune.run_flags import DataArguments
+from finetune.run_folder import SUMMARY_FILE
 
 
 def loss_sums_per_sample(
@@ -129,6 +132,16 @@ def sliding_window_loss(
     return loss_sum, count
 
 
+def trained_block_size(folder: str) -> int | None:
+    """The block size a run's output_dir was trained at (its run_summary.json), None elsewhere: a model
+    is evaluated at the length it learned, not at a longer context it never saw in training."""
+    try:
+        recorded = json.loads((Path(folder) / SUMMARY_FILE).read_text()).get("block_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 1 else None
+
+
 def evaluate_saved_model(
     model_path: str,
     data_args: DataArguments,
@@ -155,7 +168,7 @@ def evaluate_saved_model(
     state = PartialState()
     saved = SavedModel.at(model_path)
     config = saved.config()
-    block_size = choose_block_size(block_size, config)
+    block_size = choose_block_size(block_size or trained_block_size(saved.location), config)
     with state.main_process_first():
         raw, source = load_raw(data_args)
     # results name the data actually used: the dataset's other variant when only it is here

@@ -161,3 +161,16 @@ def test_a_result_names_the_variant_it_was_computed_on(tiny_gpt2_dir, capsys):
                      "--block_size", "64", "--max_tokens", "256"]) == 0  # fmt: skip
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (result["dataset"], result["dataset_used"]) == ("wikitext-2-raw-v1", "wikitext-2-v1")
+
+
+def test_a_run_folder_is_evaluated_at_the_block_size_it_trained_at(tiny_gpt2_dir, tmp_path, data_dir):
+    """Its summary records 32; the model's context (128 here, 1024 for GPT-2) is longer than it ever saw."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_gpt2_dir, run_dir)
+    (run_dir / "run_summary.json").write_text(json.dumps({"block_size": 32}))
+    args = DataArguments(dataset="wikitext-2-raw-v1")
+    result = evaluate_saved_model(str(run_dir), args, "validation", None, None, 4, 256)
+    assert result["block_size"] == 32
+    assert evaluate_saved_model(str(tiny_gpt2_dir), args, "validation", None, None, 4, 256)["block_size"] > 32
