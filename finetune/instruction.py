@@ -129,7 +129,15 @@ def first_bad_row(dataset: Dataset, data_format: str) -> tuple[int, str] | None:
     if data_format not in ("messages", "sharegpt"):
         return None
     column = "messages" if data_format == "messages" else "conversations"
+    others = [name for name in dataset.column_names if name != column]
     for index, value in enumerate(dataset[column]):
+        if value is None:  # the file mixes layouts: datasets gave this row's missing column a null
+            row = dataset[index]
+            held = [name for name in others if row[name] is not None]
+            return index, (
+                f"it has no '{column}' (the layout of the first rows) but {', '.join(map(repr, held))}: "
+                "one dataset takes one layout"
+            )
         try:
             check_messages(
                 value if data_format == "messages" else sharegpt_messages(value, index + 1), index + 1

@@ -357,3 +357,14 @@ def test_a_bad_chat_row_is_named_by_its_file_and_its_own_line(make_text_file, to
     path = make_text_file("chat.jsonl", "\n".join([good, good, "", good, bad, good]) + "\n")
     with pytest.raises(FinetuneError, match=rf"{re.escape(str(path))} line 5: every message needs a role"):
         prepare(path, tokenizer)
+
+
+def test_chat_rows_of_two_layouts_in_one_file_are_named_as_mixed_layouts(make_text_file, tokenizer):
+    messages = json.dumps({"messages": CHAT})
+    sharegpt = json.dumps(
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    )
+    path = make_text_file("chat.jsonl", "\n".join([messages, messages, sharegpt]) + "\n")
+    expected = rf"{re.escape(str(path))} line 3: it has no 'messages' .* but 'conversations': one dataset"
+    with pytest.raises(FinetuneError, match=expected):
+        prepare(path, tokenizer)
