@@ -135,10 +135,44 @@ def load_local(path: Path) -> DatasetDict:
         return load_dataset(builder, data_files=files, **options)
     except DatasetGenerationError as error:
         cause = error.__cause__ or error
-        problem = first_unreadable(files, builder)
+        problem = first_unreadable(files, builder) or columns_differ(files)
         if problem:
             raise FinetuneError(problem) from None
         raise FinetuneError(f"{path}: cannot read as {builder} data ({first_line(cause)})") from None
+
+
+def first_row_columns(path: Path) -> tuple[str, ...] | None:
+    """The columns of a JSON Lines or CSV file's first row (None for other files, or if unreadable)."""
+    try:
+        with path.open(encoding="utf-8") as stream:
+            first = next((line for line in stream if line.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if path.suffix.lower() == ".csv":
+        return tuple(sorted(name.strip() for name in first.split(",")))
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return None
+    return tuple(sorted(row)) if isinstance(row, dict) else None
+
+
+def columns_differ(files: dict[str, list[str]]) -> str | None:
+    """Files of one dataset whose rows have other columns, named: datasets says only that it could not
+    cast one table into the other's."""
+    seen: dict[tuple[str, ...], str] = {}
+    for paths in files.values():
+        for path in paths:
+            columns = first_row_columns(Path(path))
+            if columns is not None:
+                seen.setdefault(columns, path)
+    if len(seen) < 2:
+        return None
+    (first, first_path), (other, other_path) = list(seen.items())[:2]
+    return (
+        f"the dataset's files have other columns: {first_path} has {', '.join(first)}, {other_path} has "
+        f"{', '.join(other)}; one dataset takes one layout"
+    )
 
 
 def first_unreadable(files: dict[str, list[str]], builder: str) -> str | None:

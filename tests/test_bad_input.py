@@ -339,3 +339,12 @@ def test_a_commands_flag_of_the_wrong_type_is_one_line_without_the_usage(capsys)
 def test_plan_refuses_numbers_it_cannot_plan_in_one_line(flags, expected, capsys):
     argv = ["plan", "--model", "gpt2", "--gpu_memory", "80", *flags]
     assert_one_error(argv, capsys, expected, entry=cli.main)
+
+
+def test_a_folder_of_files_with_other_columns_names_both_files(make_text_file, output_flags, capsys):
+    first = make_text_file("mixed/a.jsonl", '{"messages": [{"role": "user", "content": "hi"}]}\n' * 3)
+    second = make_text_file("mixed/b.jsonl", '{"text": "plain words"}\n' * 3)
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(first.parent), *output_flags]
+    lines = error_lines(argv, capsys, run.main)
+    assert len(lines) == 1, lines
+    assert f"{first} has messages, {second} has text; one dataset takes one layout" in lines[0]
