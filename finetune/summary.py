@@ -545,8 +545,12 @@ def format_report(fields: dict[str, Any]) -> str:
         f"{number(fields['step_time_p90_s'], '.3f', ' s')} p90 "
         f"(over {fields['throughput_steps']} steps after {fields['throughput_warmup_steps']} warm-up)",
         f"  MFU         {number(mfu_percent, '.1f', ' %')} "
-        f"({number(fields['achieved_tflops_per_device'], '.1f')} of "
-        f"{number(fields['peak_tflops'], '.1f')} TFLOP/s per device)",
+        + (
+            f"({number(fields['achieved_tflops_per_device'], '.1f')} of "
+            f"{number(fields['peak_tflops'], '.1f')} TFLOP/s per device)"
+            if fields["peak_tflops"] is not None
+            else f"(no peak TFLOP/s known for {fields['device_name']}: --peak_tflops gives one)"
+        ),
     ]
     if fields.get("batch_choice"):  # .get: summaries stored before the field existed are reported too
         lines.insert(

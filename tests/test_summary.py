@@ -122,6 +122,11 @@ def test_unknown_numbers_are_shown_as_unknown(tmp_path):
     assert "MFU         unknown" in report
 
 
+def test_an_mfu_without_a_known_peak_says_how_to_give_one(tmp_path):
+    report = format_report({**record(tmp_path).fields, "device_name": "cpu", "peak_tflops": None})
+    assert "MFU         unknown (no peak TFLOP/s known for cpu: --peak_tflops gives one)" in report
+
+
 def test_the_measurements_page_documents_exactly_the_summary_fields():
     table = fields_table()
     stale = "docs/measurements.md's field table is stale: python -m finetune.summary prints it"
