@@ -217,7 +217,8 @@ PROFILES_TABLE_MARKERS = (
 def profiles_table(strategies: list[Strategy]) -> str:
     """The README's table of profiles, fastest first, generated so that it cannot drift from them."""
     lines = [
-        "| profile | strategy | sharded over the GPUs | moved off the GPU | compiled by default on GPUs (CPU runs eager) |",
+        "| profile | strategy | sharded over the GPUs | moved off the GPU "
+        "| compiled by default on GPUs (CPU runs eager) |",
         "|---|---|---|---|---|",
     ]
     for s in strategies:
