@@ -86,16 +86,39 @@ def last_complete(output_dir: Path) -> str:
     return f"the last complete checkpoint is {newest[0].name}" if newest else "no checkpoint was completed"
 
 
-def is_disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+# How torch.save's C++ writer reports a failed write (it raises RuntimeError, not OSError with ENOSPC)
+STREAM_WRITE_FAILURES = (
+    "iostream error",
+    "unexpected pos",
+    "PytorchStreamWriter failed",
+    "file write failed",
+)
+NEARLY_FULL_BYTES = 1 << 20
 
 
-def report_disk_full(error: OSError, staged: Path, output_dir: Path) -> FinetuneError:
+def is_disk_full(error: BaseException, folder: Path | None = None) -> bool:
+    """An OSError of a full disk or quota, also one chained under another error; or torch.save's
+    RuntimeError of a failed write where the folder's disk is (nearly) full."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(error, RuntimeError) and any(marker in str(error) for marker in STREAM_WRITE_FAILURES):
+        try:
+            return folder is not None and free_bytes(folder) < NEARLY_FULL_BYTES
+        except OSError:
+            return False
+    return False
+
+
+def report_disk_full(error: BaseException, staged: Path, output_dir: Path) -> FinetuneError:
     """Remove the partial checkpoint (it holds the space a resume needs) and say what is left."""
     shutil.rmtree(staged, ignore_errors=True)
     if staged.parent.is_dir() and not any(staged.parent.iterdir()):
         staged.parent.rmdir()
     return FinetuneError(
-        f"disk full while writing {staged.name} into {output_dir} ({error.strerror}): the partial copy is "
+        f"disk full while writing {staged.name} into {output_dir} "
+        f"({getattr(error, 'strerror', None) or 'no space left on device'}): the partial copy is "
         f"removed; {last_complete(output_dir)}; free space, then run again with --resume"
     )

@@ -60,25 +60,42 @@ def test_a_save_that_would_not_fit_stops_in_one_line_keeping_the_last_checkpoint
     assert not (output_dir / ".staging").exists()
 
 
+# what torch.save raises on a full disk: its C++ writer's RuntimeError, or an OSError from Python's side
+FULL_DISK_ERRORS = {
+    "OSError": lambda f: OSError(errno.ENOSPC, "No space left on device", str(f)),
+    "torch.save's RuntimeError": lambda f: RuntimeError(
+        "[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 3968"
+    ),
+}
+
+
+@pytest.mark.parametrize("raised", sorted(FULL_DISK_ERRORS))
 def test_disk_full_during_a_save_removes_the_partial_copy_and_resume_continues(
-    tmp_path, monkeypatch, capsys, in_process_commands
+    tmp_path, monkeypatch, capsys, in_process_commands, raised
 ):
     output_dir = tmp_path / "out"
-    real_save = torch.save
+    real_save, real_usage = torch.save, shutil.disk_usage
+    full = []
 
     def save_until_full(obj, f, *args, **kwargs):
         if "checkpoint-4" in str(f):
             Path(f).write_bytes(b"partial")
-            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+            full.append(True)
+            raise FULL_DISK_ERRORS[raised](f)
         return real_save(obj, f, *args, **kwargs)
 
+    def usage(path):  # plenty before the save (its check passes), nothing left once it filled the disk
+        return Usage(real_usage(path).total, real_usage(path).used, 0 if full else real_usage(path).free)
+
     monkeypatch.setattr(torch, "save", save_until_full)
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", usage)
     line = one_line_failure([*FLAGS, "--output_dir", str(output_dir)], capsys)
     assert "disk full while writing checkpoint-4" in line and "checkpoint-2" in line
     assert read_summary(output_dir)["status"] == "failed"
     assert not (output_dir / ".staging").exists()
 
     monkeypatch.setattr(torch, "save", real_save)
+    full.clear()
     run.main([*FLAGS, "--output_dir", str(output_dir), "--resume"])
     summary = read_summary(output_dir)
     assert (summary["status"], summary["resumed_from_step"], summary["steps"]) == ("completed", 2, 4)
