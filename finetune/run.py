@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         resume_from = continue_on_this_world_size(resume_from, training_args, launch)
         is_main = training_args.process_index == 0
+        if resume_from and is_main:
+            print(f"finetune: resuming from {resume_from} (step {read_manifest(resume_from).get('step')})")
         record = RunRecord(
             training_args.output_dir, training_args.run_name, is_main, started_at=process_start_time()
         )

@@ -480,6 +480,12 @@ class RunRecord:
             return None
         return write_summary(self.fields["output_dir"], self.fields)
 
+    def name_the_newest_checkpoint(self) -> None:
+        """A run stopped between its saves says which checkpoint a --resume would continue from."""
+        if self.fields.get("checkpoint") is None:
+            newest = checkpoints_newest_first(self.fields["output_dir"])
+            self.update({"checkpoint": str(newest[0]) if newest else None})
+
     @contextlib.contextmanager
     def until_exit(self) -> Iterator[RunRecord]:
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -487,6 +493,7 @@ class RunRecord:
             yield self
         except KeyboardInterrupt as interrupt:
             self.update({"status": "interrupted", "error": f"interrupted by {str(interrupt) or 'SIGINT'}"})
+            self.name_the_newest_checkpoint()
             self.write()
             raise
         except StoppedForResume as stop:

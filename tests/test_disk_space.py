@@ -97,6 +97,7 @@ def test_disk_full_during_a_save_removes_the_partial_copy_and_resume_continues(
     monkeypatch.setattr(torch, "save", real_save)
     full.clear()
     run.main([*FLAGS, "--output_dir", str(output_dir), "--resume"])
+    assert f"finetune: resuming from {output_dir / 'checkpoint-2'} (step 2)" in capsys.readouterr().out
     summary = read_summary(output_dir)
     assert (summary["status"], summary["resumed_from_step"], summary["steps"]) == ("completed", 2, 4)
 

@@ -67,6 +67,15 @@ def test_interrupted_run_is_written_as_interrupted(tmp_path):
     assert (written["status"], written["error"]) == ("interrupted", "interrupted by SIGTERM")
 
 
+def test_a_run_interrupted_between_saves_names_its_newest_checkpoint(tmp_path):
+    for step in (5, 10):
+        (tmp_path / "out" / f"checkpoint-{step}").mkdir(parents=True)
+    run = record(tmp_path)
+    with pytest.raises(KeyboardInterrupt), run.until_exit():
+        raise KeyboardInterrupt()
+    assert read_summary(tmp_path / "out")["checkpoint"] == str(tmp_path / "out" / "checkpoint-10")
+
+
 def test_sigterm_handling_is_restored_after_the_run(tmp_path):
     before = signal.getsignal(signal.SIGTERM)
     run = record(tmp_path)
