@@ -31,16 +31,34 @@ def extensions_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "torch_extensions"
 
 
-def held_open(path: Path) -> bool:
-    """Whether a process of this machine (that we may inspect) has `path` open."""
+def holders(path: Path) -> list[psutil.Process]:
+    """The processes of this machine (that we may inspect) that have `path` open."""
     target = str(path.resolve())
+    found = []
     for process in psutil.process_iter():
         try:
             if any(opened.path == target for opened in process.open_files()):
-                return True
+                found.append(process)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-    return False
+    return found
+
+
+def held_open(path: Path) -> bool:
+    return bool(holders(path))
+
+
+def held_by_stopped_processes(root: Path) -> tuple[Path, list[int]] | None:
+    """A build lock whose every holder is stopped (Ctrl-Z, SIGSTOP): a build waits for it as long as
+    they stay stopped, with no word. The first such lock and its holders' pids, or None."""
+    for lock in (path for pattern in ("*/lock", "*/*/lock") for path in root.glob(pattern)):
+        held = holders(lock)
+        try:
+            if held and all(process.status() == psutil.STATUS_STOPPED for process in held):
+                return lock, [process.pid for process in held]
+        except psutil.NoSuchProcess:
+            continue
+    return None
 
 
 def stale_build_locks(root: Path, one_machine: bool = True) -> list[Path]:
@@ -59,12 +77,30 @@ def stale_build_locks(root: Path, one_machine: bool = True) -> list[Path]:
     return stale
 
 
-def refuse_stale_build_locks(one_machine: bool) -> None:
-    """FinetuneError naming the first stale lock under the extensions folder, if there is one."""
-    stale = stale_build_locks(extensions_root(), one_machine)
+def build_lock_problem(one_machine: bool) -> str | None:
+    """The first build lock under the extensions folder that a build would wait on forever, said in
+    one line: left by a dead process, or held only by stopped ones; None if there is none."""
+    root = extensions_root()
+    stale = stale_build_locks(root, one_machine)
     if stale:
-        raise FinetuneError(
+        return (
             f"{stale[0]} is a build lock left by a process that no longer runs (killed while building "
             f"{stale[0].parent.name}); every DeepSpeed run would wait for it forever: remove it "
             f"(rm {stale[0]}) and run again"
         )
+    stopped = held_by_stopped_processes(root)
+    if stopped:
+        lock, pids = stopped
+        listed = " ".join(map(str, pids))
+        return (
+            f"{lock} is held by stopped process(es) {listed} (Ctrl-Z?): a DeepSpeed build waits for it as "
+            f"long as they stay stopped: continue them (kill -CONT {listed}) or end them, and run again"
+        )
+    return None
+
+
+def refuse_stale_build_locks(one_machine: bool) -> None:
+    """FinetuneError for a build lock a build would wait on forever (`build_lock_problem`)."""
+    problem = build_lock_problem(one_machine)
+    if problem:
+        raise FinetuneError(problem)

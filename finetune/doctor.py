@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from finetune.arguments import parse_arguments
-from finetune.build_locks import extensions_root, stale_build_locks
+from finetune.build_locks import build_lock_problem, extensions_root, stale_build_locks
 from finetune.errors import CHECK_FAILED_EXIT_CODE, FinetuneError, exit_on_user_error, first_line
 from finetune.launched import Launch
 from finetune.run_folder import DOCTOR_REPORT
@@ -91,12 +91,11 @@ def names_check(model_args, data_args) -> list[Check]:
 
 
 def build_lock_check(launch: Launch) -> Check:
-    stale = stale_build_locks(extensions_root(), launch.on_one_machine)
-    if stale:
-        return Check(
-            "op build locks", f"stale: {stale[0]}", "none left by a dead process", False, f"rm {stale[0]}"
-        )
-    return Check("op build locks", "none stale", "none left by a dead process", True)
+    problem = build_lock_problem(launch.on_one_machine)
+    expected = "none left by a dead or stopped process"
+    if problem:
+        return Check("op build locks", problem.split(";")[0], expected, False, problem.split(": ")[-1])
+    return Check("op build locks", "none stale", expected, True)
 
 
 def disk_check(model_args, training_args) -> Check:
@@ -288,14 +287,19 @@ def op_build_checks(strategy, on_gpu: bool) -> list[Check]:
     time limit: a run then starts without the build, and a build that cannot finish shows here. A
     child stopped at the limit leaves its build lock, which doctor removes (it knows the holder died)."""
     checks = []
+    blocked = build_lock_problem(one_machine=True)
+    expected = f"built within {OP_BUILD_LIMIT_S} s"
     for builder in ops_needed(strategy, on_gpu):
+        if blocked:  # its build would wait on that lock until the time limit: say so at once
+            measured, advice = "not built: a build lock blocks it", "see the op build locks row"
+            checks.append(Check(f"DeepSpeed op {builder}", measured, expected, False, advice))
+            continue
         code = (
             "from deepspeed.accelerator import get_accelerator\n"
             f"builder = get_accelerator().create_op_builder({builder!r})\n"
             "assert builder.is_compatible(verbose=False), 'not compatible with this machine'\n"
             "builder.load(verbose=False)"
         )
-        expected = f"built within {OP_BUILD_LIMIT_S} s"
         started = time.monotonic()
         try:
             result = subprocess.run(

@@ -51,3 +51,36 @@ def test_a_zero_run_with_a_stale_lock_fails_in_one_line_instead_of_waiting(tmp_p
         f"building deepspeed_shm_comm); every DeepSpeed run would wait for it forever: remove it (rm {lock}) "
         "and run again"
     ]
+
+
+def test_a_lock_held_only_by_a_stopped_process_is_named_with_its_pid(tmp_path, monkeypatch):
+    """A build paused with Ctrl-Z holds its lock open: a run would wait for it, silently, for as long."""
+    import signal
+    import time
+
+    from finetune.build_locks import build_lock_problem
+
+    lock = make_lock(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(lock)!r}); import time; time.sleep(60)"])
+    try:
+        time.sleep(1.0)  # it has opened the lock
+        holder.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+        problem = build_lock_problem(one_machine=True)
+        assert problem is not None and f"held by stopped process(es) {holder.pid}" in problem
+        assert f"kill -CONT {holder.pid}" in problem
+    finally:
+        holder.send_signal(signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+
+
+def test_doctor_does_not_wait_to_build_an_op_a_stale_lock_blocks(tmp_path, monkeypatch):
+    from finetune import doctor
+    from finetune.profiles import load_strategy
+
+    make_lock(tmp_path)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    rows = doctor.op_build_checks(load_strategy("zero2_offload"), on_gpu=False)
+    assert rows and all(not row.passed and "a build lock blocks it" in row.measured for row in rows)
