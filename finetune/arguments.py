@@ -266,6 +266,9 @@ class FinetuneTrainingArguments(TrainingArguments):
         if not math.isfinite(self.learning_rate) or self.learning_rate <= 0:
             raise FinetuneError(f"--learning_rate must be a positive number, got {self.learning_rate}")
         for flag, value in (("--output_dir", self.output_dir), ("--nvme_path", self.nvme_path)):
+            too_long = [part for part in Path(value or "").parts if len(os.fsencode(part)) > NAME_MAX]
+            if too_long:
+                raise FinetuneError(f"{flag}: the folder name {too_long[0][:40]}... is over {NAME_MAX} bytes")
             if value and Path(value).exists() and not Path(value).is_dir():
                 raise FinetuneError(f"{flag} {value} is a file: give a folder")
         if self.run_name:
@@ -350,6 +353,7 @@ def check_run_name(name: str, source: str) -> None:
 # many small all-reduces, which was measurably faster on two GPUs (docs/speed.md).
 # Only DDP reads it; FSDP and DeepSpeed have their own.
 DDP_BUCKET_CAP_MB = 200
+NAME_MAX = 255  # bytes in one file or folder name on Linux and macOS file systems
 
 
 def compiles_by_default(use_cpu: bool, launch: Launch) -> bool:

@@ -67,8 +67,12 @@ def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBa
     source = resolve_model(args.tokenizer) if args.tokenizer else location
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise FinetuneError(f"cannot load a tokenizer from {source}: {first_line(error)}") from None
+    except Exception as error:  # the tokenizers library raises a bare Exception for a damaged file
+        empty = sorted(
+            path.name for path in Path(source).glob("*") if path.is_file() and not path.stat().st_size
+        )
+        which = f" ({', '.join(empty)} empty)" if empty else ""
+        raise FinetuneError(f"cannot load a tokenizer from {source}{which}: {first_line(error)}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -348,3 +348,19 @@ def test_a_folder_of_files_with_other_columns_names_both_files(make_text_file, o
     lines = error_lines(argv, capsys, run.main)
     assert len(lines) == 1, lines
     assert f"{first} has messages, {second} has text; one dataset takes one layout" in lines[0]
+
+
+def test_an_empty_tokenizer_file_is_one_line_naming_it(tmp_path, data_dir, output_flags, capsys):
+    import shutil
+
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(data_dir / "gpt2", tokenizer)
+    (tokenizer / "tokenizer.json").unlink(missing_ok=True)
+    (tokenizer / "vocab.json").write_text("")
+    argv = [*TINY_FROM_SCRATCH, "--tokenizer", str(tokenizer), *output_flags]
+    assert_one_error(argv, capsys, f"cannot load a tokenizer from {tokenizer} (vocab.json empty)")
+
+
+def test_an_output_dir_name_over_the_file_systems_limit_is_one_line(tmp_path, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--output_dir", str(tmp_path / ("a" * 300))]
+    assert_one_error(argv, capsys, "--output_dir: the folder name aaaa")
