@@ -20,11 +20,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import jinja2
 from datasets import Dataset
+from jinja2 import nodes
+from jinja2.ext import Extension
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.data_formats import CHAT_FORMATS, FORMATS, DataFormat
-from finetune.errors import FinetuneError
+from finetune.errors import FinetuneError, first_line
 
 IGNORE_INDEX = -100
 DEFAULT_CHAT_TEMPLATE = Path(__file__).with_name("templates") / "default_chat.jinja"
@@ -102,10 +105,54 @@ def chat_template_for(tokenizer: PreTrainedTokenizerBase, path: str | None) -> s
     """--chat_template, else the tokenizer's own template, else the project's default."""
     if path:
         try:
-            return Path(path).read_text()
+            return check_chat_template(Path(path).read_text(), f"--chat_template {path}")
         except OSError as error:
             raise FinetuneError(f"--chat_template {path}: cannot read it ({error.strerror})") from None
     return tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE.read_text()
+
+
+class GenerationBlocks(Extension):
+    """Parses transformers' `{% generation %}...{% endgeneration %}` (its AssistantTracker's tag)."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2's Extension declares it so)
+
+    def parse(self, parser: Any) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def check_chat_template(template: Any, origin: str) -> Any:
+    """A chat template read from a file or a model folder is data: refuse, before anything renders it,
+    what Jinja's sandbox lets through but a template never needs: reading other templates
+    (`{% include %}`, `{% import %}`, `{% extends %}`), `**` (7 ** 300000000 runs for minutes) and
+    repeating a string by a number ('a' * 1000000000 takes gigabytes). Other sandbox refusals
+    (`range(10**9)`) are one line where a template is rendered. Returns the template."""
+    for text in template.values() if isinstance(template, dict) else [template]:
+        if not isinstance(text, str):
+            raise FinetuneError(f"{origin}: a chat template must be text")
+        try:
+            tree = jinja2.Environment(extensions=[GenerationBlocks, "jinja2.ext.loopcontrols"]).parse(text)
+        except jinja2.TemplateSyntaxError as error:
+            raise FinetuneError(
+                f"{origin}: not a Jinja template (line {error.lineno}: {error.message})"
+            ) from None
+        for kind, what in ((nodes.Include, "include"), (nodes.Import, "import"), (nodes.FromImport, "import"),
+                           (nodes.Extends, "extends")):  # fmt: skip
+            if tree.find(kind) is not None:
+                raise FinetuneError(
+                    f"{origin}: {{% {what} %}} reads another template, which a chat template cannot"
+                )
+        if tree.find(nodes.Pow) is not None:
+            raise FinetuneError(
+                f"{origin}: '**' is refused in a chat template (its time and memory have no bound)"
+            )
+        for product in tree.find_all(nodes.Mul):
+            if any(
+                isinstance(side, nodes.Const) and isinstance(side.value, str)
+                for side in (product.left, product.right)
+            ):
+                raise FinetuneError(f"{origin}: repeating a string by a number is refused in a chat template")
+    return template
 
 
 def sharegpt_messages(conversations: Any, row: int) -> list[dict[str, str]]:
@@ -178,9 +225,17 @@ def chat_segments(
     """The rendered conversation cut at each assistant turn: (text, is an assistant turn)."""
 
     def render(upto: int, generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(
-            messages[:upto], chat_template=template, tokenize=False, add_generation_prompt=generation_prompt
-        )
+        try:  # transformers renders in Jinja's sandbox, which refuses what a template may not do
+            return tokenizer.apply_chat_template(
+                messages[:upto],
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+            )
+        except (jinja2.TemplateError, OverflowError) as error:
+            raise FinetuneError(
+                f"row {row}: the chat template cannot render it ({type(error).__name__}: {first_line(error)})"
+            ) from None
 
     full = render(len(messages), False)
     segments, done = [], 0

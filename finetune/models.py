@@ -17,6 +17,7 @@ from transformers.integrations import deepspeed_config, is_deepspeed_zero3_enabl
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune.errors import FinetuneError, first_line
+from finetune.instruction import check_chat_template
 from finetune.resolve import describe_tried, resolve
 from finetune.run_flags import ModelArguments
 
@@ -73,6 +74,8 @@ def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBa
         )
         which = f" ({', '.join(empty)} empty)" if empty else ""
         raise FinetuneError(f"cannot load a tokenizer from {source}{which}: {first_line(error)}") from None
+    if tokenizer.chat_template:  # a folder's template is data, checked before anything renders it
+        check_chat_template(tokenizer.chat_template, f"the chat template of {source}")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

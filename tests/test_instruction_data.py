@@ -368,3 +368,35 @@ def test_chat_rows_of_two_layouts_in_one_file_are_named_as_mixed_layouts(make_te
     expected = rf"{re.escape(str(path))} line 3: it has no 'messages' .* but 'conversations': one dataset"
     with pytest.raises(FinetuneError, match=expected):
         prepare(path, tokenizer)
+
+
+HOSTILE_TEMPLATES = {
+    "{% include 'x.jinja' %}": "{% include %} reads another template",
+    "{% import 'x.jinja' as x %}{{ messages }}": "{% import %} reads another template",
+    "{{ 7 ** 300000000 }}": "'**' is refused",
+    "{{ 'a' * 1000000000 }}": "repeating a string by a number is refused",
+    "{% for m in messages %}{{ m['content'] }": "not a Jinja template",
+}
+
+
+@pytest.mark.parametrize("template", sorted(HOSTILE_TEMPLATES))
+def test_a_chat_template_that_reads_other_files_or_has_no_bound_is_refused_before_rendering(template):
+    from finetune.instruction import check_chat_template
+
+    with pytest.raises(FinetuneError, match=re.escape(HOSTILE_TEMPLATES[template])):
+        check_chat_template(template, "--chat_template t.jinja")
+
+
+def test_the_shipped_and_generation_marking_templates_pass_the_check():
+    from finetune.instruction import DEFAULT_CHAT_TEMPLATE, check_chat_template
+
+    check_chat_template(DEFAULT_CHAT_TEMPLATE.read_text(), "default")
+    marked = "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+    assert check_chat_template(marked, "marked") == marked
+
+
+def test_a_range_the_sandbox_refuses_is_one_line_naming_the_row(make_jsonl_file, make_text_file, tokenizer):
+    path = make_jsonl_file("chat.jsonl", [{"messages": CHAT}] * 2)
+    template = make_text_file("big.jinja", "{% for i in range(1000000000) %}x{% endfor %}")
+    with pytest.raises(FinetuneError, match="row 1: the chat template cannot render it \\(OverflowError"):
+        prepare(path, tokenizer, chat_template=str(template))
