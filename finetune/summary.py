@@ -541,8 +541,13 @@ def format_report(fields: dict[str, Any]) -> str:
             else ""
         )
         + f" ({fields['strategy'] or fields['profile']}, {fields['world_size']} x {fields['device_name']})",
-        f"  model       {fields['model']}: {number(fields['parameters'], ',')} parameters, "
-        f"{fields['dtype']}{float8}, block {fields['block_size']}, "
+        f"  model       {fields['model']}: {number(fields['parameters'], ',')} parameters"
+        + (
+            f" ({fields['trainable_parameters']:,} trainable: {fields['peft']} adapters), "
+            if fields.get("peft") and fields.get("trainable_parameters") is not None
+            else ", "
+        )
+        + f"{fields['dtype']}{float8}, block {fields['block_size']}, "
         f"global batch {fields['global_batch_size']}",
         f"  training    {fields['steps']} steps, loss {number(fields['final_loss'], '.4f')} at the last log",
         f"  throughput  {number(fields['tokens_per_second'], ',.0f')} tokens/s "

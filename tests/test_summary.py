@@ -148,3 +148,13 @@ def test_summary_is_plain_json(tmp_path):
     with run.until_exit():
         pass
     json.loads((tmp_path / "out" / "run_summary.json").read_text())
+
+
+def test_a_peft_runs_report_says_how_many_parameters_it_trained(tmp_path):
+    fields = {
+        **record(tmp_path).fields,
+        "peft": "lora",
+        "parameters": 124_000_000,
+        "trainable_parameters": 811_008,
+    }
+    assert "124,000,000 parameters (811,008 trainable: lora adapters)" in format_report(fields)
