@@ -13,7 +13,10 @@ rank (so all ranks stop at the same step and no collective is left waiting):
   gradient step can overflow them before any gradient norm shows it.
 - each logged loss (the mean over the ranks and the steps since the last log) stays below
   `loss_spike_factor` times the median of the earlier logged losses, or below the loss of a uniform
-  guess over the vocabulary (ln V), which a training model never needs to exceed.
+  guess over the vocabulary (ln V), which a training model never needs to exceed. A checkpoint's save
+  checks the steps since the last log the same way (a save between logs otherwise kept diverged
+  weights that a `--resume` then trained on), and each checkpoint keeps the recent logged losses, so
+  that a resumed run is held to the same history.
 
 No library offers this check (the Trainer's `logging_nan_inf_filter` hides such losses instead).
 """
@@ -67,9 +70,15 @@ class DivergenceGuard:
             raise Diverged(f"diverged at step {int(step)}: gradient norm {norm}")
 
     def check_logged_loss(self, step: int, loss: float) -> None:
+        self.check_loss(step, loss)
+        self.logged_losses.append(loss)
+
+    def check_loss(self, step: int, loss: float) -> None:
+        """The spike rule against the recent logged losses, without adding this one to them: a
+        checkpoint's save checks the mean loss of the steps since the last log so."""
         if not math.isfinite(loss):
             raise Diverged(f"diverged at step {step}: loss {loss}")
-        recent = self.logged_losses[-RECENT_LOSSES:]
+        recent = self.recent_losses()
         if self.loss_spike_factor and recent:
             median = statistics.median(recent)
             if loss > self.loss_spike_factor * median and loss > self.uniform_guess_loss:
@@ -77,7 +86,10 @@ class DivergenceGuard:
                     f"diverged at step {step}: loss {loss:.4g} is over {self.loss_spike_factor:g}x the "
                     f"recent median {median:.4g} and over a uniform guess's {self.uniform_guess_loss:.4g}"
                 )
-        self.logged_losses.append(loss)
+
+    def recent_losses(self) -> list[float]:
+        """What a checkpoint keeps, so that a resumed run checks its losses against the same history."""
+        return self.logged_losses[-RECENT_LOSSES:]
 
 
 def local_values(parameter: torch.Tensor) -> torch.Tensor:

@@ -63,16 +63,18 @@ logger = logging.get_logger("finetune")
 
 
 class LossSumSoFar(TrainerCallback, ExportableState):
-    """The sum of the logged training losses up to a checkpoint, saved in its trainer_state.json.
+    """The sum of the logged training losses up to a checkpoint, and the recent logged losses the
+    divergence check compares with, saved in its trainer_state.json.
 
-    None when unknown: the run was resumed from a checkpoint that did not record it.
+    The sum is None when unknown: the run was resumed from a checkpoint that did not record it.
     """
 
-    def __init__(self, loss_sum: float | None = 0.0) -> None:
+    def __init__(self, loss_sum: float | None = 0.0, recent_losses: list[float] | None = None) -> None:
         self.loss_sum = loss_sum
+        self.recent_losses = recent_losses or []
 
     def state(self) -> dict[str, Any]:
-        return {"args": {"loss_sum": self.loss_sum}, "attributes": {}}
+        return {"args": {"loss_sum": self.loss_sum, "recent_losses": self.recent_losses}, "attributes": {}}
 
 
 class FinetuneTrainer(Trainer):
@@ -138,6 +140,9 @@ class FinetuneTrainer(Trainer):
         if not isinstance(loss_sum, (int, float)) or isinstance(loss_sum, bool):
             loss_sum = None
         self._loss_sum_before = loss_sum if self.state.global_step else 0.0
+        recent = arguments.get("recent_losses") if isinstance(arguments, dict) else None
+        if self.state.global_step and isinstance(recent, list):
+            self.divergence.logged_losses = [float(loss) for loss in recent if isinstance(loss, (int, float))]
         self._loss_sum_to_restore = True
         return trained
 
@@ -200,6 +205,14 @@ class FinetuneTrainer(Trainer):
         if "loss" in logs:  # logged first, so the loss curve shows the value that stopped the run
             self.divergence.check_logged_loss(self.state.global_step, logs["loss"])
 
+    def check_unlogged_loss(self) -> None:
+        """Before a save, the mean loss of the steps since the last log meets the spike rule, as a log
+        would check it. Collective: every rank saves."""
+        steps = self.state.global_step - self._globalstep_last_logged
+        if steps > 0:
+            unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()
+            self.divergence.check_loss(self.state.global_step, unlogged / steps)
+
     def _loss_sum_so_far(self) -> float:
         """The logged sum plus the losses since the last log, averaged over ranks as a log would.
 
@@ -225,9 +238,11 @@ class FinetuneTrainer(Trainer):
         verdict = share_from_main(room if self.args.should_save else None)  # every rank stops, or none
         if verdict is not None:
             raise FinetuneError(verdict)
+        self.check_unlogged_loss()
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, LossSumSoFar):
                 callback.loss_sum = None if self._loss_sum_before is None else self._loss_sum_so_far()
+                callback.recent_losses = self.divergence.recent_losses()
         output_dir = self.args.output_dir
         name = checkpoint_dir(output_dir, self.state.global_step).name
         staged = Path(output_dir) / STAGING_DIR / name

@@ -114,6 +114,38 @@ def test_a_learning_rate_that_blows_the_loss_up_stops_at_the_spike(tmp_path, cap
     assert read_summary(output_dir)["status"] == "diverged"
 
 
+def test_a_save_between_logs_checks_the_loss_since_the_last_log(tmp_path, capsys, in_process_commands):
+    """Logged at step 1 and every 10, saved every 5: the save at step 5 is where the spike shows first."""
+    output_dir = tmp_path / "out"
+    flags = [
+        *FLAGS,
+        "--learning_rate",
+        "1e3",
+        "--logging_steps",
+        "10",
+        "--save_steps",
+        "5",
+        "--max_steps",
+        "20",
+    ]
+    line = diverged_run(flags, output_dir, capsys)
+    assert "diverged at step 5: loss" in line
+    assert not list(output_dir.glob("checkpoint-*"))
+
+
+def test_a_checkpoint_keeps_the_recent_losses_for_the_check_after_a_resume():
+    from finetune.trainer import LossSumSoFar
+
+    guard = DivergenceGuard(10, VOCAB)
+    for step, loss in enumerate([10.9, 9.0, 7.5], start=1):
+        guard.check_logged_loss(step, loss)
+    saved = LossSumSoFar(27.4, guard.recent_losses()).state()
+    resumed = DivergenceGuard(10, VOCAB)
+    resumed.logged_losses = saved["args"]["recent_losses"]
+    with pytest.raises(Diverged, match="step 4: loss 1e\\+07 is over 10x the recent median 9"):
+        resumed.check_logged_loss(4, 1e7)
+
+
 @pytest.mark.integration
 def test_two_ranks_stop_together_with_one_line_and_exit_3(tmp_path):
     output_dir = tmp_path / "out"
