@@ -106,7 +106,7 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
         if code != 0:
             print("finetune: --doctor: a check failed (the table above): no run started", file=sys.stderr)
             return code
-    code = launch(options, run_args, RUN_SCRIPT)
+    code = launch(options, run_args, RUN_SCRIPT, training_args.output_dir)
     if code < 0:  # the launcher was killed (kill -9): its ranks stop on their own and may have saved
         return orphaned_ranks_outcome(Path(training_args.output_dir), signal.Signals(-code))
     return code
@@ -118,12 +118,22 @@ def doctor_command(options: argparse.Namespace, run_args: list[str]) -> int:
     return launch(options, run_args, DOCTOR_SCRIPT)
 
 
-def launch(options: argparse.Namespace, run_args: list[str], script: Path) -> int:
+def launch(
+    options: argparse.Namespace, run_args: list[str], script: Path, output_dir: str | None = None
+) -> int:
     """`script` (run.py or doctor.py) on the ranks the profile and placement ask for: the launcher's
-    exit code, negative when the launcher itself was killed."""
+    exit code, negative when the launcher itself was killed.
+
+    The printed command runs again as it is: the profile copy it names (its DeepSpeed JSON made
+    absolute) is kept in output_dir/.launch/, where it also records how the run was launched; where
+    that folder cannot be written, a temporary copy is used and removed at the end.
+    """
     profile = load_profile(options.profile)
-    with tempfile.TemporaryDirectory(prefix="finetune-profile-") as folder:
-        config_file = resolved_profile_file(profile, Path(folder))
+    with contextlib.ExitStack() as stack:
+        folder = kept_launch_folder(output_dir) or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="finetune-profile-"))
+        )
+        config_file = resolved_profile_file(profile, folder)
         command = launch_command(profile, config_file, placement_of(options), run_args, script)
         print("finetune: " + " ".join(command), file=sys.stderr)
         environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
@@ -133,6 +143,19 @@ def launch(options: argparse.Namespace, run_args: list[str], script: Path) -> in
             except KeyboardInterrupt:  # Ctrl-C reached the launcher too: let it stop its ranks
                 code = launcher.wait()
     return code
+
+
+def kept_launch_folder(output_dir: str | None) -> Path | None:
+    from finetune.run_folder import LAUNCH_DIR
+
+    if output_dir is None:
+        return None
+    folder = Path(output_dir) / LAUNCH_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder
 
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

@@ -13,6 +13,7 @@ names, so a new kind of file is added in one place and the folder rules cover it
       runs/RUN_NAME/            TensorBoard (finetune/reporting.py)
       hang-stepN/               every rank's stack when the watchdog ended the run (finetune/watchdog.py)
       doctor.json               `finetune doctor`'s table (finetune/doctor.py)
+      .launch/PROFILE.yaml      the profile `finetune run` launched with, as its printed command names it
       model.safetensors, config.json, tokenizer files, adapter_*   the final model
 """
 
@@ -33,6 +34,8 @@ LOGS_DIR = "runs"
 HANG_PREFIX = "hang-step"
 # Written by `finetune doctor` before `run --doctor` claims the folder: not a result that refuses it.
 DOCTOR_REPORT = "doctor.json"
+# Written by `finetune run` before launching (finetune/cli.py): how the run was launched, not a result.
+LAUNCH_DIR = ".launch"
 MODEL_FILES = (
     "model.safetensors",
     "model-*.safetensors",

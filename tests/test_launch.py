@@ -32,3 +32,25 @@ def test_deepspeeds_multinode_environment_file_goes_to_a_private_folder_removed_
     assert not path.exists(), "the private folder outlives the launch"
     assert not (tmp_path / ".deepspeed_env").exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_printed_launch_command_names_a_profile_copy_that_outlives_the_run(tmp_path):
+    """Kept in output_dir/.launch/ with its DeepSpeed JSON absolute: the line runs again as printed."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, TINY_MODEL
+
+    output_dir = tmp_path / "out"
+    command = [sys.executable, "-m", "finetune", "run", "--profile", "zero2", "--num_processes", "2",
+               *TINY_MODEL, "--block_size", "32", "--max_steps", "1", "--max_eval_samples", "4",
+               "--report_to", "none", "--output_dir", str(output_dir)]  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True,
+                            timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = next(line for line in result.stderr.splitlines() if "--config_file" in line)
+    config = Path(printed.split("--config_file ")[1].split()[0])
+    assert config == output_dir / ".launch" / "zero2.yaml" and config.is_file()
+    assert Path(yaml.safe_load(config.read_text())["deepspeed_config"]["deepspeed_config_file"]).is_absolute()
