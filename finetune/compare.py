@@ -115,6 +115,35 @@ def new_run_dir(output_dir: Path, profile: str, started: time.struct_time) -> Pa
     raise FinetuneError(f"{output_dir}: no free folder for {name}")
 
 
+PROGRESS_POLL_S = 2.0
+
+
+def latest_step_line(log: Path) -> str | None:
+    """The run's newest `step N/M | loss ...` line in its log (the console line it prints at each log)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line.strip() for line in reversed(lines) if line.lstrip().startswith("step ")), None)
+
+
+def wait_showing_progress(process: subprocess.Popen, log: Path, name: str, timeout_s: float) -> None:
+    """Wait for one run, printing its console line each time it logs: a compare of several long runs
+    otherwise says nothing for as long as they take. TimeoutExpired past `timeout_s`."""
+    deadline, shown = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            process.wait(timeout=min(PROGRESS_POLL_S, max(deadline - time.monotonic(), 0.01)))
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+        line = latest_step_line(log)
+        if line and line != shown:
+            print(f"finetune compare: {name}: {line}", file=sys.stderr, flush=True)
+            shown = line
+
+
 def run_profile(
     profile_name: str, placement: Placement, run_args: list[str], run_dir: Path, timeout_s: float
 ) -> Row:
@@ -128,7 +157,7 @@ def run_profile(
             command, stdout=stream, stderr=subprocess.STDOUT, env=environment, start_new_session=True
         )
         try:
-            process.wait(timeout=timeout_s)
+            wait_showing_progress(process, log, profile.name, timeout_s)
         except subprocess.TimeoutExpired:
             stop_group(process, signal.SIGINT)
             return Row(profile.name, "timeout", f"stopped after {timeout_s:.0f} s")

@@ -208,3 +208,22 @@ def test_the_picture_draws_one_labelled_bar_per_profile_and_variant_as_the_csv_s
         row = by_label[label]
         assert (memory, speed) == (row.peak_memory_gib or 0, row.tokens_per_second_per_device or 0)
     assert (tmp_path / "comparison.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_each_runs_new_console_line_is_shown_while_it_runs(tmp_path, capsys, monkeypatch):
+    """A run that logs twice, then ends: each step line once, prefixed by its profile."""
+    monkeypatch.setattr(finetune.compare, "PROGRESS_POLL_S", 0.05)
+    log = tmp_path / "launch.log"
+    script = (
+        "import time, sys\n"
+        f"log = open({str(log)!r}, 'a')\n"
+        "for step in (10, 20):\n"
+        "    log.write(f'step {step}/20 | loss 5.0\\n'); log.flush(); time.sleep(0.5)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script])
+    finetune.compare.wait_showing_progress(process, log, "ddp", timeout_s=60)
+    shown = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune compare:")]
+    assert shown == [
+        "finetune compare: ddp: step 10/20 | loss 5.0",
+        "finetune compare: ddp: step 20/20 | loss 5.0",
+    ]
