@@ -14,7 +14,7 @@
 #         zero3~ds.timers.throughput.enabled=false)
 #   ENV=VALUE+ environment for that case alone (NCCL_PROTO=Simple+fsdp); PIN=1+ runs each rank on its own
 #         share of the cores (pin_and_run.py)
-# e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--fsdp_prefetch,1 trace/fsdp
+# e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--torch_compile,false trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
 HERE=$PWD
