@@ -31,7 +31,12 @@ import torch
 import torch.distributed as dist
 
 from finetune.arguments import parse_arguments
-from finetune.build_locks import build_lock_problem, extensions_root, stale_build_locks
+from finetune.build_locks import (
+    build_lock_problem,
+    extensions_root,
+    held_by_stopped_processes,
+    stale_build_locks,
+)
 from finetune.errors import CHECK_FAILED_EXIT_CODE, FinetuneError, exit_on_user_error, first_line
 from finetune.launched import Launch
 from finetune.run_folder import DOCTOR_REPORT
@@ -91,10 +96,16 @@ def names_check(model_args, data_args) -> list[Check]:
 
 
 def build_lock_check(launch: Launch) -> Check:
-    problem = build_lock_problem(launch.on_one_machine)
     expected = "none left by a dead or stopped process"
-    if problem:
-        return Check("op build locks", problem.split(";")[0], expected, False, problem.split(": ")[-1])
+    stale = stale_build_locks(extensions_root(), launch.on_one_machine)
+    if stale:
+        return Check("op build locks", f"stale: {stale[0]}", expected, False, f"rm {stale[0]}")
+    stopped = held_by_stopped_processes(extensions_root())
+    if stopped:
+        lock, pids = stopped
+        listed = " ".join(map(str, pids))
+        return Check("op build locks", f"held by stopped process(es) {listed}: {lock}", expected, False,
+                     f"kill -CONT {listed} (or end them)")  # fmt: skip
     return Check("op build locks", "none stale", expected, True)
 
 

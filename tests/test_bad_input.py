@@ -156,10 +156,12 @@ def test_run_name_longer_than_255_bytes_is_rejected(output_flags, capsys):
 
 
 def test_run_name_from_a_checkpoint_manifest_is_checked(tmp_path, capsys):
+    from finetune.checkpoint import write_manifest
+
     checkpoint = tmp_path / "out" / "checkpoint-1"
     checkpoint.mkdir(parents=True)
-    manifest = {"step": 1, "run_name": "../../escaped", "files": {}}
-    (checkpoint / "finetune_checkpoint.json").write_text(json.dumps(manifest))
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    write_manifest(checkpoint, 1, "../../escaped")  # an intact checkpoint but for its run name
     argv = [*TINY_FROM_SCRATCH, "--output_dir", str(tmp_path / "out"), "--report_to", "none", "--resume"]
     assert_one_error(argv, capsys, "run_name in")
 
