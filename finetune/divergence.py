@@ -40,7 +40,6 @@ class DivergenceGuard:
         self.loss_spike_factor = loss_spike_factor
         self.uniform_guess_loss = math.log(vocab_size) if vocab_size else 0.0
         self.logged_losses: list[float] = []
-
         self._first_bad: torch.Tensor | None = None  # [step, norm] of the first non-finite norm, or [-1, 0]
 
     def check_gradient_norm(self, step: int, grad_norm: float | None) -> None:

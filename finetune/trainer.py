@@ -205,21 +205,19 @@ class FinetuneTrainer(Trainer):
         if "loss" in logs:  # logged first, so the loss curve shows the value that stopped the run
             self.divergence.check_logged_loss(self.state.global_step, logs["loss"])
 
-    def check_unlogged_loss(self) -> None:
-        """Before a save, the mean loss of the steps since the last log meets the spike rule, as a log
-        would check it. Collective: every rank saves."""
-        steps = self.state.global_step - self._globalstep_last_logged
-        if steps > 0:
-            unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()
-            self.divergence.check_loss(self.state.global_step, unlogged / steps)
-
-    def _loss_sum_so_far(self) -> float:
-        """The logged sum plus the losses since the last log, averaged over ranks as a log would.
+    def _unlogged_loss(self) -> float:
+        """The sum of the step losses since the last log, averaged over ranks as a log would.
 
         Collective: every rank saves.
         """
-        unlogged = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()
-        return self._total_loss_scalar + unlogged
+        return nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()
+
+    def check_unlogged_loss(self, unlogged: float) -> None:
+        """Before a save, the mean loss of the steps since the last log meets the spike rule, as a log
+        would check it."""
+        steps = self.state.global_step - self._globalstep_last_logged
+        if steps > 0:
+            self.divergence.check_loss(self.state.global_step, unlogged / steps)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         watchdogs = [
@@ -238,10 +236,13 @@ class FinetuneTrainer(Trainer):
         verdict = share_from_main(room if self.args.should_save else None)  # every rank stops, or none
         if verdict is not None:
             raise FinetuneError(verdict)
-        self.check_unlogged_loss()
+        unlogged = self._unlogged_loss()  # one gather for the check and the loss sum
+        self.check_unlogged_loss(unlogged)
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, LossSumSoFar):
-                callback.loss_sum = None if self._loss_sum_before is None else self._loss_sum_so_far()
+                callback.loss_sum = (
+                    None if self._loss_sum_before is None else self._total_loss_scalar + unlogged
+                )
                 callback.recent_losses = self.divergence.recent_losses()
         output_dir = self.args.output_dir
         name = checkpoint_dir(output_dir, self.state.global_step).name
