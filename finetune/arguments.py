@@ -188,6 +188,15 @@ class FinetuneTrainingArguments(TrainingArguments):
             "least 600 s, from the first step on; 0 turns it off."
         },
     )
+    fsdp_blocks_per_unit: int = field(
+        default=1,
+        metadata={
+            "help": "FSDP profiles: shard N consecutive transformer blocks as one FSDP2 unit (one all-gather "
+            "and one reduce-scatter for the N), for models whose blocks are too small to keep the GPU ahead "
+            "of FSDP's per-unit host work; costs N blocks' unsharded parameters in flight "
+            "(finetune/fsdp_units.py, docs/speed.md)."
+        },
+    )
     profile_memory: bool = field(
         default=False,
         metadata={
@@ -229,6 +238,8 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError(
                 f"--throughput_warmup_steps must be 0 or more, got {self.throughput_warmup_steps}"
             )
+        if self.fsdp_blocks_per_unit < 1:
+            raise FinetuneError(f"--fsdp_blocks_per_unit must be at least 1, got {self.fsdp_blocks_per_unit}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise FinetuneError(f"--peak_tflops must be positive, got {self.peak_tflops}")
         if self.global_batch_size is not None and self.global_batch_size < 1:
@@ -288,6 +299,11 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: L
         check_deepspeed_config(config_path, deepspeed_config)
     if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
         refuse_stale_build_locks(launch.on_one_machine)
+    if training_args.fsdp_blocks_per_unit != 1 and launch.strategy.framework != "fsdp":
+        raise FinetuneError(
+            f"--fsdp_blocks_per_unit is for the FSDP profiles; profile {launch.strategy.name} "
+            f"({launch.strategy.framework}) has no FSDP units"
+        )
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)

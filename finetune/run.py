@@ -52,6 +52,7 @@ from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
 from finetune.data_formats import CHAT_FORMATS
+from finetune.fsdp_units import count_units
 from finetune.generate import Chat, Sampling, generate
 from finetune.instruction import end_of_turn_ids
 from finetune.losses import compile_loss
@@ -249,6 +250,7 @@ def train_and_measure(
             logger.warning(f"finetune: {problem}")
     train_metrics = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics
     record.update(training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput))
+    record.update({"fsdp_units": count_units(trainer.model) or None})
     record.update(startup.summary())
     if stop.received:
         checkpoint = record.fields["checkpoint"]

@@ -106,6 +106,11 @@ FIELDS: dict[str, tuple[str, str]] = {
         "ZeRO-3 compiled: leaf blocks whose forward torch.compile compiled, DeepSpeed's hooks around "
         "them left eager; None otherwise",
     ),
+    "fsdp_units": (
+        "int?",
+        "FSDP profiles: the FSDP2 units the transformer blocks were sharded into (the blocks divided by "
+        "--fsdp_blocks_per_unit, rounded up); None otherwise",
+    ),
     "torch_compile": (
         "bool?",
         "model compiled by torch.compile (default with CUDA but offload; ZeRO-3: its leaf blocks)",

@@ -52,6 +52,7 @@ from finetune.checkpoint import publish, write_manifest
 from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError
+from finetune.fsdp_units import blocks_per_unit
 from finetune.launched import CompilePlan, Launch
 from finetune.outputs import share_from_main
 from finetune.resume import run_identity
@@ -161,6 +162,11 @@ class FinetuneTrainer(Trainer):
         if self._loss_sum_before is None:
             output.metrics.pop("train_loss", None)
         return output
+
+    def _prepare_for_training(self, *args: Any, **kwargs: Any) -> Any:
+        """accelerate prepares the model here: FSDP2 units of --fsdp_blocks_per_unit blocks."""
+        with blocks_per_unit(self.model, getattr(self.args, "fsdp_blocks_per_unit", 1)):
+            return super()._prepare_for_training(*args, **kwargs)
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
         """accelerate compiles only what the compile plan gives it (not ZeRO-3's blocks, which

@@ -253,3 +253,14 @@ def test_a_value_transformers_refuses_is_one_error_when_the_launch_is_applied(ou
     _, _, training_args = parse_arguments([*output_flags, "--logging_steps", "2.5"])
     with pytest.raises(FinetuneError, match="--logging_steps must be an integer"):
         apply_launch_environment(training_args, Launch.from_environment())
+
+
+def test_blocks_per_fsdp_unit_is_refused_outside_the_fsdp_profiles(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--fsdp_blocks_per_unit", "2"])
+    with pytest.raises(FinetuneError, match="--fsdp_blocks_per_unit is for the FSDP profiles"):
+        apply_launch_environment(training_args, Launch.from_environment())
+
+
+def test_blocks_per_fsdp_unit_must_be_at_least_one(output_flags):
+    with pytest.raises(FinetuneError, match="--fsdp_blocks_per_unit must be at least 1, got 0"):
+        parse_arguments([*output_flags, "--fsdp_blocks_per_unit", "0"])

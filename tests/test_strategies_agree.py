@@ -21,6 +21,9 @@ import pytest
 
 from finetune.summary import read_summary
 
+from launching import accelerate_launch, launch
+from runs import FLAGS, NO_CHECKPOINTS
+
 PINNED = json.loads((Path(__file__).parent / "data" / "reference_loss_curve.json").read_text())
 STRATEGIES = ["ddp", "fsdp", "zero1", "zero2", "zero3", "zero3_nvme"]
 FIRST_STEP_RTOL = 1e-5
@@ -45,5 +48,17 @@ def test_every_strategy_starts_from_the_same_weights(profile, reference_run):
 def test_every_strategy_follows_the_pinned_loss_curve(profile, reference_run):
     curve = loss_curve(reference_run(profile))
     assert list(curve) == PINNED["steps"]
+    for step, expected in zip(PINNED["steps"], PINNED["losses"], strict=True):
+        assert curve[step] == pytest.approx(expected, rel=CURVE_RTOL), step
+
+
+def test_fsdp_units_of_two_blocks_follow_the_pinned_loss_curve(reference_run, tmp_path):
+    """Both blocks of the tiny model in one FSDP2 unit: one all-gather where there were two, the
+    same training."""
+    flags = [*FLAGS, *NO_CHECKPOINTS, "--fsdp_blocks_per_unit", "2"]
+    launch(accelerate_launch("fsdp"), tmp_path / "run", flags)
+    grouped = read_summary(tmp_path / "run")
+    assert (grouped["fsdp_units"], read_summary(reference_run("fsdp"))["fsdp_units"]) == (1, 2)
+    curve = loss_curve(tmp_path / "run")
     for step, expected in zip(PINNED["steps"], PINNED["losses"], strict=True):
         assert curve[step] == pytest.approx(expected, rel=CURVE_RTOL), step
