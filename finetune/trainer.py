@@ -165,7 +165,7 @@ class FinetuneTrainer(Trainer):
 
     def _prepare_for_training(self, *args: Any, **kwargs: Any) -> Any:
         """accelerate prepares the model here: FSDP2 units of --fsdp_blocks_per_unit blocks."""
-        with blocks_per_unit(self.model, getattr(self.args, "fsdp_blocks_per_unit", 1)):
+        with blocks_per_unit(self.model, getattr(self.args, "fsdp_blocks_per_unit", None) or 1):
             return super()._prepare_for_training(*args, **kwargs)
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import torch
 from accelerate.state import AcceleratorState, PartialState
 
 from finetune.arguments import (
+    FSDP_BLOCKS_PER_UNIT,
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
@@ -18,6 +19,7 @@ from finetune.arguments import (
 )
 from finetune.errors import FinetuneError
 from finetune.launched import Launch
+from finetune.profiles import load_strategy
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 NVME_CONFIG = PROJECT_ROOT / "ds_configs" / "zero3_nvme.json"
@@ -264,3 +266,15 @@ def test_blocks_per_fsdp_unit_is_refused_outside_the_fsdp_profiles(output_flags)
 def test_blocks_per_fsdp_unit_must_be_at_least_one(output_flags):
     with pytest.raises(FinetuneError, match="--fsdp_blocks_per_unit must be at least 1, got 0"):
         parse_arguments([*output_flags, "--fsdp_blocks_per_unit", "0"])
+
+
+def test_blocks_per_fsdp_unit_defaults_to_one_outside_the_fsdp_profiles(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    apply_launch_environment(training_args, Launch.from_environment())
+    assert training_args.fsdp_blocks_per_unit == 1
+
+
+def test_blocks_per_fsdp_unit_defaults_to_four_under_the_fsdp_profiles(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    apply_launch_environment(training_args, Launch(load_strategy("fsdp")))
+    assert training_args.fsdp_blocks_per_unit == FSDP_BLOCKS_PER_UNIT == 4

@@ -52,13 +52,13 @@ def test_every_strategy_follows_the_pinned_loss_curve(profile, reference_run):
         assert curve[step] == pytest.approx(expected, rel=CURVE_RTOL), step
 
 
-def test_fsdp_units_of_two_blocks_follow_the_pinned_loss_curve(reference_run, tmp_path):
-    """Both blocks of the tiny model in one FSDP2 unit: one all-gather where there were two, the
-    same training."""
-    flags = [*FLAGS, *NO_CHECKPOINTS, "--fsdp_blocks_per_unit", "2"]
+def test_fsdp_units_of_one_block_follow_the_pinned_loss_curve(reference_run, tmp_path):
+    """By default both blocks of the tiny model are one FSDP2 unit (fsdp's reference run); one unit
+    per block, one all-gather each, is the same training."""
+    flags = [*FLAGS, *NO_CHECKPOINTS, "--fsdp_blocks_per_unit", "1"]
     launch(accelerate_launch("fsdp"), tmp_path / "run", flags)
-    grouped = read_summary(tmp_path / "run")
-    assert (grouped["fsdp_units"], read_summary(reference_run("fsdp"))["fsdp_units"]) == (1, 2)
+    one_per_block = read_summary(tmp_path / "run")
+    assert (one_per_block["fsdp_units"], read_summary(reference_run("fsdp"))["fsdp_units"]) == (2, 1)
     curve = loss_curve(tmp_path / "run")
     for step, expected in zip(PINNED["steps"], PINNED["losses"], strict=True):
         assert curve[step] == pytest.approx(expected, rel=CURVE_RTOL), step
