@@ -12,8 +12,10 @@ differences in WORLD_SIZE_CHANGE_FIELDS and converts the checkpoint (finetune/re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
-from finetune.checkpoint import read_manifest, swapped_to_nvme
-from finetune.errors import FinetuneError
+from finetune.checkpoint import checkpoints_newest_first, read_manifest, swapped_to_nvme
+from finetune.errors import Diverged, FinetuneError
 from finetune.launched import BatchGeometry, Launch
 from finetune.summary import read_summary
 
@@ -311,3 +313,23 @@ def how_to_continue(checkpoint: str | Path | None) -> str:
     if checkpoint is not None and swapped_to_nvme(Path(checkpoint)):
         return f"start a new run from its weights: finetune export {checkpoint} DIR, then --model DIR"
     return "run the same command with --resume to continue"
+
+
+@contextlib.contextmanager
+def how_to_go_on_after_divergence(output_dir: str | Path) -> Iterator[None]:
+    """A diverged run's line ends with the way on: its newest checkpoint passed the loss and weight
+    checks before it was saved, but `--resume` would continue the same run, learning rate included.
+    Its weights start a new run, with a fresh optimizer, at another learning rate."""
+    try:
+        yield
+    except Diverged as diverged:
+        newest = checkpoints_newest_first(output_dir)
+        if not newest:
+            raise Diverged(
+                f"{diverged}; no checkpoint was saved: start again with a lower --learning_rate"
+            ) from None
+        raise Diverged(
+            f"{diverged}; {newest[0]} was checked before it was saved: to go on from it with another "
+            f"learning rate, finetune export {newest[0]} DIR, then run with --model DIR and a lower "
+            "--learning_rate"
+        ) from None

@@ -80,6 +80,7 @@ from finetune.resume import (
     check_resume,
     defining_flags,
     extended_from,
+    how_to_go_on_after_divergence,
     how_to_continue,
 )
 from finetune.summary import (
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         record = RunRecord(
             training_args.output_dir, training_args.run_name, is_main, started_at=process_start_time()
         )
-        with record.until_exit():
+        with record.until_exit(), how_to_go_on_after_divergence(training_args.output_dir):
             train_and_measure(model_args, data_args, training_args, launch, record, resume_from)
         if is_main:
             print(format_report(record.fields))

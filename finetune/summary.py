@@ -507,6 +507,7 @@ class RunRecord:
             raise
         except Diverged as diverged:
             self.update({"status": "diverged", "error": str(diverged)})
+            self.name_the_newest_checkpoint()
             self.write()
             raise
         except BaseException as error:

@@ -108,6 +108,23 @@ def test_a_huge_learning_rate_stops_as_diverged_without_a_nan_model_or_checkpoin
             assert tensor.isfinite().all(), f"{checkpoint.name}: {name}"
 
 
+def test_a_diverged_run_names_its_newest_checkpoint_and_how_to_go_on_at_another_learning_rate(
+    tmp_path, capsys, in_process_commands
+):
+    output_dir = tmp_path / "out"
+    line = diverged_run([*FLAGS, "--learning_rate", "1e38"], output_dir, capsys)
+    newest = max(output_dir.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    assert read_summary(output_dir)["checkpoint"] == str(newest)
+    assert f"finetune export {newest} DIR, then run with --model DIR and a lower --learning_rate" in line
+
+
+def test_a_diverged_run_without_checkpoints_says_to_start_again_lower(tmp_path, capsys, in_process_commands):
+    output_dir = tmp_path / "out"
+    flags = [*FLAGS, "--learning_rate", "1e3", "--save_strategy", "no"]
+    line = diverged_run(flags, output_dir, capsys)
+    assert line.endswith("no checkpoint was saved: start again with a lower --learning_rate")
+
+
 def test_a_learning_rate_that_blows_the_loss_up_stops_at_the_spike(tmp_path, capsys, in_process_commands):
     output_dir = tmp_path / "out"
     diverged_run([*FLAGS, "--learning_rate", "1e3", "--save_strategy", "no"], output_dir, capsys)
