@@ -311,13 +311,20 @@ def eval_command(options: argparse.Namespace) -> int:
         if options.output:
             Path(options.output).write_text(json.dumps(result, indent=2) + "\n")
         if completions is not None:
-            write_completions(completions, options.completions or completions_path(options.output))
+            write_completions(
+                completions,
+                options.completions or completions_path(options.output, options.model, options.split),
+            )
     return 0
 
 
-def completions_path(output: str | None) -> str:
-    """Beside --output (RESULT.completions.jsonl), else eval-completions.jsonl here."""
-    return str(Path(output).with_suffix(".completions.jsonl")) if output else "eval-completions.jsonl"
+def completions_path(output: str | None, model: str, split: str) -> str:
+    """Beside --output (RESULT.completions.jsonl), else in the evaluated model's folder, where they
+    stay with what they judge (eval-SPLIT.completions.jsonl); a Hub name has none: the current one."""
+    if output:
+        return str(Path(output).with_suffix(".completions.jsonl"))
+    folder = Path(model) if Path(model).is_dir() else Path()
+    return str(folder / f"eval-{split}.completions.jsonl")
 
 
 def write_completions(records: list[dict], path: str) -> None:
@@ -704,7 +711,8 @@ def add_eval_parser(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument(
         "--completions",
         help="--generate: write every prompt, completion, answer and reference to this JSONL file "
-        "(default: beside --output as RESULT.completions.jsonl, else eval-completions.jsonl here)",
+        "(default: beside --output as RESULT.completions.jsonl, else eval-SPLIT.completions.jsonl in the "
+        "model's folder)",
     )
     evaluate.add_argument(
         "--stop", action="append", default=[], help="--generate: text that ends an answer (repeat for more)"

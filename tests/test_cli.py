@@ -125,3 +125,13 @@ def test_slurm_job_writes_into_the_output_dir_of_its_recipe(tmp_path):
 def test_slurm_job_without_an_output_dir_writes_into_outputs_job_name(tmp_path):
     text = slurm_script(tmp_path, "--job_name", "tiny", "--", "--model", "gpt2")
     assert f"--model gpt2 --output_dir {tmp_path / 'outputs' / 'tiny'} --resume)" in text
+
+
+def test_eval_completions_go_beside_the_output_else_into_the_evaluated_models_folder(tmp_path):
+    assert cli.completions_path(str(tmp_path / "r.json"), str(tmp_path), "test") == str(
+        tmp_path / "r.completions.jsonl"
+    )
+    assert cli.completions_path(None, str(tmp_path), "test") == str(tmp_path / "eval-test.completions.jsonl")
+    assert (
+        cli.completions_path(None, "gpt2-not-a-folder", "validation") == "eval-validation.completions.jsonl"
+    )
