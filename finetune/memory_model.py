@@ -36,18 +36,21 @@ Activations per GPU are `L·b·T·H·c_layer + b·T·V·(c_logits + 4)` bytes fo
 micro batch b, block T and vocabulary V (SDPA attention keeps no T-by-T scores). c_logits = 10:
 the bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 log-softmax (4);
 the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. These are the
-eager loss's bytes: compiled (run.py's `--compile_loss`, wherever it compiles the model) the loss
-kept a few bytes a logit fewer (docs/planner.md). The
-calibration rows kept the eager bytes (whole-model compiled ones too), so the planner counts them
-and is conservative for compiled-loss runs. c_layer is
-fitted to measured full fine-tuning peaks (finetune/calibration.json, least squares), separately
-for the three ways a layer's activations are held (CALIBRATION_KINDS): `autocast` (eager torch
+eager loss's bytes, which the eager kinds and `compiled` (the whole model compiled: ddp, zero1,
+zero2) count. c_layer is fitted to measured full fine-tuning peaks (finetune/calibration.json,
+least squares), separately for the ways a layer's activations are held (CALIBRATION_KINDS):
+`autocast` (eager torch
 autocast over fp32 weights or adapters: GPT-2's LayerNorm and tanh-GELU then run in fp32, a third
 more than bf16; a model without LayerNorm, such as an RMSNorm Llama, keeps bf16's), `bf16` (eager,
 weights held in bf16 without autocast: DeepSpeed, and FSDP2's mixed precision) and `compiled`
 (inductor fuses elementwise chains and keeps far fewer intermediates: docs/planner.md);
-framework buffers and allocator slack are in it too. A model with a gated MLP (Llama, Qwen, Mistral:
-gate and up projections, RMSNorm) keeps less per b·T·H than GPT-2 at the same c_layer: eager,
+framework buffers and allocator slack are in it too. Two more kinds compile the blocks one by one
+and the loss beside them (run.py's `--compile_loss`): `fsdp_compiled` (FSDP2 in bf16, no autocast)
+and `zero3_compiled` (ZeRO-3's leaf blocks' forwards). Their compiled loss keeps fewer bytes a logit
+than the eager loss's 14, so for them the bytes per logit are fitted with c_layer (two unknowns:
+rows of models with different layers-to-vocabulary ratios); counted as eager they were predicted
+1.3-1.5x their measured peaks on 2 and 4 GPUs (docs/planner.md). A model with a gated MLP (Llama,
+Qwen, Mistral: gate and up projections, RMSNorm) keeps less per b·T·H than GPT-2 at the same c_layer: eager,
 GATED_MLP_ACTIVATION_SCALE, what the CPU census of autograd's saved tensors counted
 (docs/planner.md; one shape, intermediate 2.75·H); compiled,
 `Calibration.compiled_gated_mlp_scale`, fitted to the compiled Llama peaks measured on GPUs (inductor
@@ -91,7 +94,8 @@ MEASURED = {
     name: entry["value"] for name, entry in json.loads(CALIBRATION_FILE.read_text())["constants"].items()
 }
 DEFAULT_MARGIN = MEASURED["margin"]  # share of GPU memory a plan keeps free: the model's own error
-CALIBRATION_KINDS = ("autocast", "bf16", "compiled")
+CALIBRATION_KINDS = ("autocast", "bf16", "compiled", "fsdp_compiled", "zero3_compiled")
+COMPILED_LOSS_KINDS = ("fsdp_compiled", "zero3_compiled")  # their bytes per logit are fitted
 MAX_MICRO_BATCH = 4096
 GATED_MLP_ACTIVATION_SCALE = MEASURED["gated_mlp_activation_scale"]
 ADAPTER_INPUT_BYTES = MEASURED["adapter_input_bytes"]
@@ -254,54 +258,93 @@ def measurements_of(rows: list[dict[str, Any]]) -> list[Measurement]:
     return [Measurement.from_row(row, strategies[row["profile"]]) for row in rows]
 
 
+def layers_and_logits(rows: list[Measurement], activations: list[float]) -> tuple[float, float]:
+    """(c_layer, bytes per logit) that fit the rows' activations (peak less states) best, least
+    squares; the rows must mix layers-to-vocabulary ratios (two model shapes), or the two are one."""
+    layer_units = [layer_gib_per_byte(m.shape, m.workload) for m in rows]
+    logit_units = [m.workload.micro_batch * m.workload.block_size * m.shape.vocab / GIB for m in rows]
+    aa = sum(u * u for u in layer_units)
+    bb = sum(v * v for v in logit_units)
+    ab = sum(u * v for u, v in zip(layer_units, logit_units, strict=True))
+    ay = sum(u * y for u, y in zip(layer_units, activations, strict=True))
+    by = sum(v * y for v, y in zip(logit_units, activations, strict=True))
+    determinant = aa * bb - ab * ab
+    if determinant <= 1e-9 * aa * bb:
+        raise ValueError(f"{len(rows)} measurement(s) of one shape cannot separate layers from logits")
+    return (ay * bb - by * ab) / determinant, (by * aa - ay * ab) / determinant
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """Bytes kept per b·T·H per layer, by calibration kind (CALIBRATION_KINDS), and what a compiled
-    gated-MLP model keeps against that."""
+    """Bytes kept per b·T·H per layer, by calibration kind (CALIBRATION_KINDS), bytes per logit of the
+    kinds whose loss is compiled (COMPILED_LOSS_KINDS; the rest keep the eager loss's), and what a
+    compiled gated-MLP model keeps against GPT-2's layers."""
 
     layer_bytes: dict[str, float]
     compiled_gated_mlp_scale: float = 1.0
+    logit_bytes: dict[str, float] = field(default_factory=dict)
 
     def layer_bytes_for(self, kind: str, shape: ModelShape) -> float:
         if not shape.gated_mlp:
             scale = 1.0
-        elif kind == "compiled":
+        elif kind in ("compiled", *COMPILED_LOSS_KINDS):
             scale = self.compiled_gated_mlp_scale
         else:
             scale = GATED_MLP_ACTIVATION_SCALE
         return self.layer_bytes.get(kind, 0.0) * scale
 
+    def logit_bytes_for(self, kind: str) -> float:
+        return self.logit_bytes.get(kind, LOGIT_BYTES + LOGIT_GRADIENT_BYTES)
+
     @classmethod
     def fit(cls, measurements: list[Measurement]) -> Calibration:
-        """Least squares through the origin of what the measured peaks leave after states and logits:
-        c_layer per kind on full fine-tuning of models without a gated MLP, then the compiled
-        gated-MLP scale on compiled full fine-tuning of models with one.
+        """Least squares of what the measured peaks leave after the model states: through the origin
+        for c_layer of the eager-loss kinds on full fine-tuning of models without a gated MLP (their
+        logits counted at the eager loss's bytes), c_layer and the bytes per logit together for the
+        compiled-loss kinds, then the compiled gated-MLP scale on compiled full fine-tuning of models
+        with one.
 
         The rest check out of sample: eager gated-MLP rows the census' scale, --peft rows the adapter
         accounting.
         """
         full = [m for m in measurements if m.workload.peft is None]
-        without_layers = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0))
+        eager_loss = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0))  # logits at the eager loss's bytes
+        states_only = cls(eager_loss.layer_bytes, logit_bytes=dict.fromkeys(CALIBRATION_KINDS, 0.0))
 
         def kind_of(m: Measurement) -> str:
             return calibration_kind(m.strategy, m.workload, m.shape)
 
-        def through_origin(rows: list[Measurement], layer_bytes: dict[str, float]) -> float:
+        def residual(m: Measurement, calibration: Calibration) -> float:
+            return m.peak_allocated_gib - estimate_for(m, calibration).total
+
+        def through_origin(
+            rows: list[Measurement], calibration: Calibration, layer_bytes: dict[str, float]
+        ) -> float:
             """The factor on `layer_bytes` (per kind) that fits the rows' residuals best."""
-            residuals = [m.peak_allocated_gib - estimate_for(m, without_layers).total for m in rows]
+            residuals = [residual(m, calibration) for m in rows]
             units = [layer_gib_per_byte(m.shape, m.workload) * layer_bytes[kind_of(m)] for m in rows]
             return sum(r * u for r, u in zip(residuals, units, strict=True)) / sum(u * u for u in units)
 
-        layer_bytes = {}
-        for kind in CALIBRATION_KINDS:
+        def rows_of(kind: str) -> list[Measurement]:
             rows = [m for m in full if not m.shape.gated_mlp and kind_of(m) == kind]
             if not rows:
                 raise ValueError(f"no {kind} measurement to calibrate activations with")
-            layer_bytes[kind] = through_origin(rows, dict.fromkeys(CALIBRATION_KINDS, 1.0))
+            return rows
+
+        layer_bytes, logit_bytes = {}, {}
+        for kind in CALIBRATION_KINDS:
+            if kind in COMPILED_LOSS_KINDS:
+                rows = rows_of(kind)
+                activations = [residual(m, states_only) for m in rows]
+                layer_bytes[kind], logit_bytes[kind] = layers_and_logits(rows, activations)
+            else:
+                layer_bytes[kind] = through_origin(
+                    rows_of(kind), eager_loss, dict.fromkeys(CALIBRATION_KINDS, 1.0)
+                )
         gated = [m for m in full if m.shape.gated_mlp and kind_of(m) == "compiled"]
         if not gated:
             raise ValueError("no compiled gated-MLP measurement to calibrate activations with")
-        return cls(layer_bytes, through_origin(gated, layer_bytes))
+        return cls(layer_bytes, through_origin(gated, eager_loss, layer_bytes), logit_bytes)
 
     @classmethod
     def measured(cls) -> Calibration:
@@ -345,19 +388,28 @@ def compiled_for(strategy: Strategy, workload: Workload) -> bool:
 
 
 def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
-    """How the layers' activations are held (CALIBRATION_KINDS). DeepSpeed's kind is bf16 also when
-    compiled: its compiled peaks were lower (conservative). Autocast keeps more than bf16 only
+    """How the layers' activations are held (CALIBRATION_KINDS): ZeRO-1/2 count as bf16 also when
+    compiled (no compiled peaks measured; eager is the larger). Autocast keeps more than bf16 only
     through LayerNorm (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's kind."""
+    compiled = compiled_for(strategy, workload)
+    # The compiled-loss kinds were measured on GPT-2 shapes; a gated-MLP model's compiled FSDP2 peak
+    # on one GPU was above what they predict, so such models keep the kinds they had until their
+    # compiled sharded peaks are measured.
+    by_blocks = compiled and not shape.gated_mlp
     if framework_of(strategy, workload.dtype) == "deepspeed":
-        return "bf16"
-    if compiled_for(strategy, workload):
-        return "compiled"
+        # ZeRO-3 compiles only the leaf blocks of full fine-tuning (run.py): with --peft it runs eager
+        zero3_blocks = strategy.zero_stage == 3 and by_blocks and workload.peft is None
+        return "zero3_compiled" if zero3_blocks else "bf16"
+    if compiled:
+        return "fsdp_compiled" if strategy.framework == "fsdp" and by_blocks else "compiled"
     if strategy.framework == "fsdp" and workload.dtype != "fp32":
         return "bf16"
     return "autocast" if shape.layer_norm else "bf16"
 
 
-def forward_activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) -> float:
+def forward_activation_gib(
+    shape: ModelShape, workload: Workload, layer_bytes: float, logit_bytes: float = LOGIT_BYTES
+) -> float:
     """What the forward pass leaves for backward."""
     tokens = workload.micro_batch * workload.block_size
     per_layer = tokens * shape.hidden * layer_bytes
@@ -365,16 +417,18 @@ def forward_activation_gib(shape: ModelShape, workload: Workload, layer_bytes: f
         layers = shape.layers * tokens * shape.hidden * CHECKPOINTED_LAYER_BYTES + per_layer
     else:
         layers = shape.layers * per_layer
-    return (layers + tokens * shape.vocab * LOGIT_BYTES) / GIB
+    return (layers + tokens * shape.vocab * logit_bytes) / GIB
 
 
-def activation_gib(shape: ModelShape, workload: Workload, layer_bytes: float) -> float:
-    """At the peak, the start of backward: the forward's activations and the logits' gradient."""
-    tokens = workload.micro_batch * workload.block_size
-    return (
-        forward_activation_gib(shape, workload, layer_bytes)
-        + tokens * shape.vocab * LOGIT_GRADIENT_BYTES / GIB
-    )
+def activation_gib(
+    shape: ModelShape,
+    workload: Workload,
+    layer_bytes: float,
+    logit_bytes: float = LOGIT_BYTES + LOGIT_GRADIENT_BYTES,
+) -> float:
+    """At the peak, the start of backward: the forward's activations and the logits' gradient
+    (`logit_bytes` counts both)."""
+    return forward_activation_gib(shape, workload, layer_bytes, logit_bytes)
 
 
 def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:
@@ -433,13 +487,14 @@ def estimate(
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
     kind = calibration_kind(strategy, workload, shape)
     layer_bytes = calibration.layer_bytes_for(kind, shape)
+    logit_bytes = calibration.logit_bytes_for(kind)
     return Estimate(
         strategy=strategy,
         gpus=gpus,
         parameters=states["parameters"],
         gradients=states["gradients"],
         optimizer=states["optimizer"],
-        activations=activation_gib(shape, workload, layer_bytes)
+        activations=activation_gib(shape, workload, layer_bytes, logit_bytes)
         + adapter_activation_gib(shape, workload, strategy),
         host_per_gpu=host,
         nvme=moved["nvme"] * gpus,

@@ -2,6 +2,8 @@
 
 usage: python benchmarks/scripts/calibration_rows.py DIR   writes DIR/calibration_rows.json (rows in
 calibration.json's form); `tables.py peaks DIR` shows each beside the planner's prediction.
+       python benchmarks/scripts/calibration_rows.py --floor CALL   the same from a floor.sh call's
+case folders (finetune's runs only; the command is the case, as NOTES.md beside the call gives it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from finetune.memory_model import ModelShape
 from finetune.models import resolve_model
 
 PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
+VERSIONS_LINE = re.compile(r"(\S+) \((\d+), (\d+), (\d+)\) (\S+) (\S+) (\S+)")
 
 
 def row(summary: dict, profile: str, command: str, versions: str) -> dict:
@@ -76,10 +79,37 @@ def measured_rows(folder: Path) -> list[dict]:
     return rows
 
 
-def main(folder: Path) -> None:
-    rows = measured_rows(folder)
-    (folder / "calibration_rows.json").write_text(json.dumps(rows, indent=2) + "\n")
+def floor_rows(call: Path) -> list[dict]:
+    """A row per finetune case of a floor.sh call (the plain script's cases have no summary)."""
+    # floor.sh's gpu.txt ends with: torch, NCCL as a tuple, transformers, accelerate, deepspeed
+    found = VERSIONS_LINE.fullmatch((call / "gpu.txt").read_text().splitlines()[-1])
+    versions = (
+        "torch {}, NCCL {}.{}.{}, transformers {}, accelerate {}, deepspeed {}".format(*found.groups())
+        if found
+        else ""
+    )
+    rows = []
+    for summary_path in sorted(call.glob("*/run_summary.json")):
+        summary = json.loads(summary_path.read_text())
+        if summary.get("status") != "completed":
+            continue
+        command = f"floor.sh case {summary_path.parent.name}: {call.parent}/NOTES.md, {call.name}"
+        measured = row(summary, summary["strategy"], command, versions)
+        measured["date"] = summary["started_at"][:10]
+        if summary.get("fsdp_units") is not None:
+            measured["fsdp_units"] = summary["fsdp_units"]
+        rows.append(measured)
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "--floor":
+        call = Path(argv[1])
+        (call / "calibration_rows.json").write_text(json.dumps(floor_rows(call), indent=2) + "\n")
+        return
+    folder = Path(argv[0])
+    (folder / "calibration_rows.json").write_text(json.dumps(measured_rows(folder), indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(sys.argv[1:])
