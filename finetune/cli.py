@@ -407,6 +407,7 @@ def plan_command(options: argparse.Namespace) -> int:
     from finetune.planner import (
         LADDER_BLOCK_SIZE,
         Hardware,
+        format_global_batch,
         format_largest,
         format_plan,
         largest_micro_batch,
@@ -434,6 +435,11 @@ def plan_command(options: argparse.Namespace) -> int:
     profiles = options.profiles.split(",") if options.profiles else None
     estimates = plan(shape, workload, options.gpus, calibration, profiles)
     print(format_plan(shape, workload, estimates, hardware))
+    if options.global_batch_size is not None:
+        print()
+        print(
+            format_global_batch(shape, workload, estimates, hardware, calibration, options.global_batch_size)
+        )
     best = recommend(estimates, memory, options.margin)
     if best is not None:
         largest = largest_micro_batch(best.strategy, shape, workload, hardware, calibration)
@@ -623,6 +629,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     )
     planning.add_argument(
         "--margin", type=fraction, help="share of GPU memory kept free (default: the planner's error, 0.15)"
+    )
+    planning.add_argument(
+        "--global_batch_size",
+        type=positive_int,
+        help="also show the micro batch and accumulation `finetune run --global_batch_size` would choose "
+        "under each profile",
     )
 
 

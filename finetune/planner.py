@@ -166,6 +166,40 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
     return "\n".join(lines)
 
 
+def format_global_batch(
+    shape: ModelShape,
+    workload: Workload,
+    estimates: list[Estimate],
+    hardware: Hardware,
+    calibration: Calibration,
+    global_batch: int,
+) -> str:
+    """What `finetune run --global_batch_size G` would train under each profile, chosen as the run
+    chooses it (`BatchGeometry.from_global` over `largest_micro_batch`): the largest micro batch that
+    divides each GPU's share and is predicted to fit, the accumulation the rest."""
+    lines = [
+        f"--global_batch_size {global_batch} on {hardware.gpus} GPU(s), as `finetune run` would train it:",
+        "",
+        "| profile | micro batch | accumulation | total / GPU at that micro batch |",
+        "|---|---|---|---|",
+    ]
+    for e in estimates:
+        largest = largest_micro_batch(
+            e.strategy, shape, replace(workload, micro_batch=1), hardware, calibration
+        )
+        if largest < 1:
+            lines.append(f"| {e.profile} | does not fit at micro batch 1 | | |")
+            continue
+        geometry, _ = BatchGeometry.from_global(
+            global_batch, hardware.gpus, largest=(largest, "predicted to fit")
+        )
+        chosen = estimate(
+            e.strategy, shape, replace(workload, micro_batch=geometry.micro), hardware.gpus, calibration
+        )
+        lines.append(f"| {e.profile} | {geometry.micro} | {geometry.accumulation} | {chosen.total:.2f} |")
+    return "\n".join(lines)
+
+
 def describe_training(shape: ModelShape, workload: Workload) -> str:
     if workload.peft is None:
         return ""

@@ -339,6 +339,41 @@ def test_plan_command_names_the_largest_micro_batch_of_the_recommendation(capsys
     assert "largest micro batch predicted to fit with single: " in out
 
 
+def test_plan_shows_the_batch_each_profile_would_train_for_a_global_batch(capsys):
+    """The run's choice (BatchGeometry.from_global over the largest micro batch predicted to fit):
+    on 4 x 80 GiB, gpt2-medium's share of 32 fits whole under fsdp, and every row makes 128."""
+    flags = [
+        "plan",
+        "--model",
+        "gpt2-medium",
+        "--gpus",
+        "4",
+        "--gpu_memory",
+        "80",
+        "--global_batch_size",
+        "128",
+    ]
+    assert cli_main(flags) == 0
+    rows = {
+        cells[0]: (int(cells[1]), int(cells[2]))
+        for line in capsys.readouterr().out.split("as `finetune run` would train it:")[1].splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])[1].isdigit()
+    }
+    assert rows["fsdp"] == (32, 1)
+    assert all(micro * accumulation * 4 == 128 for micro, accumulation in rows.values())
+    assert set(rows) == {
+        "ddp",
+        "zero1",
+        "zero2",
+        "fsdp_grad_op",
+        "zero3",
+        "fsdp",
+        "zero2_offload",
+        "zero3_offload",
+        "zero3_nvme",
+    }
+
+
 def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
     name, found = largest_model(ZERO3, Workload(8, 1024), Hardware(4, 80), calibration)
     ladder = list(MODEL_LADDER)
