@@ -207,7 +207,7 @@ def train_and_measure(
         newest = checkpoints_newest_first(training_args.output_dir)
         record.update({"status": "interrupted", "error": message, "hang": str(folder),
                        "checkpoint": str(newest[0]) if newest else None})  # fmt: skip
-        record.write()
+        record.write(by_this_rank=True)  # the reporting rank: rank 0, or another where rank 0 froze
 
     watchdog = Watchdog(
         training_args.watchdog_s,

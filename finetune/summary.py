@@ -479,9 +479,11 @@ class RunRecord:
             raise KeyError(f"undocumented run-summary fields: {', '.join(unknown)}")
         self.fields.update(fields)
 
-    def write(self) -> Path | None:
+    def write(self, by_this_rank: bool = False) -> Path | None:
+        """Rank 0 writes the summary; `by_this_rank`: this rank does, in its place (the watchdog's
+        report when rank 0 is frozen)."""
         self.fields["wall_time_s"] = self.clock() - self.started
-        if not self.is_main_process:
+        if not (self.is_main_process or by_this_rank):
             return None
         return write_summary(self.fields["output_dir"], self.fields)
 

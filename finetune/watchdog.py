@@ -6,9 +6,11 @@ default 20 times the median step, at least 10 minutes, armed after the first ste
 and compilation never count), every rank writes its Python stacks (faulthandler) and where its main
 thread is into `output_dir/hang-step<N>/`; under NCCL it also asks torch for its flight recorder's
 trace. Rank 0 reads the others' files: a rank whose main thread is not inside a collective is one
-that did not arrive. The run then ends: exit 75 when a checkpoint exists (a SLURM requeue resumes
-it), else 1, its summary saying why. No library does this for a Trainer run; torch's own NCCL
-watchdog only fires at the collective timeout, with nothing about the ranks' Python.
+that did not arrive. A rank 0 that writes nothing (stopped, or stuck in C with its threads) is
+reported by the lowest other rank instead, naming rank 0 as the one without a stack. The run then
+ends: exit 75 when a checkpoint exists (a SLURM requeue resumes it), else 1, its summary saying
+why. No library does this for a Trainer run; torch's own NCCL watchdog only fires at the
+collective timeout, with nothing about the ranks' Python.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from finetune.run_folder import hang_dir
 STEP_TIMES_FACTOR = 20.0
 FLOOR_S = 600.0
 POLL_S = 1.0
-GATHER_S = 15.0  # how long rank 0 waits for the other ranks' files
+GATHER_S = 15.0  # how long the reporting rank waits for the other ranks' files
+REPORTED = "reported.txt"  # written by the rank that reported the hang (rank 0, else the lowest other)
 # Where a rank that arrived waits for the others: in a collective, or in backward, where DDP's and
 # FSDP's gradient collectives run inside the autograd engine.
 COLLECTIVE_FILES = ("torch/distributed", "deepspeed/comm", "accelerate/utils/operations", "torch/autograd/")
@@ -57,7 +60,8 @@ def in_a_collective(frames: list[str]) -> bool:
 
 class Watchdog(TrainerCallback):
     """`limit_s`: seconds without an optimizer step (None: automatic, see the module; 0: off).
-    `on_hang(message, folder)` runs on rank 0 before the process ends (the run summary)."""
+    `on_hang(message, folder)` runs on the reporting rank before the process ends (the run summary):
+    rank 0, or, when rank 0 has not reported within the gathering time, the lowest other rank."""
 
     def __init__(
         self,
@@ -137,12 +141,24 @@ class Watchdog(TrainerCallback):
         dump_nccl_trace(folder, self.rank)
         code = RESUMABLE_EXIT_CODE if checkpoints_newest_first(self.output_dir) else 1
         if self.rank == 0:
-            message = self.report(folder, step, waited)
-            print(f"finetune: {message}", file=sys.stderr, flush=True)
-            self.on_hang(message, folder)
+            self.end_the_run(folder, step, waited, sys.stderr)
         else:
-            time.sleep(GATHER_S + 5)  # rank 0 reads this rank's files, then ends the job
+            # This rank's stacks are on disk: what its main thread prints from now on (a collective
+            # failing as the reporting rank exits) would only bury the report's one line.
+            stderr = os.fdopen(os.dup(2), "w")
+            with open(os.devnull, "w") as devnull:
+                os.dup2(devnull.fileno(), 2)
+            reported = waited_for(folder / REPORTED, GATHER_S + 5)  # rank 0 reads this rank's files
+            if not reported and self.rank == lowest_other_rank(folder):  # rank 0 frozen or gone
+                self.end_the_run(folder, step, waited, stderr)
         os._exit(code)
+
+    def end_the_run(self, folder: Path, step: int, waited: float, stderr: Any) -> None:
+        """The one line, the summary (`on_hang`), and the mark that the run has been reported."""
+        message = self.report(folder, step, waited)
+        print(f"finetune: {message}", file=stderr, flush=True)
+        self.on_hang(message, folder)
+        (folder / REPORTED).write_text(message + "\n")
 
     def report(self, folder: Path, step: int, waited: float) -> str:
         deadline = time.monotonic() + GATHER_S
@@ -167,6 +183,23 @@ class Watchdog(TrainerCallback):
             f"no optimizer step ended for {waited:.0f} s (limit {self.limit():.0f} s) at step {step}: "
             f"{who}; stacks in {folder}"
         )
+
+
+def waited_for(path: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.2)
+    return path.exists()
+
+
+def lowest_other_rank(folder: Path) -> int | None:
+    """The lowest rank but 0 that wrote its stacks: it reports when rank 0 does not (a rank 0
+    stopped by SIGSTOP or stuck in C writes nothing, its watchdog thread frozen with it)."""
+    ranks = [int(path.stem[4:]) for path in folder.glob("rank*.json") if path.stem[4:].isdigit()]
+    others = [rank for rank in ranks if rank != 0]
+    return min(others) if others else None
 
 
 def dump_nccl_trace(folder: Path, rank: int) -> None:

@@ -44,6 +44,22 @@ def test_a_stalled_rank_is_named_its_stacks_written_and_the_run_resumable(tmp_pa
     assert (resumed["status"], resumed["resumed_from_step"], resumed["steps"]) == ("completed", 2, 6)
 
 
+def test_a_frozen_rank_0_is_reported_by_rank_1_in_one_line_with_the_summary(tmp_path):
+    """Rank 0 stopped (SIGSTOP) writes nothing and reports nothing: rank 1 does, in its place."""
+    output_dir = tmp_path / "out"
+    command = [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/ddp.yaml",
+               "--num_processes", "2", "--main_process_port", "0", "tests/stalled_run.py",
+               *FLAGS, "--output_dir", str(output_dir)]  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env={**ENVIRONMENT, "FREEZE_RANK_0": "1"},
+                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert result.returncode != 0
+    [line] = [line for line in result.stderr.splitlines() if "no optimizer step ended" in line]
+    assert "at step 3:" in line and "no stack from rank(s) 0" in line, line
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    summary = read_summary(output_dir)
+    assert (summary["status"], summary["hang"]) == ("interrupted", str(output_dir / "hang-step3"))
+
+
 def test_a_rank_reading_an_nccl_collectives_result_in_a_helper_counts_as_waiting():
     # under NCCL rank 0 of a stalled run was found here (benchmarks/h100x2-2026-11-26b), not in torch's code
     from finetune import checkpoint
