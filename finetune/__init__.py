@@ -2,6 +2,12 @@
 
 __version__ = "0.1.0"
 
-from finetune.quiet import silence_known_noise  # before any library logs at import
+import sys
 
-silence_known_noise()
+try:
+    from finetune.quiet import silence_known_noise  # before any library logs at import; imports torch
+
+    silence_known_noise()
+except KeyboardInterrupt:  # Ctrl-C during the seconds torch takes to import: one line, not a traceback
+    print("finetune: interrupted while starting", file=sys.stderr)
+    raise SystemExit(130) from None

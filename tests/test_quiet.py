@@ -63,3 +63,18 @@ def test_a_packed_instruction_run_has_no_padding_warning(tmp_path):
         str(tmp_path / "out"),
     )  # fmt: skip
     assert not [line for line in lines if any(text in line for text in NOISE)]
+
+
+def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130():
+    """The KeyboardInterrupt raised where the package imports torch (finetune.quiet)."""
+    interrupt_on_import = (
+        "import sys, types\n"
+        "class Interrupting(types.ModuleType):\n"
+        "    def __getattr__(self, name):\n"
+        "        raise KeyboardInterrupt\n"
+        "sys.modules['finetune.quiet'] = Interrupting('finetune.quiet')\n"
+        "import finetune\n"
+    )
+    result = subprocess.run([sys.executable, "-c", interrupt_on_import], capture_output=True, text=True,
+                            cwd=PROJECT_ROOT, timeout=120)  # fmt: skip
+    assert (result.returncode, result.stderr.strip()) == (130, "finetune: interrupted while starting")
