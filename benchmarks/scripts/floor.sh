@@ -3,6 +3,7 @@
 # script) under a profile at micro batch BATCH x 1024 tokens, one summary and log per case, all packed
 # into $OUT/floor.tgz after each case (the device tool brings back 8 files; a call cut short keeps
 # what ended). usage: bash benchmarks/run.sh floor --out DIR MODEL BATCH STEPS CASE...
+# BATCH - gives no --batch_size (cases that plan it: fsdp:--global_batch_size,128; no plain/ cases).
 # A CASE is [ENV=VALUE+...][TOOL/]PROFILE[:flag,value,...][#tag]:
 #   TOOL  run (default): finetune/run.py through `python -m finetune.launch` (what `finetune run` starts)
 #         trace: benchmarks/scripts/rank_traces.py (every rank profiled, then trace_analysis.py's numbers)
@@ -31,7 +32,8 @@ for CASE in "$@"; do
   CHANGES=(); if [[ $PROFILE == *~* ]]; then IFS='~' read -ra CHANGES <<< "${PROFILE#*~}"; PROFILE=${PROFILE%%~*}; fi
   [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
   NAME=$(echo "${CASE}" | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80); NAME=${NAME%_}
-  FLAGS="--model $MODEL --from_scratch --max_steps $STEPS --batch_size $BATCH --block_size ${BLOCK:-1024}
+  BATCH_FLAG="--batch_size $BATCH"; [ "$BATCH" = - ] && BATCH_FLAG=""  # -: the case's flags choose it
+  FLAGS="--model $MODEL --from_scratch --max_steps $STEPS $BATCH_FLAG --block_size ${BLOCK:-1024}
     --logging_steps ${LOGGING_STEPS:-10} --max_eval_samples 16 --save_strategy no --report_to none
     --disable_tqdm true --output_dir /tmp/floor/$NAME ${EXTRA_FLAGS:-}"
   rm -rf /tmp/floor/$NAME; mkdir -p "$OUT/$NAME" /tmp/floor/variants
