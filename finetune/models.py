@@ -384,6 +384,18 @@ def choose_block_size(requested: int | None, config: PretrainedConfig) -> int:
     return requested
 
 
+def tied_parameter_names(model: torch.nn.Module) -> set[str]:
+    """Names under which a parameter already named earlier appears again (GPT-2's lm_head.weight is
+    its token embedding): a checkpoint's safetensors store such a tensor once."""
+    seen: set[int] = set()
+    tied = set()
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in seen:
+            tied.add(name)
+        seen.add(id(parameter))
+    return tied
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Unique parameters (tied embeddings counted once), as published model sizes are.
 

@@ -54,6 +54,7 @@ from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, chec
 from finetune.errors import FinetuneError
 from finetune.fsdp_units import blocks_per_unit
 from finetune.launched import CompilePlan, Launch
+from finetune.models import tied_parameter_names
 from finetune.outputs import share_from_main
 from finetune.resume import run_identity
 from finetune.run_folder import STAGING_DIR, checkpoint_dir
@@ -167,6 +168,13 @@ class FinetuneTrainer(Trainer):
         """accelerate prepares the model here: FSDP2 units of --fsdp_blocks_per_unit blocks."""
         with blocks_per_unit(self.model, getattr(self.args, "fsdp_blocks_per_unit", None) or 1):
             return super()._prepare_for_training(*args, **kwargs)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """A resumed checkpoint lacks the tied weights it stores once (GPT-2's lm_head): no warning on
+        every resume for those; any other missing key still warns."""
+        tied = tied_parameter_names(self.model)
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
         """accelerate compiles only what the compile plan gives it (not ZeRO-3's blocks, which
