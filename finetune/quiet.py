@@ -20,6 +20,9 @@ PYTREE_ENUM_DEPRECATION = ("torch.utils._pytree", "is an Enum subclass and is no
 # pass a mask wherever they pad; packed blocks separate their examples by position ids instead, and
 # GPT-2's pad token is its EOS, which ends every answer: the warning fired on every packed run.
 PADDING_WITHOUT_MASK = ("transformers.modeling_utils", "We strongly recommend passing in an `attention_mask`")
+# transformers says how it draws resized embedding rows; run.py's own line says they were resized, by
+# how many tokens and to how many rows, and the docstring of models.resize_to_tokenizer how.
+MEAN_RESIZING = ("transformers.modeling_utils", "will be initialized from a multivariate normal distribution")
 # DeepSpeed calls torch.distributed's old collective names (a DeepSpeed matter), and torch warns at
 # every call: 80 lines in a 20-step ZeRO-3 run.
 DEEPSPEED_COLLECTIVE_NAMES = (
@@ -37,7 +40,12 @@ class WithoutMessage(logging.Filter):
 
 
 def silence_known_noise() -> None:
-    for logger_name, text in (TORCHAO_OPTIONAL_KERNELS, PYTREE_ENUM_DEPRECATION, PADDING_WITHOUT_MASK):
+    for logger_name, text in (
+        TORCHAO_OPTIONAL_KERNELS,
+        PYTREE_ENUM_DEPRECATION,
+        PADDING_WITHOUT_MASK,
+        MEAN_RESIZING,
+    ):
         logging.getLogger(logger_name).addFilter(WithoutMessage(text))
     warnings.filterwarnings("ignore", message=DEEPSPEED_COLLECTIVE_NAMES, category=FutureWarning)
     # Without an accelerator DeepSpeed falls back to its CPU one and says so on every import (in

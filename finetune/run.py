@@ -169,7 +169,10 @@ def train_and_measure(
     model = build_model(model_args, config, location)
     rows = resize_to_tokenizer(model, tokenizer) if new_tokens else None
     if rows and training_args.process_index == 0:
-        logger.warning(f"finetune: the tokenizer adds {new_tokens} tokens: embeddings resized to {rows} rows")
+        logger.warning(
+            f"finetune: the tokenizer adds {new_tokens} tokens: embeddings resized to {rows} rows, the new "
+            "ones drawn around the mean of the others"
+        )
     record.update({"embeddings_resized_to": rows})
     leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft))
     compile_plan = CompilePlan.for_run(launch, training_args, leaf_blocks)

@@ -78,3 +78,16 @@ def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130():
     result = subprocess.run([sys.executable, "-c", interrupt_on_import], capture_output=True, text=True,
                             cwd=PROJECT_ROOT, timeout=120)  # fmt: skip
     assert (result.returncode, result.stderr.strip()) == (130, "finetune: interrupted while starting")
+
+
+def test_resized_embeddings_leave_transformers_explanation_to_finetunes_own_line():
+    resize = (
+        "import finetune\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=1, vocab_size=16))\n"
+        "model.resize_token_embeddings(20, mean_resizing=True)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", resize], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                            env=ENVIRONMENT, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "multivariate normal" not in result.stderr
