@@ -252,7 +252,12 @@ def train_and_measure(
         )
         if problem:
             logger.warning(f"finetune: {problem}")
-    train_metrics = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics
+    try:
+        train_metrics = trainer.train(
+            resume_from_checkpoint=str(resume_from) if resume_from else None
+        ).metrics
+    finally:  # a training ended by an exception (diverged, stopped) must not leave the watchdog armed
+        watchdog.stop()
     record.update(training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput))
     record.update({"fsdp_units": count_units(trainer.model) or None})
     record.update(startup.summary())

@@ -121,7 +121,13 @@ class Watchdog(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self.stopped.set()  # evaluation and the final save are not steps
+        self.stop()  # evaluation and the final save are not steps
+
+    def stop(self) -> None:
+        """No more watching. Also where training ended by an exception, which skips on_train_end: an
+        armed watchdog left in a process that goes on (a test, a notebook) fired there minutes later
+        and ended that process."""
+        self.stopped.set()
 
     def watch(self) -> None:
         while not self.stopped.wait(POLL_S):

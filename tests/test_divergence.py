@@ -6,6 +6,8 @@ import json
 import math
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -116,6 +118,16 @@ def test_a_diverged_run_names_its_newest_checkpoint_and_how_to_go_on_at_another_
     newest = max(output_dir.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
     assert read_summary(output_dir)["checkpoint"] == str(newest)
     assert f"finetune export {newest} DIR, then run with --model DIR and a lower --learning_rate" in line
+
+
+def test_a_diverged_run_leaves_no_watchdog_armed_in_its_process(tmp_path, capsys, in_process_commands):
+    """Armed, it fired ten minutes later in the pytest worker that had run the diverged run, and
+    ended it (os._exit): the run's process is not always the run's alone."""
+    diverged_run([*FLAGS, "--learning_rate", "1e38", "--save_strategy", "no"], tmp_path / "out", capsys)
+    deadline = time.monotonic() + 5
+    while any(thread.name == "finetune-watchdog" for thread in threading.enumerate()):
+        assert time.monotonic() < deadline, "the watchdog thread still runs after the run ended"
+        time.sleep(0.1)
 
 
 def test_a_diverged_run_without_checkpoints_says_to_start_again_lower(tmp_path, capsys, in_process_commands):
