@@ -8,7 +8,6 @@
 #   TOOL  run (default): finetune/run.py through `python -m finetune.launch` (what `finetune run` starts)
 #         trace: benchmarks/scripts/rank_traces.py (every rank profiled, then trace_analysis.py's numbers)
 #         plain: benchmarks/scripts/plain_trainer.py (the plain Trainer) under the same accelerate config
-#         grouped: benchmarks/scripts/grouped_units.py (FSDP2 units of $GROUP blocks: GROUP=2+grouped/fsdp)
 #         base/: any of those with the code of $BASELINE (a folder with an older checkout) instead
 #   PROFILE a name in accelerate_configs/ or a path to a YAML; NAME~KEY=JSON~... a changed copy of it
 #         (profile_variant.py: fsdp~fsdp_config.fsdp_reshard_after_forward=false,
@@ -27,7 +26,7 @@ for CASE in "$@"; do
   while [[ $REST == *=*+* && ${REST%%+*} == *=* ]]; do ENVS="$ENVS ${REST%%+*}"; REST=${REST#*+}; done
   TAG=""; [[ $REST == *'#'* ]] && { TAG=${REST#*#}; REST=${REST%%#*}; }
   CODE=$HERE; [[ $REST == base/* ]] && { CODE=${BASELINE:?BASELINE=folder of the older checkout}; REST=${REST#base/}; }
-  TOOL=run; [[ $REST =~ ^(run|trace|plain|grouped)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
+  TOOL=run; [[ $REST =~ ^(run|trace|plain)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
   PROFILE=${REST%%:*}; EXTRA=$(echo "${REST#$PROFILE}" | sed 's/^://' | tr ',' ' ')
   CHANGES=(); if [[ $PROFILE == *~* ]]; then IFS='~' read -ra CHANGES <<< "${PROFILE#*~}"; PROFILE=${PROFILE%%~*}; fi
   [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
@@ -49,9 +48,6 @@ for CASE in "$@"; do
     trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
           --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN $HERE/benchmarks/scripts/rank_traces.py \
           /tmp/traces/$NAME $FLAGS --max_steps 14 --logging_steps 50 $EXTRA) ;;
-    grouped) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
-          --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN $HERE/benchmarks/scripts/grouped_units.py \
-          $FLAGS $EXTRA) ;;
     plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
           --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \
           $FINETUNE_DATA_DIR/$MODEL $BATCH $STEPS "$OUT/$NAME/plain.json") ;;
