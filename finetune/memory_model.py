@@ -317,11 +317,10 @@ class Calibration:
         def residual(m: Measurement, calibration: Calibration) -> float:
             return m.peak_allocated_gib - estimate_for(m, calibration).total
 
-        def through_origin(
-            rows: list[Measurement], calibration: Calibration, layer_bytes: dict[str, float]
-        ) -> float:
-            """The factor on `layer_bytes` (per kind) that fits the rows' residuals best."""
-            residuals = [residual(m, calibration) for m in rows]
+        def through_origin(rows: list[Measurement], layer_bytes: dict[str, float]) -> float:
+            """The factor on `layer_bytes` (per kind) that fits the rows' residuals best, their logits
+            at the eager loss's bytes."""
+            residuals = [residual(m, eager_loss) for m in rows]
             units = [layer_gib_per_byte(m.shape, m.workload) * layer_bytes[kind_of(m)] for m in rows]
             return sum(r * u for r, u in zip(residuals, units, strict=True)) / sum(u * u for u in units)
 
@@ -338,13 +337,11 @@ class Calibration:
                 activations = [residual(m, states_only) for m in rows]
                 layer_bytes[kind], logit_bytes[kind] = layers_and_logits(rows, activations)
             else:
-                layer_bytes[kind] = through_origin(
-                    rows_of(kind), eager_loss, dict.fromkeys(CALIBRATION_KINDS, 1.0)
-                )
+                layer_bytes[kind] = through_origin(rows_of(kind), dict.fromkeys(CALIBRATION_KINDS, 1.0))
         gated = [m for m in full if m.shape.gated_mlp and kind_of(m) == "compiled"]
         if not gated:
             raise ValueError("no compiled gated-MLP measurement to calibrate activations with")
-        return cls(layer_bytes, through_origin(gated, eager_loss, layer_bytes), logit_bytes)
+        return cls(layer_bytes, through_origin(gated, layer_bytes), logit_bytes)
 
     @classmethod
     def measured(cls) -> Calibration:
