@@ -35,8 +35,8 @@ from finetune.profiles import (
 from finetune.run_flags import DataArguments, ModelArguments
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-# Units of 4 blocks were 1.25-1.7x faster than one block per unit for gpt2-medium and gpt2-xl on 2 and
-# 4 GPUs at 1-2% more peak memory (docs/speed.md, "the sharding floor").
+# Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
+# about 1% more peak memory (docs/speed.md, "the sharding floor").
 FSDP_BLOCKS_PER_UNIT = 4
 
 

@@ -49,7 +49,7 @@ and the loss beside them (run.py's `--compile_loss`): `fsdp_compiled` (FSDP2 in 
 and `zero3_compiled` (ZeRO-3's leaf blocks' forwards). Their compiled loss keeps fewer bytes a logit
 than the eager loss's 14, so for them the bytes per logit are fitted with c_layer (two unknowns:
 rows of models with different layers-to-vocabulary ratios); counted as eager they were predicted
-1.3-1.5x their measured peaks on 2 and 4 GPUs (docs/planner.md). A model with a gated MLP (Llama,
+well above their measured peaks (docs/planner.md). A model with a gated MLP (Llama,
 Qwen, Mistral: gate and up projections, RMSNorm) keeps less per b·T·H than GPT-2 at the same c_layer: eager,
 GATED_MLP_ACTIVATION_SCALE, what the CPU census of autograd's saved tensors counted
 (docs/planner.md; one shape, intermediate 2.75·H); compiled,
