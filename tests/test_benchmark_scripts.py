@@ -167,6 +167,20 @@ def test_two_launchers_eval_loss_is_compared_with_one_launchers(tmp_path):
     assert last.strip("| ").split(" | ")[-1] == "5.00e-01"
 
 
+def test_refresh_rewrites_each_marked_table_and_keeps_the_text_around_it(tmp_path):
+    """instruction_lora prints two tables: both stale ones below its marker are replaced."""
+    store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)
+    store(tmp_path, "finetune_lora.llama.b8.run1", tokens_per_second=2.0)
+    store(tmp_path, "plain_instruction.gpt2.b8.run1", tokens_per_second=1.0)
+    store(tmp_path, "finetune_instruction.gpt2.b8.run1", tokens_per_second=3.0)
+    marker = f"<!-- table: python benchmarks/scripts/tables.py instruction_lora {tmp_path} -->"
+    page = tmp_path / "page.md"
+    page.write_text(f"Before.\n\n{marker}\n\n| old |\n|---|\n\n| old too |\n|---|\n\nAfter.\n")
+    assert tables.main(["refresh", str(page)]) == 0
+    printed = tables.instruction_lora(tmp_path)
+    assert page.read_text() == f"Before.\n\n{marker}\n\n{printed}\n\nAfter.\n"
+
+
 def test_an_unknown_table_kind_is_one_usage_line_and_exit_2(capsys):
     assert tables.main(["speeds", str(ROOT)]) == 2
     assert capsys.readouterr().err.count("\n") == 1

@@ -3,7 +3,8 @@
 usage: python benchmarks/scripts/calibration_rows.py DIR   writes DIR/calibration_rows.json (rows in
 calibration.json's form); `tables.py peaks DIR` shows each beside the planner's prediction.
        python benchmarks/scripts/calibration_rows.py --floor CALL   the same from a floor.sh call's
-case folders (finetune's runs only; the command is the case, as NOTES.md beside the call gives it).
+case folders (finetune's runs of an unchanged profile at accumulation 1 only; the command is the case,
+as NOTES.md beside the call gives it).
 """
 
 from __future__ import annotations
@@ -91,7 +92,11 @@ def floor_rows(call: Path) -> list[dict]:
     rows = []
     for summary_path in sorted(call.glob("*/run_summary.json")):
         summary = json.loads(summary_path.read_text())
-        if summary.get("status") != "completed":
+        # a changed copy of a profile (floor.sh keeps its YAML beside the run) is not the profile the
+        # planner plans, nor a micro batch accumulated over several the one it models
+        changed_profile = any(summary_path.parent.glob("*.yaml"))
+        accumulated = summary["gradient_accumulation_steps"] > 1
+        if summary.get("status") != "completed" or changed_profile or accumulated:
             continue
         command = f"floor.sh case {summary_path.parent.name}: {call.parent}/NOTES.md, {call.name}"
         measured = row(summary, summary["strategy"], command, versions)

@@ -10,8 +10,9 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...]
                     beside the plain Trainer script under the same profile, per GPU
   instruction_lora  PATH holds instruction_lora.sh's <setup>.<model>.b<batch>.run<N>.json: GSM8K
                     (finetune packed over the plain padded script) and LoRA (over Trainer + peft) ratios
-  peaks             PATH and its subfolders hold calibrate.sh runs: measured training peaks beside the
-                    planner's predictions (calibration_rows.py reads the runs)
+  peaks             PATH and its subfolders hold calibrate.sh runs or floor.sh calls: measured training
+                    peaks beside the planner's predictions (calibration_rows.py reads the runs; a floor
+                    call's rows are the calibration_rows.json it wrote there)
   doctor            PATH a folder (several_gpus.sh call 4): doctor's bus bandwidth beside a plain torch
                     loop's per GPU count; PATH a doctor.json: rank 0's rows as doctor prints them
   floor             PATH one floor.sh call: a row per case (finetune's summary or the plain script's JSON)
@@ -23,7 +24,9 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...]
   two_launchers     PATH PROFILE... (two_launchers.sh): two launchers' eval loss beside one launcher's
 
 A page that shows a table puts `<!-- table: python benchmarks/scripts/tables.py KIND PATH -->` above
-it; tests/test_docs.py runs that command and compares, so a table changes only by rerunning it.
+it; tests/test_docs.py runs that command and compares, so a table changes only by rerunning it:
+python benchmarks/scripts/tables.py refresh PAGE... reruns every marked command of those pages and
+writes its table in place of the one below the marker.
 """
 
 from __future__ import annotations
@@ -260,7 +263,8 @@ def peaks(folder: Path) -> str:
     calibration = Calibration.measured()
     rows = []
     for each in [folder, *sorted(path for path in folder.iterdir() if path.is_dir())]:
-        for values in measured_rows(each):
+        floor_call = each / "calibration_rows.json"  # calibration_rows.py --floor's, beside the cases
+        for values in json.loads(floor_call.read_text()) if floor_call.exists() else measured_rows(each):
             measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
             predicted = estimate_for(measurement, calibration).total
             measured = values["peak_allocated_gib"]
@@ -443,7 +447,44 @@ KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
 }
 
 
+MARKER = re.compile(r"<!-- table: python benchmarks/scripts/tables.py (.+?) -->\n\n")
+TABLE = re.compile(r"(?:\|.*\n)+")
+
+
+def table_for(arguments: list[str]) -> str:
+    kind, path, profiles = arguments[0], Path(arguments[1]), arguments[2:]
+    return KINDS_WITH_PROFILES[kind](path, profiles) if kind in KINDS_WITH_PROFILES else KINDS[kind](path)
+
+
+def refresh(page: Path) -> None:
+    """Each marked table of `page` replaced by what its command prints now (as many tables, blank
+    line between, as the command prints: instruction_lora prints two); a marker with no table below
+    it yet gets one."""
+    text, at, parts = page.read_text(), 0, []
+    for marker in MARKER.finditer(text):
+        if marker.start() < at:
+            continue
+        printed = table_for(marker[1].split()) + "\n"
+        end = marker.end()
+        if TABLE.match(text, end) is None:  # a new marker: its table goes in above the text below it
+            printed += "\n"
+        else:
+            for count in range(printed.count("\n\n") + 1):
+                found = TABLE.match(text, end + (1 if count else 0))
+                if found is None:
+                    below = marker[0].strip()
+                    raise SystemExit(f"tables.py: {page}: fewer tables below '{below}' than it prints")
+                end = found.end()
+        parts += [text[at : marker.end()], printed]
+        at = end
+    page.write_text("".join(parts) + text[at:])
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "refresh":
+        for page in argv[1:]:
+            refresh(Path(page))
+        return 0
     if len(argv) < 2 or argv[0] not in {*KINDS, *KINDS_WITH_PROFILES}:
         kinds = ", ".join([*KINDS, *KINDS_WITH_PROFILES])
         print(
@@ -455,10 +496,7 @@ def main(argv: list[str]) -> int:
     if not path.exists():
         print(f"tables.py: {path} does not exist", file=sys.stderr)
         return 2
-    if kind in KINDS_WITH_PROFILES:
-        print(KINDS_WITH_PROFILES[kind](path, profiles))
-    else:
-        print(KINDS[kind](path))
+    print(table_for([kind, str(path), *profiles]))
     return 0
 
 
