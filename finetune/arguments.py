@@ -21,7 +21,12 @@ import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
-from finetune.build_locks import refuse_stale_build_locks
+from finetune.build_locks import (
+    deepspeed_ops_a_run_builds,
+    extensions_root,
+    refuse_stale_build_locks,
+    unbuilt,
+)
 from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, one_gpu_per_process
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
@@ -32,6 +37,7 @@ from finetune.profiles import (
     needs_nvme_path,
     write_filled_config,
 )
+from finetune.quiet import DEEPSPEED_OP_LOADED, without_printed_lines
 from finetune.run_flags import DataArguments, ModelArguments
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -302,6 +308,7 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: L
         check_deepspeed_config(config_path, deepspeed_config)
     if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
         refuse_stale_build_locks(launch.on_one_machine)
+        _announce_first_builds(launch, deepspeed_config or {})
     _apply_fsdp_blocks_per_unit(training_args, launch)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
@@ -310,11 +317,23 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: L
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args, launch)
     try:
-        TrainingArguments.__post_init__(training_args)
+        with without_printed_lines(DEEPSPEED_OP_LOADED):  # the device set-up starts DeepSpeed
+            TrainingArguments.__post_init__(training_args)
     except ValueError as error:
         raise FinetuneError(first_line(error)) from None
     apply_collective_timeout(training_args)
     one_gpu_per_process(training_args, launch)
+
+
+def _announce_first_builds(launch: Launch, deepspeed_config: dict[str, Any]) -> None:
+    """One line per machine before DeepSpeed compiles an op for the first time there (silent otherwise)."""
+    ops = unbuilt(deepspeed_ops_a_run_builds(launch.on_gpu, deepspeed_config))
+    if ops and launch.local_rank == 0:
+        print(
+            f"finetune: DeepSpeed compiles {', '.join(ops)} on first use on this machine: a minute or "
+            f"more, once (later runs reuse it from {extensions_root()})",
+            flush=True,
+        )
 
 
 def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch: Launch) -> None:

@@ -9,6 +9,9 @@ that nobody holds is stale. No library offers this check.
 
 On several machines sharing a home directory the holder may be on another machine, where this one
 cannot see it: there a lock counts as stale only once it is older than any build takes.
+
+A first build takes a minute or more without a word from DeepSpeed: `unbuilt` lets the run say so
+before it starts.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -104,3 +108,23 @@ def refuse_stale_build_locks(one_machine: bool) -> None:
     problem = build_lock_problem(one_machine)
     if problem:
         raise FinetuneError(problem)
+
+
+def deepspeed_ops_a_run_builds(on_gpu: bool, deepspeed_config: dict[str, Any]) -> list[str]:
+    """The ops DeepSpeed compiles when a run starts, by their build folders' names: its shared-memory
+    collectives wherever it runs on CPU, CPU Adam where the optimizer is offloaded, async I/O where
+    anything goes to NVMe."""
+    zero = deepspeed_config.get("zero_optimization", {})
+    devices = {zero.get(section, {}).get("device") for section in ("offload_optimizer", "offload_param")}
+    ops = [] if on_gpu else ["deepspeed_shm_comm"]
+    if devices & {"cpu", "nvme"}:
+        ops.append("cpu_adam")
+    if "nvme" in devices:
+        ops.append("async_io")
+    return ops
+
+
+def unbuilt(ops: list[str]) -> list[str]:
+    """Those of `ops` torch has not built under the extensions folder yet (their first build is slow)."""
+    root = extensions_root()
+    return [op for op in ops if not any(root.glob(f"*/{op}/{op}.so"))]

@@ -5,9 +5,14 @@ Everything else a library prints stays: a filter here names the exact message, n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import sys
 import warnings
+from collections.abc import Iterator
+from typing import TextIO
 
 import torch
 
@@ -28,6 +33,12 @@ MEAN_RESIZING = ("transformers.modeling_utils", "will be initialized from a mult
 DEEPSPEED_COLLECTIVE_NAMES = (
     r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
 )
+
+
+# DeepSpeed prints (not logs) a line per process whenever it loads an op it compiled, on every run
+# (its shared-memory collectives on CPU, CPU Adam under offload): finetune says before the first
+# build that one is coming, which is the moment a user needs to know.
+DEEPSPEED_OP_LOADED = re.compile(r"DeepSpeed \S+ built successfully")
 
 
 class WithoutMessage(logging.Filter):
@@ -53,3 +64,37 @@ def silence_known_noise() -> None:
     # Here, at the package's import, it comes before anything of finetune's imports DeepSpeed.
     if not torch.accelerator.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+class WithoutPrintedLines:
+    """stdout less the lines `print` writes that match `pattern` (print writes a line, then its end).
+
+    Everything else passes through at once, unbuffered: progress bars' carriage returns included.
+    Written by hand: neither logging nor warnings reach a library's bare print.
+    """
+
+    def __init__(self, stream: TextIO, pattern: re.Pattern[str]) -> None:
+        self.stream, self.pattern, self.dropping_line_end = stream, pattern, False
+
+    def write(self, text: str) -> int:
+        if self.pattern.fullmatch(text):
+            self.dropping_line_end = True
+            return len(text)
+        if self.dropping_line_end and text == "\n":
+            self.dropping_line_end = False
+            return len(text)
+        self.dropping_line_end = False
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def without_printed_lines(pattern: re.Pattern[str]) -> Iterator[None]:
+    original = sys.stdout
+    sys.stdout = WithoutPrintedLines(original, pattern)
+    try:
+        yield
+    finally:
+        sys.stdout = original

@@ -19,6 +19,7 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: import the 
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import finetune  # noqa: F401, I001 (first: its import filters the libraries' known noise, finetune/quiet.py)
+import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
 from transformers.integrations import TensorBoardCallback
@@ -141,6 +142,9 @@ def train_and_measure(
 ) -> None:
     startup = StartupCallback()
     startup.mark("imports")
+    if training_args.disable_tqdm:  # the Trainer's bar follows the flag; the libraries' own bars do not
+        logging.disable_progress_bar()
+        datasets.disable_progress_bars()
     record.update(configuration_fields(model_args, data_args, training_args, launch))
     record.update({"doctor": doctor_verdict(Path(training_args.output_dir))})
     set_seed(training_args.seed)

@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
-from finetune.build_locks import stale_build_locks
+import pytest
+
+from finetune.build_locks import deepspeed_ops_a_run_builds, stale_build_locks, unbuilt
 
 from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL
 
@@ -84,3 +86,37 @@ def test_doctor_does_not_wait_to_build_an_op_a_stale_lock_blocks(tmp_path, monke
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     rows = doctor.op_build_checks(load_strategy("zero2_offload"), on_gpu=False)
     assert rows and all(not row.passed and "a build lock blocks it" in row.measured for row in rows)
+
+
+def test_deepspeed_builds_its_shared_memory_collectives_on_cpu_and_cpu_adam_and_async_io_for_offload():
+    to_nvme = {"device": "nvme"}
+    nvme = {"zero_optimization": {"offload_optimizer": to_nvme, "offload_param": to_nvme}}
+    cpu = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+    assert deepspeed_ops_a_run_builds(on_gpu=False, deepspeed_config={}) == ["deepspeed_shm_comm"]
+    assert deepspeed_ops_a_run_builds(on_gpu=True, deepspeed_config={}) == []
+    assert deepspeed_ops_a_run_builds(on_gpu=True, deepspeed_config=cpu) == ["cpu_adam"]
+    assert deepspeed_ops_a_run_builds(on_gpu=True, deepspeed_config=nvme) == ["cpu_adam", "async_io"]
+
+
+def test_an_op_counts_as_built_once_its_library_is_in_the_extensions_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = make_lock(tmp_path, "cpu_adam")  # a build under way: its folder, no library yet
+    assert unbuilt(["cpu_adam", "async_io"]) == ["cpu_adam", "async_io"]
+    (lock.parent / "cpu_adam.so").touch()
+    assert unbuilt(["cpu_adam", "async_io"]) == ["async_io"]
+
+
+@pytest.mark.integration
+def test_a_zero_run_says_before_deepspeed_compiles_an_op_for_the_first_time(tmp_path):
+    """Once, on the machine's first process, before the minute of silence the build takes."""
+    environment = {**ENVIRONMENT, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune", "run", "--profile", "zero2", "--num_processes", "2", *TINY_MODEL,
+         "--max_steps", "1", "--block_size", "32", "--max_eval_samples", "2", "--report_to", "none",
+         "--output_dir", str(tmp_path / "out")],
+        cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    assert output.count("finetune: DeepSpeed compiles deepspeed_shm_comm on first use") == 1
+    assert output.index("DeepSpeed compiles") < output.index("step 1/1")

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 
 import pytest
 
+from finetune.quiet import DEEPSPEED_OP_LOADED, without_printed_lines
+
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
 
 NOISE = (
     "Failed to load", "_pytree", "FutureWarning", "Setting accelerator to CPU", "OMP_NUM_THREADS",
-    "strongly recommend passing in an `attention_mask`",
+    "strongly recommend passing in an `attention_mask`", "built successfully", "Writing model shards",
 )  # fmt: skip
 PLAN_LINES = 20  # the table of nine profiles, its header and the recommendation
 ZERO3_RUN_LINES = 25  # the launch line, data notes, three step lines, eval, the end-of-run block
@@ -49,7 +53,7 @@ def test_a_two_rank_zero3_run_stays_within_its_line_budget(tmp_path):
         "--block_size", "64", "--max_eval_samples", "8", "--disable_tqdm", "true", "--report_to", "none",
         "--output_dir", str(tmp_path / "out"),
     )  # fmt: skip
-    assert_quiet([line for line in lines if not line.startswith("Writing model shards")], ZERO3_RUN_LINES)
+    assert_quiet(lines, ZERO3_RUN_LINES)
     [end] = [line for line in lines if line.startswith("finetune: completed in ")]
     assert "s of wall time" in end and "s of it start-up" in end
 
@@ -91,3 +95,13 @@ def test_resized_embeddings_leave_transformers_explanation_to_finetunes_own_line
                             env=ENVIRONMENT, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "multivariate normal" not in result.stderr
+
+
+def test_printed_lines_that_match_are_dropped_with_their_line_end_and_the_rest_pass_at_once():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), without_printed_lines(DEEPSPEED_OP_LOADED):
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+        sys.stdout.write("progress 50%\r")
+        assert out.getvalue() == "progress 50%\r"  # not held back until a line end
+        print("DeepSpeed says something else")
+    assert out.getvalue() == "progress 50%\rDeepSpeed says something else\n"
