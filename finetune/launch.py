@@ -31,6 +31,7 @@ from finetune.errors import (
     exit_on_user_error,
 )
 from finetune.profiles import Profile
+from finetune.quiet import WithoutMessage
 
 RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
 # accelerate's DeepSpeed multi-node launchers (pdsh and the like) append every variable of the
@@ -134,6 +135,10 @@ def run_launcher(argv: list[str]) -> int:
     args = launch_command_parser().parse_args(argv)
     # torch elastic logs every failed rank and the stopping of the others; the line below replaces that
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # and that a signal stops the ranks: the ranks' own line says how the run stopped, and with what
+    logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(
+        WithoutMessage("death signal, shutting down workers")
+    )
     with tempfile.TemporaryDirectory(prefix="finetune-launch-") as folder:
         error_file = Path(folder) / "error"
         try:

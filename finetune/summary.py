@@ -499,10 +499,16 @@ class RunRecord:
         try:
             yield self
         except KeyboardInterrupt as interrupt:
-            self.update({"status": "interrupted", "error": f"interrupted by {str(interrupt) or 'SIGINT'}"})
+            reason = str(interrupt) or "SIGINT"
+            self.update({"status": "interrupted", "error": f"interrupted by {reason}"})
             self.name_the_newest_checkpoint()
             self.write()
-            raise
+            newest = self.fields["checkpoint"]
+            raise KeyboardInterrupt(  # the line finetune prints: where the run can go on from
+                f"{reason}; the run continues from {newest} with the same command and --resume"
+                if newest
+                else f"{reason}; no checkpoint was saved"
+            ) from None
         except StoppedForResume as stop:
             self.update({"status": "interrupted", "error": str(stop)})
             self.write()

@@ -4,6 +4,7 @@ command exits 75 (resumable), and no rank trains on after the front end is gone.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from finetune.errors import RESUMABLE_EXIT_CODE
+from finetune.errors import INTERRUPTED_EXIT_CODE, RESUMABLE_EXIT_CODE
 from finetune.run_folder import MANIFEST
 from finetune.summary import read_summary
 
@@ -55,3 +56,25 @@ def test_sigterm_to_the_front_end_alone_saves_on_every_rank_and_exits_resumable(
     assert stopped["checkpoint"] == str(output_dir / f"checkpoint-{stopped['steps']}")
     assert len([line for line in stderr.splitlines() if "stopped by SIGTERM" in line]) == 1, stderr[-3000:]
     assert not [process for process in descendants if process.is_running() and process.status() != "zombie"]
+
+
+def test_ctrl_c_in_the_terminal_of_a_two_rank_run_is_one_line_without_the_launchers_own(tmp_path):
+    """Ctrl-C reaches the whole process group: the launcher and every rank."""
+    output_dir = tmp_path / "out"
+    front_end = subprocess.Popen(
+        [*finetune_run("ddp"), *FLAGS, "--output_dir", str(output_dir)], cwd=PROJECT_ROOT, env=ENVIRONMENT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (output_dir / "checkpoint-5" / MANIFEST).exists():
+        assert front_end.poll() is None and time.monotonic() < deadline, front_end.communicate()[1][-3000:]
+        time.sleep(0.05)
+    os.killpg(front_end.pid, signal.SIGINT)
+    _, stderr = front_end.communicate(timeout=300)
+    assert front_end.returncode == INTERRUPTED_EXIT_CODE, stderr[-3000:]
+    assert "death signal" not in stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("finetune: interrupted")]
+    newest = read_summary(output_dir)["checkpoint"]
+    continues = f"the run continues from {newest} with the same command and --resume"
+    assert line == f"finetune: interrupted (SIGINT; {continues})"
