@@ -28,6 +28,9 @@ PADDING_WITHOUT_MASK = ("transformers.modeling_utils", "We strongly recommend pa
 # transformers says how it draws resized embedding rows; run.py's own line says they were resized, by
 # how many tokens and to how many rows, and the docstring of models.resize_to_tokenizer how.
 MEAN_RESIZING = ("transformers.modeling_utils", "will be initialized from a multivariate normal distribution")
+# Dynamo does not trace the profiler labels that FSDP2's and DeepSpeed's hooks put around their work
+# inside a compiled region, and says so once per process: about profiling, not about the run.
+DYNAMO_PROFILER_LABELS = ("torch._dynamo.variables.ctx_manager", "Profiler record function")
 # DeepSpeed calls torch.distributed's old collective names (a DeepSpeed matter), and torch warns at
 # every call: 80 lines in a 20-step ZeRO-3 run.
 DEEPSPEED_COLLECTIVE_NAMES = (
@@ -56,6 +59,7 @@ def silence_known_noise() -> None:
         PYTREE_ENUM_DEPRECATION,
         PADDING_WITHOUT_MASK,
         MEAN_RESIZING,
+        DYNAMO_PROFILER_LABELS,
     ):
         logging.getLogger(logger_name).addFilter(WithoutMessage(text))
     warnings.filterwarnings("ignore", message=DEEPSPEED_COLLECTIVE_NAMES, category=FutureWarning)

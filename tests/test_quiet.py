@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import subprocess
 import sys
 
@@ -105,3 +106,11 @@ def test_printed_lines_that_match_are_dropped_with_their_line_end_and_the_rest_p
         assert out.getvalue() == "progress 50%\r"  # not held back until a line end
         print("DeepSpeed says something else")
     assert out.getvalue() == "progress 50%\rDeepSpeed says something else\n"
+
+
+def test_dynamos_line_about_profiler_labels_in_compiled_regions_is_filtered_and_its_logger_kept(caplog):
+    dynamo = logging.getLogger("torch._dynamo.variables.ctx_manager")
+    with caplog.at_level(logging.WARNING):
+        dynamo.warning("Profiler record function %s will be ignored", "<function FSDP::pre_forward>")
+        dynamo.warning("something else dynamo says")
+    assert caplog.messages == ["something else dynamo says"]
