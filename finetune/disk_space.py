@@ -104,6 +104,9 @@ def is_disk_full(error: BaseException, folder: Path | None = None) -> bool:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         seen = seen.__cause__ or seen.__context__
+    # safetensors' and tokenizers' Rust writers raise their own exceptions carrying the OS error number
+    if any(f"(os error {number})" in str(error) for number in (errno.ENOSPC, errno.EDQUOT)):
+        return True
     if isinstance(error, RuntimeError) and any(marker in str(error) for marker in STREAM_WRITE_FAILURES):
         try:
             return folder is not None and free_bytes(folder) < NEARLY_FULL_BYTES
@@ -112,13 +115,15 @@ def is_disk_full(error: BaseException, folder: Path | None = None) -> bool:
     return False
 
 
-def report_disk_full(error: BaseException, staged: Path, output_dir: Path) -> FinetuneError:
-    """Remove the partial checkpoint (it holds the space a resume needs) and say what is left."""
+def report_disk_full(
+    error: BaseException, staged: Path, output_dir: Path, what: str | None = None
+) -> FinetuneError:
+    """Remove the partial copy (it holds the space a resume needs) and say what is left."""
     shutil.rmtree(staged, ignore_errors=True)
     if staged.parent.is_dir() and not any(staged.parent.iterdir()):
         staged.parent.rmdir()
     return FinetuneError(
-        f"disk full while writing {staged.name} into {output_dir} "
+        f"disk full while writing {what or staged.name} into {output_dir} "
         f"({getattr(error, 'strerror', None) or 'no space left on device'}): the partial copy is "
         f"removed; {last_complete(output_dir)}; free space, then run again with --resume"
     )

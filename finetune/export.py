@@ -7,6 +7,8 @@ in by peft's `merge_and_unload`, a plain model folder.
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,12 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from finetune import safe_unpickling
 from finetune.adapters import adapter_config
 from finetune.checkpoint import checkpoint_problem, load_weights_only, read_manifest, swapped_to_nvme
+from finetune.disk_space import is_disk_full, report_disk_full
 from finetune.errors import FinetuneError, first_line
 from finetune.models import load_config, resolve_model
+from finetune.outputs import share_from_main
 from finetune.run_flags import ModelArguments
+from finetune.run_folder import FINAL_MODEL_STAGING, STAGING_DIR
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -32,16 +37,37 @@ def save_consolidated_model(
     """Write config, tokenizer and model.safetensors loadable by plain `from_pretrained`. Collective.
 
     accelerate's `get_state_dict` gathers ZeRO-3 partitions (16-bit weights) and FSDP2 shards into
-    one full state dict; every rank must call it, only the main process writes.
+    one full state dict; every rank must call it, only the main process writes. It writes into a
+    staging folder and moves each file in by a rename: a full disk then leaves no truncated
+    tokenizer.json or half a model.safetensors in the run folder, only the one-line error (every rank
+    raises it) with the checkpoint to go on from.
     """
     accelerator = trainer.accelerator
     state_dict = accelerator.get_state_dict(trainer.model_wrapped)  # ZeRO-3: None except on rank 0
+    problem = None
     if accelerator.is_main_process:
-        model = accelerator.unwrap_model(trainer.model)
-        model.save_pretrained(
-            output_dir, state_dict=without_compile_prefix(state_dict), safe_serialization=True
-        )
-        tokenizer.save_pretrained(output_dir)
+        output = Path(output_dir)
+        staged = output / STAGING_DIR / FINAL_MODEL_STAGING
+        shutil.rmtree(staged, ignore_errors=True)
+        try:
+            model = accelerator.unwrap_model(trainer.model)
+            model.save_pretrained(
+                staged, state_dict=without_compile_prefix(state_dict), safe_serialization=True
+            )
+            tokenizer.save_pretrained(staged)
+        except Exception as error:  # safetensors' SafetensorError, torch's RuntimeError, OSError
+            if not is_disk_full(error, output):
+                raise
+            problem = str(report_disk_full(error, staged, output, "the trained model"))
+        else:
+            for written in sorted(staged.iterdir()):
+                os.replace(written, output / written.name)
+            staged.rmdir()
+            if not any(staged.parent.iterdir()):
+                staged.parent.rmdir()
+    problem = share_from_main(problem)
+    if problem is not None:
+        raise FinetuneError(problem)
     accelerator.wait_for_everyone()
 
 

@@ -14,7 +14,8 @@ names, so a new kind of file is added in one place and the folder rules cover it
       hang-stepN/               every rank's stack when the watchdog ended the run (finetune/watchdog.py)
       doctor.json               `finetune doctor`'s table (finetune/doctor.py)
       .launch/PROFILE.yaml      the profile `finetune run` launched with, as its printed command names it
-      model.safetensors, config.json, tokenizer files, adapter_*   the final model
+      model.safetensors, config.json, tokenizer files, adapter_*   the final model, written into
+                                .staging/final-model/ and moved in file by file (finetune/export.py)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 SUMMARY_FILE = "run_summary.json"
 LOCK_FILE = ".finetune.lock"
 STAGING_DIR = ".staging"
+FINAL_MODEL_STAGING = "final-model"  # under STAGING_DIR: a save that fails there leaves the folder as it was
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' PREFIX_CHECKPOINT_DIR and its dash
 CHECKPOINT_PATTERN = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 MANIFEST = "finetune_checkpoint.json"

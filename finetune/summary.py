@@ -408,7 +408,11 @@ def write_summary(output_dir: str | Path, summary: dict[str, Any]) -> Path:
     path = Path(output_dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    try:
+        temporary.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    except OSError:  # a full disk: no partial file beside the summary last written
+        temporary.unlink(missing_ok=True)
+        raise
     os.replace(temporary, path)
     return path
 

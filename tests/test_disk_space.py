@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from finetune import disk_space, run
 from finetune.checkpoint import checkpoints_newest_first
-from finetune.summary import read_summary
+from finetune.summary import read_summary, write_summary
 
 from launching import TINY_MODEL
 
@@ -100,6 +101,41 @@ def test_disk_full_during_a_save_removes_the_partial_copy_and_resume_continues(
     assert f"finetune: resuming from {output_dir / 'checkpoint-2'} (step 2)" in capsys.readouterr().out
     summary = read_summary(output_dir)
     assert (summary["status"], summary["resumed_from_step"], summary["steps"]) == ("completed", 2, 4)
+
+
+def test_disk_full_in_the_final_save_leaves_no_partial_file_in_the_run_folder(
+    tmp_path, monkeypatch, capsys, in_process_commands
+):
+    """The model fits, the tokenizer does not (as on a small tmpfs): without staging, a truncated
+    tokenizer.json stayed in the run folder. tokenizers' Rust writer names the OS error number."""
+    output_dir = tmp_path / "out"
+
+    def save_until_full(self, save_directory, *args, **kwargs):
+        (Path(save_directory) / "tokenizer.json").write_text("{")
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(TokenizersBackend, "save_pretrained", save_until_full)
+    line = one_line_failure([*FLAGS, "--output_dir", str(output_dir), "--save_strategy", "no"], capsys)
+    assert f"disk full while writing the trained model into {output_dir}" in line
+    assert read_summary(output_dir)["status"] == "failed"
+    left = {path.name for path in output_dir.iterdir()}
+    assert not left & {"tokenizer.json", "model.safetensors", "config.json", ".staging"}, left
+
+
+def test_a_summary_that_cannot_be_written_leaves_no_partial_file(tmp_path, monkeypatch):
+    write_summary(tmp_path, {"status": "running"})
+    real_write_text = Path.write_text
+
+    def write_until_full(self, text, *args, **kwargs):
+        real_write_text(self, text[:5])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", write_until_full)
+    with pytest.raises(OSError):
+        write_summary(tmp_path, {"status": "completed"})
+    monkeypatch.undo()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run_summary.json"]
+    assert read_summary(tmp_path) == {"status": "running"}
 
 
 def test_the_start_warns_when_the_kept_checkpoints_cannot_fit(tmp_path, monkeypatch):
