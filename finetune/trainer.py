@@ -264,7 +264,7 @@ class FinetuneTrainer(Trainer):
         self.args.output_dir = str(staged.parent)
         try:
             super()._save_checkpoint(model, trial)
-        except (OSError, RuntimeError) as error:  # torch.save reports a failed write as RuntimeError
+        except Exception as error:  # torch.save's RuntimeError, safetensors' SafetensorError, OSError
             if is_disk_full(error, Path(output_dir)):
                 raise report_disk_full(error, staged, Path(output_dir)) from None
             raise

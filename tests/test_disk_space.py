@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from finetune import disk_space, run
@@ -66,6 +67,9 @@ FULL_DISK_ERRORS = {
     "OSError": lambda f: OSError(errno.ENOSPC, "No space left on device", str(f)),
     "torch.save's RuntimeError": lambda f: RuntimeError(
         "[enforce fail at inline_container.cc:664] . unexpected pos 4096 vs 3968"
+    ),
+    "safetensors' SafetensorError": lambda f: SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)"
     ),
 }
 
