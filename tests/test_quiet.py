@@ -85,6 +85,22 @@ def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130():
     assert (result.returncode, result.stderr.strip()) == (130, "finetune: interrupted while starting")
 
 
+def test_ctrl_c_while_the_command_line_module_imports_is_one_line_and_exit_130():
+    """The KeyboardInterrupt raised while finetune.cli imports transformers and accelerate."""
+    interrupt_on_import = (
+        "import sys, types\n"
+        "class Interrupting(types.ModuleType):\n"
+        "    def __getattr__(self, name):\n"
+        "        raise KeyboardInterrupt\n"
+        "sys.modules['finetune.cli'] = Interrupting('finetune.cli')\n"
+        "from finetune.__main__ import console_main\n"
+        "raise SystemExit(console_main())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", interrupt_on_import], capture_output=True, text=True,
+                            cwd=PROJECT_ROOT, timeout=120)  # fmt: skip
+    assert (result.returncode, result.stderr.strip()) == (130, "finetune: interrupted while starting")
+
+
 def test_resized_embeddings_leave_transformers_explanation_to_finetunes_own_line():
     resize = (
         "import finetune\n"
