@@ -435,6 +435,14 @@ def plan_command(options: argparse.Namespace) -> int:
     profiles = options.profiles.split(",") if options.profiles else None
     estimates = plan(shape, workload, options.gpus, calibration, profiles)
     print(format_plan(shape, workload, estimates, hardware))
+    if options.picture is not None:
+        from finetune.pictures import plan_picture
+
+        title = (
+            f"{shape.name}, micro batch {workload.micro_batch} x {workload.block_size}, {options.gpus} GPU(s)"
+        )
+        plan_picture(estimates, memory, options.margin, title, options.picture)
+        print(f"picture: {options.picture}")
     if options.global_batch_size is not None:
         print()
         print(
@@ -629,6 +637,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     )
     planning.add_argument(
         "--margin", type=fraction, help="share of GPU memory kept free (default: the planner's error, 0.15)"
+    )
+    planning.add_argument(
+        "--picture",
+        type=Path,
+        help="also draw each profile's predicted memory, stacked by parameters, gradients, optimizer "
+        "and activations, beside the GPU's memory, into this PNG",
     )
     planning.add_argument(
         "--global_batch_size",

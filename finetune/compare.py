@@ -27,6 +27,7 @@ from typing import Any
 
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
+from finetune.pictures import bar_label, comparison_picture, number_text
 from finetune.profiles import load_profile, shipped_strategies
 from finetune.run_folder import SUMMARY_FILE
 from finetune.summary import peak_memory, read_summary
@@ -210,7 +211,7 @@ def cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+        return number_text(value)
     return str(value).replace("|", "/")
 
 
@@ -303,60 +304,21 @@ def write_markdown(rows: list[Row], path: Path, header: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def bar_label(row: Row) -> str:
-    """A bar's name: the profile, and the variant when one was asked for (--variants full,lora)."""
-    return f"{row.profile} ({row.training})" if row.training else row.profile
-
-
-def grouped(rows: list[Row]) -> list[Row]:
-    """The rows with each profile's variants together, profiles in the order they were run."""
-    order = list(dict.fromkeys(row.profile for row in rows))
-    return sorted(rows, key=lambda row: order.index(row.profile))
-
-
-def write_plot(rows: list[Row], path: Path) -> list[tuple[str, float, float]]:
-    """Memory and throughput per device, side by side, one labelled bar per profile and variant
-    (grouped by profile); a run without numbers says why. Returns what was drawn, bar by bar:
-    (label, memory bar, throughput bar), read back from the axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = grouped(rows)
-    labels = [bar_label(row) for row in rows]
-    positions = list(range(len(rows)))
-    kinds = ", ".join(sorted({row.memory_kind for row in rows if row.memory_kind})) or "no run completed"
-    figure, (memory_axis, speed_axis) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 1.8))
-    panels = [
-        (memory_axis, "peak_memory_gib", f"peak memory per device (GiB, {kinds})"),
-        (speed_axis, "tokens_per_second_per_device", "tokens/s per device"),
-    ]
-    for axis, attribute, title in panels:
-        values = [getattr(row, attribute) or 0 for row in rows]
-        axis.barh(positions, values, color=["tab:blue" if not row.training or row.training == "full"
-                                             else "tab:orange" for row in rows])  # fmt: skip
-        axis.set_yticks(positions, labels)
-        for index, row in enumerate(rows):
-            label = cell(getattr(row, attribute)) if row.status == "completed" else row.status
-            axis.text(values[index], index, f" {label}", va="center", fontsize=9)
-        axis.set_title(title)
-        axis.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, every text inside the axes
-        axis.margins(x=0.25)
-    drawn = [
-        (label, memory.get_width(), speed.get_width())
-        for label, memory, speed in zip(labels, memory_axis.patches, speed_axis.patches, strict=True)
-    ]
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return drawn
+def loss_curves(rows: list[Row], output_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each run's logged training loss by step, from its summary, by its bar's label."""
+    curves = {}
+    for row in rows:
+        summary_path = output_dir / row.run_dir / SUMMARY_FILE
+        if row.run_dir and summary_path.is_file():
+            logged = read_summary(output_dir / row.run_dir).get("loss_curve") or []
+            curves[bar_label(row)] = [(point["step"], point["loss"]) for point in logged]
+    return curves
 
 
 def write_results(rows: list[Row], output_dir: Path, header: list[str]) -> None:
     write_csv(rows, output_dir / "comparison.csv")
     write_markdown(rows, output_dir / "comparison.md", header)
-    write_plot(rows, output_dir / "comparison.png")
+    comparison_picture(rows, loss_curves(rows, output_dir), output_dir / "comparison.png")
 
 
 def environment(output_dir: Path, rows: list[Row]) -> str:

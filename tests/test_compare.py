@@ -15,7 +15,9 @@ import finetune.compare
 from finetune.cli import main as cli_main
 from finetune.compare import Row, compare, default_profiles, read_rows, summaries_frame
 from finetune.launch import Placement
+from finetune.pictures import comparison_picture
 from finetune.profiles import load_profile
+from finetune.summary import write_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
 
@@ -199,7 +201,7 @@ def variant_rows() -> list[Row]:
 def test_the_picture_draws_one_labelled_bar_per_profile_and_variant_as_the_csv_says(tmp_path):
     rows = variant_rows()
     finetune.compare.write_csv(rows, tmp_path / "comparison.csv")
-    drawn = finetune.compare.write_plot(read_rows(tmp_path), tmp_path / "comparison.png")
+    drawn = comparison_picture(read_rows(tmp_path), {}, tmp_path / "comparison.png")["bars"]
     assert [label for label, _, _ in drawn] == [
         "ddp (full)", "ddp (lora)", "zero3 (lora)", "zero3 (full)", "fsdp (lora)",
     ]  # fmt: skip
@@ -208,6 +210,19 @@ def test_the_picture_draws_one_labelled_bar_per_profile_and_variant_as_the_csv_s
         row = by_label[label]
         assert (memory, speed) == (row.peak_memory_gib or 0, row.tokens_per_second_per_device or 0)
     assert (tmp_path / "comparison.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_picture_overlays_each_runs_logged_training_loss_by_step(tmp_path):
+    rows = [measured("ddp", "", 16.0, 100_000.0), measured("zero3", "", 11.0, 47_000.0)]
+    curves = {"ddp": [(10, 4.0), (20, 3.0)], "zero3": [(10, 4.1), (20, 2.9)]}
+    for row in rows:
+        row.run_dir = f"{row.profile}-run"
+        logged = [{"step": step, "loss": loss} for step, loss in curves[row.profile]]
+        write_summary(tmp_path / row.run_dir, {"loss_curve": logged})
+    drawn = comparison_picture(
+        rows, finetune.compare.loss_curves(rows, tmp_path), tmp_path / "comparison.png"
+    )
+    assert drawn["curves"] == curves
 
 
 def test_each_runs_new_console_line_is_shown_while_it_runs(tmp_path, capsys, monkeypatch):

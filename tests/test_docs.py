@@ -89,6 +89,15 @@ def test_the_measurements_page_end_of_run_block_is_a_stored_summary_formatted():
     assert block in (ROOT / "docs" / "measurements.md").read_text()
 
 
+def test_every_picture_the_readme_and_docs_show_exists():
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    shown = [
+        (page, target) for page in pages for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())
+    ]
+    assert shown, "no picture is shown: the pattern is wrong"
+    assert [(page.name, target) for page, target in shown if not (page.parent / target).is_file()] == []
+
+
 def test_every_benchmarks_folder_the_docs_and_code_name_exists():
     sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "finetune").glob("*.py")]
     sources.append(ROOT / "finetune" / "calibration.json")

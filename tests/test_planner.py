@@ -25,6 +25,7 @@ from finetune.memory_model import (
     out_of_memory_runs,
     read_measurements,
 )
+from finetune.pictures import plan_picture
 from finetune.planner import (
     MODEL_LADDER,
     Hardware,
@@ -188,6 +189,22 @@ def test_plan_command_prints_the_table_and_the_recommendation(capsys):
     assert "| zero3 | 0.73 | 0.73 | 4.35 |" in out
     assert "ddp, zero1, zero2, fsdp_grad_op, zero3, fsdp compiled; the rest eager" in out
     assert out.strip().splitlines()[-1].startswith("recommended: ddp")
+
+
+def test_the_plan_picture_stacks_each_profiles_predicted_parts(tmp_path, gpt2_xl, calibration):
+    estimates = plan(gpt2_xl, Workload(8, 1024), 4, calibration)
+    drawn = plan_picture(estimates, 80, 0.15, "gpt2-xl", tmp_path / "plan.png")
+    assert [profile for profile, _ in drawn] == [e.profile for e in estimates]
+    for (_, parts), e in zip(drawn, estimates, strict=True):
+        assert parts == pytest.approx((e.parameters, e.gradients, e.optimizer, e.activations))
+
+
+def test_plan_command_draws_the_picture_it_is_asked_for(tmp_path, capsys):
+    picture = tmp_path / "plan.png"
+    flags = ["plan", "--model", "gpt2-xl", "--gpus", "4", "--gpu_memory", "80", "--picture", str(picture)]
+    assert cli_main(flags) == 0
+    assert f"picture: {picture}" in capsys.readouterr().out
+    assert picture.read_bytes().startswith(b"\x89PNG")
 
 
 def test_plan_command_plans_eager_runs_when_told(capsys):
