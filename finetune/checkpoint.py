@@ -105,26 +105,19 @@ def manifest_files_problem(checkpoint: Path, files: Any) -> str | None:
     return None
 
 
-def step_problem(checkpoint: Path, manifest: dict[str, Any]) -> str | None:
-    """The step the folder's name, the manifest and trainer_state.json give must be one: the Trainer
-    continues from trainer_state.json's, the run reports the folder's."""
+def folder_step(checkpoint: Path) -> int | None:
+    """The step a checkpoint folder's name gives (checkpoint-N), or None for another name."""
     match = CHECKPOINT_PATTERN.match(checkpoint.name)
-    if match is None:
-        return None
-    step = int(match.group(1))
-    if manifest.get("step", step) != step:
+    return int(match.group(1)) if match else None
+
+
+def step_problem(checkpoint: Path, manifest: dict[str, Any]) -> str | None:
+    """The manifest's step and the folder's name must agree (trainer_state_problem holds
+    trainer_state.json's to the name): the Trainer continues from the state's, the run reports the
+    folder's."""
+    step = folder_step(checkpoint)
+    if step is not None and manifest.get("step", step) != step:
         return f"{MANIFEST} says step {manifest.get('step')!r:.20}, the folder's name step {step}"
-    state_path = checkpoint / TRAINER_STATE
-    if not state_path.is_file():
-        return None
-    try:
-        state = json.loads(state_path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None  # trainer_state_problem says what is wrong with it
-    if isinstance(state, dict) and state.get("global_step") != step:
-        return (
-            f"{TRAINER_STATE}: global_step is {state.get('global_step')!r:.20}, the folder's name step {step}"
-        )
     return None
 
 
@@ -152,11 +145,13 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
             f"finetune: {checkpoint}: its {MANIFEST} holds file sizes only (written before content "
             "hashes were recorded): sizes checked, damaged bytes of the right size would go unnoticed"
         )
-        return step_problem(checkpoint, manifest)
-    for name, record in files.items():
-        if sha256_of(checkpoint / name) != record["sha256"]:
-            return f"{name} does not hold the bytes that were written (its sha256 differs)"
-    return trainer_state_problem(checkpoint / TRAINER_STATE) or step_problem(checkpoint, manifest)
+    else:
+        for name, record in files.items():
+            if sha256_of(checkpoint / name) != record["sha256"]:
+                return f"{name} does not hold the bytes that were written (its sha256 differs)"
+    return step_problem(checkpoint, manifest) or trainer_state_problem(
+        checkpoint / TRAINER_STATE, folder_step(checkpoint)
+    )
 
 
 # What each of trainer_state.json's fields (transformers.TrainerState) may hold. The Trainer loads the
@@ -174,8 +169,9 @@ TRAINER_STATE_FIELDS: dict[str, tuple[type, ...]] = {
 }  # fmt: skip
 
 
-def trainer_state_problem(path: Path) -> str | None:
-    """What is wrong with a checkpoint's trainer_state.json, or None (also when it has none)."""
+def trainer_state_problem(path: Path, step: int | None = None) -> str | None:
+    """What is wrong with a checkpoint's trainer_state.json, its global_step other than `step` (the
+    folder's) among it; None also when there is none."""
     if not path.is_file():
         return None
     try:
@@ -198,6 +194,8 @@ def trainer_state_problem(path: Path) -> str | None:
             return f"{path.name}: {key} is {value}, below 0"
     if state.get("max_steps") and state.get("global_step", 0) > state["max_steps"]:
         return f"{path.name}: global_step {state['global_step']} is past max_steps {state['max_steps']}"
+    if step is not None and state.get("global_step") != step:
+        return f"{path.name}: global_step is {state.get('global_step')!r:.20}, the folder's name step {step}"
     return None
 
 
