@@ -238,7 +238,7 @@ class FinetuneTrainingArguments(TrainingArguments):
         """Check the values and fill the defaults that depend on nothing else; finish nothing.
 
         TrainingArguments' own __post_init__ sets up the devices (and, under a launcher, the process
-        group), and what it sets up depends on the launch: it runs in `apply_launch_environment`, so
+        group), and what it sets up depends on the launch: it runs in `set_up_devices`, so
         that parsing reads no launcher variable and touches no device or folder.
         """
         if self.per_device_train_batch_size < 1:
@@ -295,20 +295,17 @@ class FinetuneTrainingArguments(TrainingArguments):
             check_run_name(self.run_name, "--run_name")
 
 
-def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
-    """What the launch decides, applied once after parsing, in the process that trains.
+def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
+    """What the launch decides about the flags, applied once after parsing, touching no device.
 
-    The launcher's variables and the machine choose the compile default, the mixed precision of
-    `--precision auto`, the profile's DeepSpeed JSON (checked, and its NVMe folder filled in and
-    created) and how ranks without a GPU talk; TrainingArguments' own __post_init__ then sets up
-    the devices from all of them, which is why it runs here and not while parsing.
+    The launcher's variables and the machine choose the FSDP units, the compile default, the mixed
+    precision of `--precision auto`, the profile's DeepSpeed JSON (checked, and its NVMe folder filled
+    in and created) and how ranks without a GPU talk. `finetune doctor` resolves the same before its
+    checks (finetune/resolved.py), so it checks the run that would train.
     """
     config_path, deepspeed_config = active_deepspeed_config()
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
-    if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
-        refuse_stale_build_locks(launch.on_one_machine)
-        _announce_first_builds(launch, deepspeed_config or {})
     _apply_fsdp_blocks_per_unit(training_args, launch)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
@@ -316,6 +313,15 @@ def apply_launch_environment(training_args: FinetuneTrainingArguments, launch: L
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args, launch)
+
+
+def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
+    """TrainingArguments' own __post_init__, which sets up the devices (and starts DeepSpeed) from
+    the resolved flags: in the process that trains, after `resolve_launch_settings`."""
+    config_path, deepspeed_config = active_deepspeed_config()
+    if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
+        refuse_stale_build_locks(launch.on_one_machine)
+        _announce_first_builds(launch, deepspeed_config or {})
     try:
         with without_printed_lines(DEEPSPEED_OP_LOADED):  # the device set-up starts DeepSpeed
             TrainingArguments.__post_init__(training_args)
@@ -469,7 +475,7 @@ def parse_arguments(
     """Flags or a recipe as the three dataclasses, their values checked.
 
     Reads no launcher variable and creates nothing, so the `finetune` commands parse run flags with
-    it before launching; the process that trains then calls `apply_launch_environment`.
+    it before launching; the process that trains then resolves the launch (finetune/resolved.py).
     """
     argv = expand_recipe(list(argv) if argv is not None else sys.argv[1:])
     parser = make_parser()

@@ -30,7 +30,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from finetune.arguments import parse_arguments
+from finetune.resolved import ResolvedRun, resolve_run
 from finetune.build_locks import (
     build_lock_problem,
     extensions_root,
@@ -56,6 +56,9 @@ NVME_PROBE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
 NVME_FLOOR_GBPS = 0.5  # ZeRO-Infinity swaps every step: below this a disk makes the GPU wait
 # torch renamed the tensor all-gather (and warns at every call of the old name): the new one where it exists
 ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+RUN_CHECKED = "run checked"
 
 
 @dataclass
@@ -417,9 +420,16 @@ def collective_checks(launch: Launch) -> list[Check]:
     return checks
 
 
-def run_checks(model_args, data_args, training_args, launch: Launch) -> list[Check]:
+def run_checks(resolved: ResolvedRun) -> list[Check]:
     """Collectives first, so that the first one times the rendezvous and not a neighbour's checks; then
-    each rank's own checks, each machine's (once, by its first rank) and the run's (rank 0)."""
+    each rank's own checks, each machine's (once, by its first rank) and the run's (rank 0), the
+    first of them saying which run was checked."""
+    model_args, data_args, training_args, launch = (
+        resolved.model_args,
+        resolved.data_args,
+        resolved.training_args,
+        resolved.launch,
+    )
     rank, world_size, strategy, on_gpu = launch.rank, launch.world_size, launch.strategy, launch.on_gpu
     checks = []
     if world_size > 1:
@@ -438,6 +448,7 @@ def run_checks(model_args, data_args, training_args, launch: Launch) -> list[Che
         )
         checks += [check for check in machine if check]
     if rank == 0:
+        checks.append(Check(RUN_CHECKED, resolved.describe(), "the run these flags start", True))
         checks += [*names_check(model_args, data_args), output_dir_check(model_args, training_args)]
         checks.append(disk_check(model_args, training_args))
         memory = memory_check(model_args, data_args, training_args, launch)
@@ -473,13 +484,12 @@ def table(checks: list[Check]) -> str:
 def main(argv: list[str] | None = None) -> int:
     with exit_on_user_error():
         argv = sys.argv[1:] if argv is None else argv
-        model_args, data_args, training_args = parse_arguments(argv)
-        launch = Launch.from_environment()
-        checks = run_checks(model_args, data_args, training_args, launch)
-        if launch.rank != 0:
+        resolved = resolve_run(argv)  # the run these flags would start: its micro batch, its precision
+        checks = run_checks(resolved)
+        if resolved.launch.rank != 0:
             return 0 if all(check.passed for check in checks) else CHECK_FAILED_EXIT_CODE
         print(table(checks))
-        report = Path(training_args.output_dir) / DOCTOR_REPORT
+        report = Path(resolved.training_args.output_dir) / DOCTOR_REPORT
         try:
             report.parent.mkdir(parents=True, exist_ok=True)
             report.write_text(json.dumps([asdict(check) for check in checks], indent=1) + "\n")

@@ -86,6 +86,12 @@ def placement(strategy: Strategy) -> tuple:
             strategy.zero_stage, strategy.reshard_after_forward)  # fmt: skip
 
 
+def mixed_precision(training_args: Any) -> str:
+    """bf16, fp16 or fp32: what resolved flags train in, named as the planner, the checkpoint's run
+    identity and the resolved run name it (one rule; the summary's `dtype` adds tf32 matmuls)."""
+    return "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+
+
 @dataclass(frozen=True)
 class BatchGeometry:
     """How one optimizer step's samples are made: micro batch x accumulation x data-parallel ranks."""

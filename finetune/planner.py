@@ -15,7 +15,7 @@ import torch
 from transformers.utils import logging
 
 from finetune.errors import FinetuneError, first_line
-from finetune.launched import BatchGeometry, Launch
+from finetune.launched import BatchGeometry, Launch, mixed_precision
 from finetune.memory_model import (
     DEFAULT_MARGIN,
     GIB,
@@ -255,11 +255,10 @@ def run_workload(
     place run flags become a Workload. `dtype` plans another precision than the flags' (`--precision
     auto` before the launch resolves it)."""
     shape, default_block = shape_of(model_args.model, model_args.config_overrides)
-    run_dtype = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
     return shape, Workload(
         micro_batch=training_args.per_device_train_batch_size,
         block_size=data_args.block_size or default_block,
-        dtype=dtype or run_dtype,
+        dtype=dtype or mixed_precision(training_args),
         gradient_checkpointing=training_args.gradient_checkpointing,
         compiled=training_args.torch_compile,
         peft=model_args.peft,
@@ -301,7 +300,7 @@ def apply_global_batch(
 ) -> BatchGeometry | None:
     """`--global_batch_size` made into the run's micro batch and accumulation, logged once.
 
-    Runs after `apply_launch_environment`, when the processes, precision and compile default are
+    Runs after `resolve_launch_settings`, when the processes, precision and compile default are
     known, and before anything reads the batch: the resume check, the run name, the summary.
     """
     if training_args.global_batch_size is None:
@@ -317,7 +316,7 @@ def apply_global_batch(
     )
     geometry.apply(training_args)
     training_args.batch_choice = reason
-    if training_args.process_index == 0:
+    if launch.rank == 0:  # the rank's own number: the devices are not set up yet
         logger.warning(f"finetune: {geometry.describe()}: {reason}")
     return geometry
 

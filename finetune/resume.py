@@ -27,7 +27,7 @@ from transformers.utils import logging
 
 from finetune.checkpoint import checkpoints_newest_first, read_manifest, swapped_to_nvme
 from finetune.errors import Diverged, FinetuneError
-from finetune.launched import BatchGeometry, Launch
+from finetune.launched import BatchGeometry, Launch, mixed_precision
 from finetune.summary import read_summary
 
 logger = logging.get_logger("finetune")
@@ -86,7 +86,7 @@ def defining_flags(model_args: Any, data_args: Any, training_args: TrainingArgum
     flags = {name: _plain(getattr(model_args, name)) for name in MODEL_FLAGS}
     flags.update({name: _plain(getattr(data_args, name)) for name in DATA_FLAGS})
     flags.update({name: _plain(getattr(training_args, name)) for name in TRAINING_FLAGS})
-    flags["precision"] = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
+    flags["precision"] = mixed_precision(training_args)
     return flags
 
 

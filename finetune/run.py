@@ -30,9 +30,8 @@ from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
-    apply_launch_environment,
+    set_up_devices,
     check_run_name,
-    parse_arguments,
 )
 from finetune.callbacks import MemoryCallback, StartupCallback, ThroughputCallback, process_start_time
 from finetune.checkpoint import (
@@ -70,8 +69,8 @@ from finetune.models import (
     vocabulary_growth,
 )
 from finetune.outputs import claim_output_dir
-from finetune.planner import apply_global_batch
 from finetune.launched import BatchGeometry, CompilePlan, Launch
+from finetune.resolved import resolve_run
 from finetune.reporting import GroupedTensorBoardCallback, run_scalars
 from finetune.run_folder import logging_dir
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
@@ -305,12 +304,16 @@ def main(argv: list[str] | None = None) -> None:
     load_weights_only()
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
-        model_args, data_args, training_args = parse_arguments(argv)
-        launch = Launch.from_environment()
+        resolved = resolve_run(argv)
+        model_args, data_args, training_args, launch = (
+            resolved.model_args,
+            resolved.data_args,
+            resolved.training_args,
+            resolved.launch,
+        )
         load_onto_indexed_cpu(launch)
-        apply_launch_environment(training_args, launch)
+        set_up_devices(training_args, launch)
         refuse_incompatible(model_args, training_args, launch)
-        apply_global_batch(model_args, data_args, training_args, launch)
         claim_output_dir(
             training_args, launch, {"--model": model_args.model, "--tokenizer": model_args.tokenizer}
         )

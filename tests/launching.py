@@ -74,3 +74,11 @@ def async_io_problem() -> str | None:
 def skip_without_async_io() -> None:
     if problem := async_io_problem():
         pytest.skip(problem)
+
+
+def resolve_and_set_up(training_args, launch) -> None:
+    """What run.py applies to parsed flags before training: the launch's choices, then the devices."""
+    from finetune.arguments import resolve_launch_settings, set_up_devices
+
+    resolve_launch_settings(training_args, launch)
+    set_up_devices(training_args, launch)

@@ -13,13 +13,14 @@ from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
-    apply_launch_environment,
     compiles_by_default,
     parse_arguments,
 )
 from finetune.errors import FinetuneError
 from finetune.launched import Launch
 from finetune.profiles import load_strategy
+
+from launching import resolve_and_set_up
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 NVME_CONFIG = PROJECT_ROOT / "ds_configs" / "zero3_nvme.json"
@@ -128,7 +129,7 @@ def test_chunked_loss_is_opt_in(output_flags):
 
 def test_no_compilation_by_default_on_a_machine_without_gpu(output_flags):
     _, _, training_args = parse_arguments(output_flags)
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     assert training_args.torch_compile is False
 
 
@@ -144,7 +145,7 @@ def test_a_profiles_cuda_graphs_are_not_used_with_gradient_checkpointing_or_accu
 ):
     monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")  # as the single profile launches
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true", *flags])
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     assert training_args.torch_compile_mode == mode
 
 
@@ -187,7 +188,7 @@ def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
 
 def test_compilation_can_be_asked_for_on_cpu(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true"])
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     assert training_args.torch_compile is True
 
 
@@ -212,7 +213,7 @@ def test_parsing_reads_no_launcher_variable(output_flags, monkeypatch):
     _, _, training_args = parse_arguments(output_flags)
     assert training_args.torch_compile is None
     with pytest.raises(FinetuneError, match="--nvme_path"):
-        apply_launch_environment(training_args, Launch.from_environment())
+        resolve_and_set_up(training_args, Launch.from_environment())
 
 
 def test_parsing_creates_no_folder(output_flags, monkeypatch, tmp_path):
@@ -220,7 +221,7 @@ def test_parsing_creates_no_folder(output_flags, monkeypatch, tmp_path):
     nvme = tmp_path / "nvme"
     _, _, training_args = parse_arguments([*output_flags, "--nvme_path", str(nvme)])
     assert not nvme.exists()
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     assert nvme.is_dir()
 
 
@@ -232,7 +233,7 @@ def test_the_nvme_profiles_json_reaches_accelerate_filled_in_as_the_launchers_fi
     use_nvme_profile(monkeypatch)
     nvme = tmp_path / "nvme"
     _, _, training_args = parse_arguments([*output_flags, "--nvme_path", str(nvme)])
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     handed = Path(os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"])
     assert handed.parent == nvme.resolve()
     config = json.loads(handed.read_text())
@@ -247,20 +248,20 @@ def test_parsing_sets_up_no_device(output_flags):
     AcceleratorState._reset_state(reset_partial_state=True)
     _, _, training_args = parse_arguments(output_flags)
     assert PartialState._shared_state == {}
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     assert training_args.device.type == "cpu"
 
 
 def test_a_value_transformers_refuses_is_one_error_when_the_launch_is_applied(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--logging_steps", "2.5"])
     with pytest.raises(FinetuneError, match="--logging_steps must be an integer"):
-        apply_launch_environment(training_args, Launch.from_environment())
+        resolve_and_set_up(training_args, Launch.from_environment())
 
 
 def test_blocks_per_fsdp_unit_is_refused_outside_the_fsdp_profiles(output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--fsdp_blocks_per_unit", "2"])
     with pytest.raises(FinetuneError, match="--fsdp_blocks_per_unit is for the FSDP profiles"):
-        apply_launch_environment(training_args, Launch.from_environment())
+        resolve_and_set_up(training_args, Launch.from_environment())
 
 
 def test_blocks_per_fsdp_unit_must_be_at_least_one(output_flags):
@@ -270,11 +271,11 @@ def test_blocks_per_fsdp_unit_must_be_at_least_one(output_flags):
 
 def test_blocks_per_fsdp_unit_defaults_to_one_outside_the_fsdp_profiles(output_flags):
     _, _, training_args = parse_arguments(output_flags)
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     assert training_args.fsdp_blocks_per_unit == 1
 
 
 def test_blocks_per_fsdp_unit_defaults_to_four_under_the_fsdp_profiles(output_flags):
     _, _, training_args = parse_arguments(output_flags)
-    apply_launch_environment(training_args, Launch(load_strategy("fsdp")))
+    resolve_and_set_up(training_args, Launch(load_strategy("fsdp")))
     assert training_args.fsdp_blocks_per_unit == FSDP_BLOCKS_PER_UNIT == 4

@@ -40,6 +40,24 @@ def test_run_with_doctor_checks_two_ranks_then_trains_and_records_it(tmp_path):
     assert "| 1 | all-gather 1 MiB |" in result.stdout
 
 
+def test_doctor_checks_the_run_the_flags_start_its_batch_and_precision_as_the_run_resolves_them(tmp_path):
+    """--global_batch_size chooses the micro batch and --precision auto the dtype once the launch is
+    known: doctor resolves them as the run does, and says which run it checked."""
+    flags = [*TINY_MODEL, "--max_steps", "1", "--block_size", "32", "--max_eval_samples", "4"]
+    result = finetune("run", *PLACEMENT, "--doctor", *flags, "--global_batch_size", "12",
+                      "--output_dir", str(tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    geometry = (
+        summary["micro_batch_size"],
+        summary["gradient_accumulation_steps"],
+        summary["global_batch_size"],
+    )
+    assert geometry == (6, 1, 12)
+    checked = rows(tmp_path / "out")[(0, "run checked")]["measured"]
+    assert checked == f"ddp on 2 process(es), micro batch 6 x 1 (global 12), {summary['dtype']}, eager"
+
+
 def test_a_missing_dataset_a_stale_lock_and_a_full_disk_each_fail_with_what_to_do(tmp_path):
     lock = tmp_path / "extensions" / "py311_cpu" / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True)

@@ -15,7 +15,7 @@ from transformers import TrainerState
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
 from finetune import run
-from finetune.arguments import apply_launch_environment, parse_arguments
+from finetune.arguments import parse_arguments
 from finetune.callbacks import StartupCallback
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
@@ -25,7 +25,7 @@ from finetune.planner import apply_global_batch, shape_of
 from finetune.resume import refuse_another_run
 from finetune.summary import read_summary, validate_summary
 
-from launching import PROJECT_ROOT, TINY_MODEL
+from launching import PROJECT_ROOT, TINY_MODEL, resolve_and_set_up
 
 WHY = "the limit's reason"
 
@@ -33,7 +33,7 @@ WHY = "the limit's reason"
 def launched(argv: list[str]):
     """The three argument dataclasses as run.py has them before the global batch is applied."""
     model_args, data_args, training_args = parse_arguments(argv)
-    apply_launch_environment(training_args, Launch.from_environment())
+    resolve_and_set_up(training_args, Launch.from_environment())
     return model_args, data_args, training_args
 
 

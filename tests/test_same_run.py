@@ -18,7 +18,7 @@ import pytest
 from transformers import TrainerState
 
 from finetune import run
-from finetune.arguments import apply_launch_environment, parse_arguments
+from finetune.arguments import parse_arguments
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
 from finetune.launched import Launch
@@ -31,7 +31,7 @@ from finetune.resume import (
 )
 from finetune.run_folder import SUMMARY_FILE
 
-from launching import PROJECT_ROOT, TINY_MODEL
+from launching import PROJECT_ROOT, TINY_MODEL, resolve_and_set_up
 
 FLAGS = [
     *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "20",
@@ -43,7 +43,7 @@ def identity_of(flags: list[str], **geometry: object) -> dict:
     """The identity a bare `python finetune/run.py FLAGS` computes, with some fields replaced."""
     model_args, data_args, training_args = parse_arguments([*flags, "--output_dir", "unused"])
     launch = Launch.from_environment()
-    apply_launch_environment(training_args, launch)
+    resolve_and_set_up(training_args, launch)
     identity = run_identity(defining_flags(model_args, data_args, training_args), launch, training_args)
     return {**identity, **geometry}
 
