@@ -26,6 +26,7 @@ import torch
 
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, OneLineArgumentErrors, exit_on_user_error
 from finetune.launch import RUN_SCRIPT, Placement, launch_command, resolved_profile_file
+from finetune.launched import PROFILE_VARIABLE
 from finetune.profiles import (
     Strategy,
     available_profiles,
@@ -136,7 +137,7 @@ def launch(
         config_file = resolved_profile_file(profile, folder)
         command = launch_command(profile, config_file, placement_of(options), run_args, script)
         print("finetune: " + " ".join(command), file=sys.stderr)
-        environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
+        environment = {**os.environ, PROFILE_VARIABLE: profile.name}
         with subprocess.Popen(command, env=environment) as launcher, forwarding_stop_signals(launcher):
             try:
                 code = launcher.wait()

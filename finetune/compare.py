@@ -27,6 +27,7 @@ from typing import Any
 
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
+from finetune.launched import PROFILE_VARIABLE
 from finetune.pictures import bar_label, comparison_picture, number_text
 from finetune.profiles import load_profile, shipped_strategies
 from finetune.run_folder import SUMMARY_FILE
@@ -153,7 +154,7 @@ def run_profile(
     flags = ["--save_strategy", "no", *run_args, "--output_dir", str(run_dir), "--run_name", run_dir.name]
     with tempfile.TemporaryDirectory(prefix="finetune-compare-") as folder, log.open("w") as stream:
         command = launch_command(profile, resolved_profile_file(profile, Path(folder)), placement, flags)
-        environment = {**os.environ, "FINETUNE_PROFILE": profile.name}
+        environment = {**os.environ, PROFILE_VARIABLE: profile.name}
         process = subprocess.Popen(
             command, stdout=stream, stderr=subprocess.STDOUT, env=environment, start_new_session=True
         )

@@ -33,6 +33,9 @@ from finetune.profiles import (
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
+PROFILE_VARIABLE = "FINETUNE_PROFILE"  # set by `finetune run` and `compare` for the processes they launch
+
+
 def launched_with(kind: str) -> bool:
     return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() in ("1", "true")
 
@@ -59,7 +62,7 @@ def strategy_from_environment(world_size: int) -> Strategy:
         strategy = derive_strategy("", "FSDP", fsdp_config=fsdp)
     else:
         strategy = derive_strategy("", "MULTI_GPU" if world_size > 1 else "NO")
-    return replace(strategy, name=os.environ.get("FINETUNE_PROFILE") or conventional_name(strategy))
+    return replace(strategy, name=os.environ.get(PROFILE_VARIABLE) or conventional_name(strategy))
 
 
 def strategy_of(accelerator: Any) -> Strategy:
@@ -287,10 +290,11 @@ class Launch:
     rank: int = 0
     local_rank: int = 0
     by_launcher: bool = False  # started by torchrun/accelerate launch, even as its only process
+    profile: str | None = None  # the name `finetune run`/`compare` launched (None: a bare accelerate launch)
 
     @classmethod
     def from_environment(cls) -> Launch:
-        """The only reader of the launcher's process variables."""
+        """The only reader of the launcher's process variables (and of $FINETUNE_PROFILE)."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         return cls(
             strategy_from_environment(world_size),
@@ -300,6 +304,7 @@ class Launch:
             int(os.environ.get("RANK", "0")),
             int(os.environ.get("LOCAL_RANK", "0")),
             "WORLD_SIZE" in os.environ,
+            os.environ.get(PROFILE_VARIABLE) or None,
         )
 
     @property

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +94,7 @@ def run_identity(flags: dict[str, Any], launch: Launch, training_args: TrainingA
     geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
     fields = launch.strategy_fields()
     return {
-        "profile": os.environ.get("FINETUNE_PROFILE"),
+        "profile": launch.profile,
         "strategy": fields["strategy"],
         "distributed_type": fields["distributed_type"],
         "zero_stage": fields["zero_stage"],

@@ -311,7 +311,7 @@ def configuration_fields(
     """What the run was asked to do, and on what: known before anything is loaded."""
     geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
     return {
-        "profile": os.environ.get("FINETUNE_PROFILE"),
+        "profile": launch.profile,
         "model": model_args.model,
         "from_scratch": model_args.from_scratch,
         "peft": model_args.peft,

@@ -70,34 +70,30 @@ def test_a_packed_instruction_run_has_no_padding_warning(tmp_path):
     assert not [line for line in lines if any(text in line for text in NOISE)]
 
 
-def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130():
-    """The KeyboardInterrupt raised where the package imports torch (finetune.quiet)."""
-    interrupt_on_import = (
+def interrupted_while_importing(module: str, then: str) -> subprocess.CompletedProcess[str]:
+    """Python running `then` with Ctrl-C arriving at the first use of `module` (while it imports)."""
+    script = (
         "import sys, types\n"
         "class Interrupting(types.ModuleType):\n"
         "    def __getattr__(self, name):\n"
         "        raise KeyboardInterrupt\n"
-        "sys.modules['finetune.quiet'] = Interrupting('finetune.quiet')\n"
-        "import finetune\n"
+        f"sys.modules[{module!r}] = Interrupting({module!r})\n"
+        f"{then}\n"
     )
-    result = subprocess.run([sys.executable, "-c", interrupt_on_import], capture_output=True, text=True,
-                            cwd=PROJECT_ROOT, timeout=120)  # fmt: skip
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, timeout=120)  # fmt: skip
+
+
+def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130():
+    """The KeyboardInterrupt raised where the package imports torch (finetune.quiet)."""
+    result = interrupted_while_importing("finetune.quiet", "import finetune")
     assert (result.returncode, result.stderr.strip()) == (130, "finetune: interrupted while starting")
 
 
 def test_ctrl_c_while_the_command_line_module_imports_is_one_line_and_exit_130():
     """The KeyboardInterrupt raised while finetune.cli imports transformers and accelerate."""
-    interrupt_on_import = (
-        "import sys, types\n"
-        "class Interrupting(types.ModuleType):\n"
-        "    def __getattr__(self, name):\n"
-        "        raise KeyboardInterrupt\n"
-        "sys.modules['finetune.cli'] = Interrupting('finetune.cli')\n"
-        "from finetune.__main__ import console_main\n"
-        "raise SystemExit(console_main())\n"
-    )
-    result = subprocess.run([sys.executable, "-c", interrupt_on_import], capture_output=True, text=True,
-                            cwd=PROJECT_ROOT, timeout=120)  # fmt: skip
+    then = "from finetune.__main__ import console_main\nraise SystemExit(console_main())"
+    result = interrupted_while_importing("finetune.cli", then)
     assert (result.returncode, result.stderr.strip()) == (130, "finetune: interrupted while starting")
 
 
