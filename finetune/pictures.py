@@ -10,11 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from finetune.compare import Row
     from finetune.memory_model import Estimate
+
+
+class Row(Protocol):
+    """What a comparison bar reads of a run (compare.Row has it; pictures do not import compare)."""
+
+    profile: str
+    status: str
+    training: str
+    memory_kind: str
+    peak_memory_gib: float | None
+    tokens_per_second_per_device: float | None
+
 
 FULL_COLOUR, ADAPTER_COLOUR = "tab:blue", "tab:orange"
 # what a plan's bar is made of, bottom to top, as finetune plan's table names the columns
@@ -48,14 +59,14 @@ def grouped(rows: list[Row]) -> list[Row]:
 
 
 def comparison_picture(
-    rows: list[Row], loss_curves: dict[str, Sequence[tuple[int, float]]], path: Path
+    rows: list[Row], curves: dict[str, Sequence[tuple[int, float]]], path: Path
 ) -> dict[str, Any]:
     """Memory and throughput per device, one labelled bar per profile and variant (grouped by
     profile; a run without numbers says why), and below them each run's training loss by step, one
     line per run: the strategies should learn alike, and a line that does not is seen at once.
 
-    `loss_curves` by bar label. Returns {"bars": [(label, memory, tokens/s)], "curves": {label:
-    [(step, loss)]}} as drawn."""
+    `curves`: each run's (step, loss) by its bar's label. Returns {"bars": [(label, memory,
+    tokens/s)], "curves": {label: [(step, loss)]}} as drawn."""
     plt = pyplot()
     rows = grouped(rows)
     labels = [bar_label(row) for row in rows]
@@ -81,7 +92,7 @@ def comparison_picture(
         axis.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, every text inside the axes
         axis.margins(x=0.25)
     for label in labels:
-        curve = loss_curves.get(label) or []
+        curve = curves.get(label) or []
         if curve:
             loss_axis.plot([step for step, _ in curve], [loss for _, loss in curve], label=label, marker=".")
     loss_axis.set_title("training loss by step")
