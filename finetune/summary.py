@@ -318,7 +318,6 @@ def configuration_fields(
         "dataset": data_args.dataset,
         "packing": data_args.packing,
         "gradient_checkpointing": training_args.gradient_checkpointing,
-        "torch_compile": training_args.torch_compile,
         "micro_batch_size": geometry.micro,
         "gradient_accumulation_steps": geometry.accumulation,
         "global_batch_size": geometry.global_batch,
