@@ -89,6 +89,15 @@ def test_the_measurements_page_end_of_run_block_is_a_stored_summary_formatted():
     assert block in (ROOT / "docs" / "measurements.md").read_text()
 
 
+def test_the_tests_readme_names_every_module_and_only_test_files_that_exist():
+    text = (ROOT / "tests" / "README.md").read_text()
+    by_module = text.split("## Where a module is tested", 1)[1]
+    listed = set(re.findall(r"^\| `(\w+)\.py` \|", by_module, flags=re.MULTILINE))
+    assert listed == {path.stem for path in (ROOT / "finetune").glob("*.py")} - {"__init__"}
+    named = set(re.findall(r"\b(test_\w+)\.py", text))
+    assert named and sorted(name for name in named if not (ROOT / "tests" / f"{name}.py").is_file()) == []
+
+
 def test_every_picture_the_readme_and_docs_show_exists():
     pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
     shown = [
