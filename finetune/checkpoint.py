@@ -77,6 +77,12 @@ def publish(staged: Path, final: Path) -> None:
     os.replace(staged, final)
 
 
+def remove_if_empty(staging: Path) -> None:
+    """The staging folder goes once nothing is staged in it (a published or removed copy was its last)."""
+    if staging.is_dir() and not any(staging.iterdir()):
+        staging.rmdir()
+
+
 def read_manifest(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / MANIFEST).read_text())
 

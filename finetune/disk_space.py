@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from finetune.checkpoint import checkpoints_newest_first, read_manifest
+from finetune.checkpoint import checkpoints_newest_first, read_manifest, remove_if_empty
 from finetune.errors import FinetuneError
 
 ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trainable parameter
@@ -120,8 +120,7 @@ def report_disk_full(
 ) -> FinetuneError:
     """Remove the partial copy (it holds the space a resume needs) and say what is left."""
     shutil.rmtree(staged, ignore_errors=True)
-    if staged.parent.is_dir() and not any(staged.parent.iterdir()):
-        staged.parent.rmdir()
+    remove_if_empty(staged.parent)
     return FinetuneError(
         f"disk full while writing {what or staged.name} into {output_dir} "
         f"({getattr(error, 'strerror', None) or 'no space left on device'}): the partial copy is "

@@ -20,7 +20,13 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from finetune import safe_unpickling
 from finetune.adapters import adapter_config
-from finetune.checkpoint import checkpoint_problem, load_weights_only, read_manifest, swapped_to_nvme
+from finetune.checkpoint import (
+    checkpoint_problem,
+    load_weights_only,
+    read_manifest,
+    remove_if_empty,
+    swapped_to_nvme,
+)
 from finetune.disk_space import is_disk_full, report_disk_full
 from finetune.errors import FinetuneError, first_line
 from finetune.models import load_config, resolve_model
@@ -63,8 +69,7 @@ def save_consolidated_model(
             for written in sorted(staged.iterdir()):
                 os.replace(written, output / written.name)
             staged.rmdir()
-            if not any(staged.parent.iterdir()):
-                staged.parent.rmdir()
+            remove_if_empty(staged.parent)
     problem = share_from_main(problem)
     if problem is not None:
         raise FinetuneError(problem)

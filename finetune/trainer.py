@@ -48,7 +48,7 @@ from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
 from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
-from finetune.checkpoint import publish, write_manifest
+from finetune.checkpoint import publish, remove_if_empty, write_manifest
 from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError
@@ -279,8 +279,7 @@ class FinetuneTrainer(Trainer):
             identity = run_identity(self.run_flags, self.launch, self.args)
             write_manifest(staged, self.state.global_step, self.args.run_name, identity)
             publish(staged, Path(output_dir) / name)
-            if not any(staged.parent.iterdir()):
-                staged.parent.rmdir()
+            remove_if_empty(staged.parent)
         if self.state.best_model_checkpoint == str(staged):
             self.state.best_model_checkpoint = str(Path(output_dir) / name)
         if self.args.should_save:
