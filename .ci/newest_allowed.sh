@@ -11,6 +11,7 @@ python3 -m venv "$VENV"
 "$VENV/bin/pip" freeze | grep -iE '^(torch|transformers|accelerate|deepspeed|datasets|peft|huggingface.hub)=' \
     | tr '\n' ' ' | sed 's/^/ci: newest allowed: /'; echo
 WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 export HF_HUB_OFFLINE=1 FINETUNE_DATA_DIR
 FINETUNE_DATA_DIR=$(cd "$ROOT" && cd "$FINETUNE_DATA_DIR" && pwd)
@@ -22,4 +23,3 @@ FINETUNE_DATA_DIR=$(cd "$ROOT" && cd "$FINETUNE_DATA_DIR" && pwd)
 python3 -c "import json, sys; s = json.load(open(sys.argv[1])); assert s['status'] == 'completed', s['status']" \
     "$WORK/quickstart/run_summary.json"
 echo "ci: the newest allowed versions install and run the quick start"
-rm -rf "$WORK"
