@@ -26,6 +26,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from finetune.data import IGNORE_INDEX
 from finetune.flops import PeakFlops, mfu
+from finetune.layout import ParallelLayout
 from finetune.memory_model import GIB
 
 
@@ -268,11 +269,13 @@ class ThroughputCallback(TrainerCallback):
     def __init__(
         self,
         warmup_steps: int,
+        layout: ParallelLayout,
         token_flops: int | None = None,
         peak: PeakFlops | None = None,
         stopwatch: WallClock | CudaEventClock | None = None,
     ):
         self.warmup_steps = warmup_steps
+        self.layout = layout
         self.token_flops = token_flops
         self.peak = peak
         self.stopwatch = stopwatch or (CudaEventClock() if torch.cuda.is_available() else WallClock())
@@ -355,21 +358,24 @@ class ThroughputCallback(TrainerCallback):
     def rates(self, local: dict[str, Any]) -> dict[str, float]:
         """Rates over one window measured on every rank. Collective.
 
-        Tokens and samples are summed over ranks; the window's time is the slowest rank's.
+        Tokens and samples are summed over ranks (a sample once, however many ranks of its sequence
+        group saw a part of it); the window's time is the slowest rank's; per device is per process.
         """
         windows = gather_from_ranks(local)
         seconds = max(window["seconds"] for window in windows)
         if seconds <= 0:
             return {}
-        world_size = len(windows)
+        devices = self.layout.devices
         tokens_per_second = sum(window["tokens"] for window in windows) / seconds
         trained_tokens_per_second = sum(window["trained_tokens"] for window in windows) / seconds
-        samples_per_second = sum(window["samples"] for window in windows) / seconds
+        samples_per_second = (
+            self.layout.samples_from_ranks(sum(window["samples"] for window in windows)) / seconds
+        )
         rates = {
             "samples_per_second": samples_per_second,
-            "samples_per_second_per_device": samples_per_second / world_size,
+            "samples_per_second_per_device": samples_per_second / devices,
             "tokens_per_second": tokens_per_second,
-            "tokens_per_second_per_device": tokens_per_second / world_size,
+            "tokens_per_second_per_device": tokens_per_second / devices,
             "trained_tokens_per_second": trained_tokens_per_second,
         }
         if self.token_flops is not None:

@@ -27,6 +27,7 @@ import torch
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, OneLineArgumentErrors, exit_on_user_error
 from finetune.launch import RUN_SCRIPT, Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE
+from finetune.layout import ParallelLayout
 from finetune.profiles import (
     Strategy,
     available_profiles,
@@ -375,7 +376,8 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
         raise FinetuneError("--profile auto plans GPU memory, and no GPU is visible: name a profile")
     # torch_compile is None until the run applies its launch: planned per profile
     shape, workload = run_workload(model_args, data_args, training_args, planned_dtype(training_args))
-    return choose_profile(shape, workload, num_processes or torch.cuda.device_count(), memory)
+    layout = ParallelLayout(num_processes or torch.cuda.device_count())
+    return choose_profile(shape, workload, layout, memory)
 
 
 def planned_dtype(training_args: FinetuneTrainingArguments) -> str:
@@ -425,16 +427,17 @@ def plan_command(options: argparse.Namespace) -> int:
     calibration = Calibration.measured()
     if options.margin is None:
         options.margin = DEFAULT_MARGIN
+    layout = ParallelLayout(options.gpus)
     if options.largest:
         workload = workload_of(options, options.block_size or LADDER_BLOCK_SIZE)
-        hardware = Hardware(options.gpus, memory, options.host_memory, options.gpus_per_node, options.margin)
+        hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
         print(format_largest(workload, hardware, calibration))
         return 0
-    hardware = Hardware(options.gpus, memory, gpus_per_node=options.gpus_per_node, margin=options.margin)
+    hardware = Hardware(layout, memory, gpus_per_node=options.gpus_per_node, margin=options.margin)
     shape, default_block = shape_of(options.model, options.config_overrides)
     workload = workload_of(options, options.block_size or default_block)
     profiles = options.profiles.split(",") if options.profiles else None
-    estimates = plan(shape, workload, options.gpus, calibration, profiles)
+    estimates = plan(shape, workload, layout, calibration, profiles)
     print(format_plan(shape, workload, estimates, hardware))
     if options.picture is not None:
         from finetune.pictures import plan_picture
@@ -457,7 +460,7 @@ def plan_command(options: argparse.Namespace) -> int:
         print(f"recommended: {best.profile} (the first that fits, in the order {order})")
         return 0
     print("nothing fits; changes that would:")
-    for change in what_would_fit(shape, workload, options.gpus, memory, calibration, options.margin):
+    for change in what_would_fit(shape, workload, layout, memory, calibration, options.margin):
         print(f"  {change}")
     return 1
 

@@ -209,7 +209,7 @@ def planned(model_args, data_args, training_args, launch: Launch):
     from finetune.planner import run_workload
 
     shape, workload = run_workload(model_args, data_args, training_args)
-    return estimate(launch.strategy, shape, workload, launch.data_parallel_size, Calibration.measured())
+    return estimate(launch.strategy, shape, workload, launch.layout, Calibration.measured())
 
 
 def memory_check(model_args, data_args, training_args, launch: Launch) -> Check | None:

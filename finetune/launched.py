@@ -7,20 +7,21 @@ that what the run records is what ran. Everything else reads it: the resume iden
 summary and name, the planner, doctor. `BatchGeometry.apply` is the only writer of the batch flags;
 `CompilePlan.for_run` the only place that decides what is compiled.
 
-A new parallel dimension (tensor or sequence parallel) is one field of Launch beside
-`data_parallel_size`, one profile kind (profiles.derive_strategy) and one planner term.
+How the processes divide the work (data and sequence parallel degrees) is the launch's
+`layout` (finetune/layout.py); a new parallel dimension is one field there and one planner term.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from accelerate.utils import DynamoBackend
 
 from finetune.errors import FinetuneError
+from finetune.layout import ParallelLayout
 from finetune.profiles import (
     OFFLOAD_KEYS,
     Strategy,
@@ -284,7 +285,7 @@ class Launch:
     """The launch as this process sees it: the strategy and the processes, on GPUs or CPUs."""
 
     strategy: Strategy
-    world_size: int = 1
+    layout: ParallelLayout = field(default_factory=ParallelLayout)
     processes_per_machine: int = 1
     on_gpu: bool = False
     rank: int = 0
@@ -298,7 +299,7 @@ class Launch:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         return cls(
             strategy_from_environment(world_size),
-            world_size,
+            ParallelLayout.from_environment(world_size),
             int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             torch.cuda.is_available(),
             int(os.environ.get("RANK", "0")),
@@ -308,10 +309,12 @@ class Launch:
         )
 
     @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
     def data_parallel_size(self) -> int:
-        """Processes that each take their own share of every global batch: all of them, as long as no
-        tensor or sequence parallel dimension splits one sample's work over several."""
-        return self.world_size
+        return self.layout.data_parallel_size
 
     @property
     def machines(self) -> int:
@@ -351,8 +354,7 @@ class Launch:
             "strategy": self.strategy_name,
             "distributed_type": self.distributed_type,
             "zero_stage": self.strategy.zero_stage,
-            "world_size": self.world_size,
-            "data_parallel_size": self.data_parallel_size,
+            **self.layout.summary_fields(),
         }
 
     def check_against(self, accelerator: Any, compile_plan: CompilePlan) -> None:

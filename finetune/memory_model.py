@@ -76,6 +76,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.utils import logging
 
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
+from finetune.layout import ParallelLayout
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,
@@ -188,7 +189,7 @@ class Measurement:
     shape: ModelShape
     workload: Workload
     strategy: Strategy
-    gpus: int
+    layout: ParallelLayout  # the processes it was measured on ("gpus" in calibration.json)
     peak_allocated_gib: float
     forward_activations_gib: float | None = None
 
@@ -219,7 +220,7 @@ class Measurement:
             shape,
             workload,
             strategy,
-            row["gpus"],
+            ParallelLayout(row["gpus"]),
             row["peak_allocated_gib"],
             row.get("forward_activations_gib"),
         )
@@ -227,7 +228,7 @@ class Measurement:
 
 def estimate_for(measurement: Measurement, calibration: Calibration) -> Estimate:
     m = measurement
-    return estimate(m.strategy, m.shape, m.workload, m.gpus, calibration)
+    return estimate(m.strategy, m.shape, m.workload, m.layout, calibration)
 
 
 def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
@@ -351,7 +352,7 @@ class Calibration:
 @dataclass
 class Estimate:
     strategy: Strategy
-    gpus: int
+    layout: ParallelLayout
     parameters: float
     gradients: float
     optimizer: float
@@ -465,21 +466,25 @@ def state_bytes(framework: str, shape: ModelShape, workload: Workload) -> dict[s
 
 
 def estimate(
-    strategy: Strategy, shape: ModelShape, workload: Workload, gpus: int, calibration: Calibration
+    strategy: Strategy,
+    shape: ModelShape,
+    workload: Workload,
+    layout: ParallelLayout,
+    calibration: Calibration,
 ) -> Estimate:
     framework = framework_of(strategy, workload.dtype)
     offloaded = strategy.offloaded
     states = {}
     moved = dict.fromkeys(OFFLOAD_DEVICES, 0.0)  # GiB per GPU, by where it goes
     for kind, size in state_bytes(framework, shape, workload).items():
-        gib = size / GIB / (gpus if kind in strategy.sharded else 1)
+        gib = size / GIB / (layout.shard_group_size if kind in strategy.sharded else 1)
         if kind in offloaded:
             moved[offloaded[kind]] += gib
             gib = 0.0
         states[kind] = gib
     if "optimizer" in offloaded:
         trained = trained_parameters(shape, workload)
-        moved[offloaded["optimizer"]] += trained * OFFLOADED_GRADIENT_BYTES / GIB / gpus
+        moved[offloaded["optimizer"]] += trained * OFFLOADED_GRADIENT_BYTES / GIB / layout.shard_group_size
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
     kind = calibration_kind(strategy, workload, shape)
@@ -487,12 +492,12 @@ def estimate(
     logit_bytes = calibration.logit_bytes_for(kind)
     return Estimate(
         strategy=strategy,
-        gpus=gpus,
+        layout=layout,
         parameters=states["parameters"],
         gradients=states["gradients"],
         optimizer=states["optimizer"],
         activations=activation_gib(shape, workload, layer_bytes, logit_bytes)
         + adapter_activation_gib(shape, workload, strategy),
         host_per_gpu=host,
-        nvme=moved["nvme"] * gpus,
+        nvme=moved["nvme"] * layout.devices,
     )

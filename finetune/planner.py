@@ -16,6 +16,7 @@ from transformers.utils import logging
 
 from finetune.errors import FinetuneError, first_line
 from finetune.launched import BatchGeometry, Launch, mixed_precision
+from finetune.layout import ParallelLayout
 from finetune.memory_model import (
     DEFAULT_MARGIN,
     GIB,
@@ -39,14 +40,15 @@ from finetune.profiles import (
 logger = logging.get_logger("finetune")
 
 
-def planned_strategies(profiles: list[str] | None, gpus: int) -> list[Strategy]:
+def planned_strategies(profiles: list[str] | None, layout: ParallelLayout) -> list[Strategy]:
     """What to plan, fastest first: the profiles given (names or YAML files, read as any command
-    reads them), else every shipped profile that runs on `gpus` processes."""
+    reads them), else every shipped profile that runs on the layout's processes."""
+    one_process = layout.world_size == 1
     if not profiles:
-        return [strategy for strategy in shipped_strategies() if strategy.multi_process or gpus == 1]
+        return [strategy for strategy in shipped_strategies() if strategy.multi_process or one_process]
     strategies = [load_strategy(name) for name in profiles]
     single = [strategy.name for strategy in strategies if not strategy.multi_process]
-    if single and gpus > 1:
+    if single and not one_process:
         raise FinetuneError(f"profile {', '.join(single)} runs one process: plan it with --gpus 1")
     return fastest_first(strategies)
 
@@ -54,12 +56,12 @@ def planned_strategies(profiles: list[str] | None, gpus: int) -> list[Strategy]:
 def plan(
     shape: ModelShape,
     workload: Workload,
-    gpus: int,
+    layout: ParallelLayout,
     calibration: Calibration,
     profiles: list[str] | None = None,
 ) -> list[Estimate]:
-    strategies = planned_strategies(profiles, gpus)
-    return [estimate(strategy, shape, workload, gpus, calibration) for strategy in strategies]
+    strategies = planned_strategies(profiles, layout)
+    return [estimate(strategy, shape, workload, layout, calibration) for strategy in strategies]
 
 
 def recommend(
@@ -72,13 +74,18 @@ def recommend(
 
 @dataclass(frozen=True)
 class Hardware:
-    """What a model must fit in: every GPU's memory and, when known, each node's host RAM."""
+    """What a model must fit in: every GPU's memory and, when known, each node's host RAM; `layout`
+    is how the run's processes, one per GPU, divide the work."""
 
-    gpus: int
+    layout: ParallelLayout
     gpu_memory_gib: float
     host_memory_gib: float | None = None
     gpus_per_node: int | None = None
     margin: float = DEFAULT_MARGIN
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.devices
 
     def host_per_node(self, e: Estimate) -> float:
         return e.host_per_gpu * min(self.gpus_per_node or self.gpus, self.gpus)
@@ -98,7 +105,7 @@ def largest_micro_batch(
     batch = 0
     while batch < MAX_MICRO_BATCH:
         bigger = replace(workload, micro_batch=batch + 1)
-        if not hardware.holds(estimate(strategy, shape, bigger, hardware.gpus, calibration)):
+        if not hardware.holds(estimate(strategy, shape, bigger, hardware.layout, calibration)):
             break
         batch += 1
     return batch
@@ -107,7 +114,7 @@ def largest_micro_batch(
 def what_would_fit(
     shape: ModelShape,
     workload: Workload,
-    gpus: int,
+    layout: ParallelLayout,
     gpu_memory_gib: float,
     calibration: Calibration,
     margin: float = DEFAULT_MARGIN,
@@ -117,7 +124,7 @@ def what_would_fit(
     batch = workload.micro_batch // 2
     while batch >= 1:
         smaller = replace(workload, micro_batch=batch)
-        found = recommend(plan(shape, smaller, gpus, calibration), gpu_memory_gib, margin)
+        found = recommend(plan(shape, smaller, layout, calibration), gpu_memory_gib, margin)
         if found:
             factor = workload.micro_batch // batch
             suggestions.append(
@@ -128,13 +135,14 @@ def what_would_fit(
         batch //= 2
     if not workload.gradient_checkpointing:
         checkpointed = replace(workload, gradient_checkpointing=True)
-        found = recommend(plan(shape, checkpointed, gpus, calibration), gpu_memory_gib, margin)
+        found = recommend(plan(shape, checkpointed, layout, calibration), gpu_memory_gib, margin)
         if found:
             suggestions.append(f"--gradient_checkpointing with {found.profile}: {found.total:.1f} GiB")
-    for more in (gpus * 2, gpus * 4, gpus * 8):
+    for factor in (2, 4, 8):
+        more = replace(layout, world_size=layout.world_size * factor)
         found = recommend(plan(shape, workload, more, calibration), gpu_memory_gib, margin)
         if found:
-            suggestions.append(f"{more} GPUs with {found.profile}: {found.total:.1f} GiB")
+            suggestions.append(f"{more.devices} GPUs with {found.profile}: {found.total:.1f} GiB")
             break
     return suggestions
 
@@ -191,10 +199,10 @@ def format_global_batch(
             lines.append(f"| {e.profile} | does not fit at micro batch 1 | | |")
             continue
         geometry, _ = BatchGeometry.from_global(
-            global_batch, hardware.gpus, largest=(largest, "predicted to fit")
+            global_batch, hardware.layout.data_parallel_size, largest=(largest, "predicted to fit")
         )
         chosen = estimate(
-            e.strategy, shape, replace(workload, micro_batch=geometry.micro), hardware.gpus, calibration
+            e.strategy, shape, replace(workload, micro_batch=geometry.micro), hardware.layout, calibration
         )
         lines.append(f"| {e.profile} | {geometry.micro} | {geometry.accumulation} | {chosen.total:.2f} |")
     return "\n".join(lines)
@@ -284,7 +292,7 @@ def largest_micro_batch_for_run(
     shape, workload = run_workload(model_args, data_args, training_args)
     workload = replace(workload, micro_batch=1)
     strategy = launch.strategy
-    hardware = Hardware(launch.data_parallel_size, memory)
+    hardware = Hardware(launch.layout, memory)
     largest = largest_micro_batch(strategy, shape, workload, hardware, Calibration.measured())
     where = f"{strategy.name} on {hardware.gpus} x {memory:g} GiB"
     if largest < 1:
@@ -322,18 +330,18 @@ def apply_global_batch(
 
 
 def choose_profile(
-    shape: ModelShape, workload: Workload, gpus: int, gpu_memory_gib: float
+    shape: ModelShape, workload: Workload, layout: ParallelLayout, gpu_memory_gib: float
 ) -> tuple[str, str]:
     """The recommended profile and a one-line reason, for `finetune run --profile auto`."""
     calibration = Calibration.measured()
-    estimates = plan(shape, workload, gpus, calibration)
+    estimates = plan(shape, workload, layout, calibration)
     best = recommend(estimates, gpu_memory_gib)
     if best is None:
         changes = (
-            "; ".join(what_would_fit(shape, workload, gpus, gpu_memory_gib, calibration)) or "none found"
+            "; ".join(what_would_fit(shape, workload, layout, gpu_memory_gib, calibration)) or "none found"
         )
         raise FinetuneError(
-            f"no profile fits {shape.name} in {gpus} x {gpu_memory_gib:.0f} GiB (finetune plan); "
+            f"no profile fits {shape.name} in {layout.devices} x {gpu_memory_gib:.0f} GiB (finetune plan); "
             f"changes that would: {changes or 'none found'}"
         )
     return best.profile, (
@@ -402,7 +410,7 @@ def largest_model(
     in host RAM); None when not even the smallest does."""
     found = None
     for name in MODEL_LADDER:
-        e = estimate(strategy, gpt2_shape(name), workload, hardware.gpus, calibration)
+        e = estimate(strategy, gpt2_shape(name), workload, hardware.layout, calibration)
         if not hardware.holds(e):
             break
         found = (name, e)
@@ -412,7 +420,7 @@ def largest_model(
 def format_largest(workload: Workload, hardware: Hardware, calibration: Calibration) -> str:
     host = hardware.host_memory_gib
     host_note = f"host RAM {host:g} GiB per node" if host else "host RAM not limited"
-    strategies = planned_strategies(None, hardware.gpus)
+    strategies = planned_strategies(None, hardware.layout)
     lines = [
         f"finetune plan --largest: {hardware.gpus} GPU(s) of {hardware.gpu_memory_gib:g} GiB, micro batch "
         f"{workload.micro_batch} x {workload.block_size} tokens, {workload.dtype}, "
@@ -449,7 +457,7 @@ def plan_frame(shapes: list[ModelShape], gpu_counts: list[int], workload: Worklo
     rows = []
     for shape in shapes:
         for gpus in gpu_counts:
-            for e in plan(shape, workload, gpus, calibration):
+            for e in plan(shape, workload, ParallelLayout(gpus), calibration):
                 rows.append(
                     {
                         "model": shape.name,
@@ -475,7 +483,7 @@ def measured_vs_predicted() -> Any:
             {
                 "model": m.shape.name,
                 "profile": m.strategy.name,
-                "gpus": m.gpus,
+                "gpus": m.layout.devices,
                 "micro_batch": m.workload.micro_batch,
                 "compiled": m.workload.compiled,
                 "peft": m.workload.peft,

@@ -197,7 +197,7 @@ def train_and_measure(
     token_flops = model_flops_per_token(model, config, block_size)
     peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)
     record.update(model_fields(model, config, token_flops, peak))
-    throughput = ThroughputCallback(training_args.throughput_warmup_steps, token_flops, peak)
+    throughput = ThroughputCallback(training_args.throughput_warmup_steps, launch.layout, token_flops, peak)
     extension = extended_from(resume_from, training_args)
     record.update({"max_steps_extended_from": extension[0] if extension else None})
     if extension and training_args.process_index == 0:

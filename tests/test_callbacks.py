@@ -14,6 +14,7 @@ from finetune.callbacks import (
     trained_tokens_in,
 )
 from finetune.flops import PeakFlops
+from finetune.layout import ParallelLayout
 from finetune.packing import pack_examples, packed_collator
 
 
@@ -99,7 +100,7 @@ def test_trained_tokens_of_text_leave_out_each_samples_first_token():
 
 def test_the_rates_report_real_and_trained_tokens_apart(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(warmup_steps=0, layout=ParallelLayout(), stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [2.0], [packed_batch([(3, 2), (4, 1), (2, 2)], block_size=9)])
     summary = callback.summary()
     assert (summary["tokens_per_second"], summary["trained_tokens_per_second"]) == (14 / 2, 5 / 2)
@@ -107,7 +108,7 @@ def test_the_rates_report_real_and_trained_tokens_apart(events):
 
 def test_warm_up_steps_are_left_out(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=2, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(warmup_steps=2, layout=ParallelLayout(), stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [5.0, 3.0, 1.0, 1.0, 2.0], [batch(4, 8)])
     assert callback.step_times == [1.0, 1.0, 2.0]
     summary = callback.summary()
@@ -118,7 +119,7 @@ def test_warm_up_steps_are_left_out(events):
 
 def test_time_before_the_first_step_is_left_out(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(warmup_steps=0, layout=ParallelLayout(), stopwatch=WallClock(clock))
     callback.on_train_begin(*events)
     clock.now += 100.0
     callback.on_step_begin(*events)
@@ -131,7 +132,7 @@ def test_time_before_the_first_step_is_left_out(events):
 
 def test_gradient_accumulation_counts_every_micro_batch_of_a_step(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(warmup_steps=0, layout=ParallelLayout(), stopwatch=WallClock(clock))
     micro_batches = [batch(2, 8), batch(2, 8, padding=2), batch(2, 8)]
     run_steps(callback, events, clock, [2.0, 2.0], micro_batches)
     assert callback.step_tokens == [16 + 12 + 16] * 2
@@ -141,7 +142,7 @@ def test_gradient_accumulation_counts_every_micro_batch_of_a_step(events):
 
 def test_steps_interrupted_by_evaluation_or_saving_are_left_out(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(warmup_steps=0, layout=ParallelLayout(), stopwatch=WallClock(clock))
 
     def evaluate():
         clock.now += 50.0
@@ -157,7 +158,7 @@ def test_steps_interrupted_by_evaluation_or_saving_are_left_out(events):
 
 def test_step_time_median_and_90th_percentile(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(warmup_steps=0, layout=ParallelLayout(), stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [1.0, 1.0, 2.0, 1.0], [batch(1, 8)])
     summary = callback.summary()
     assert summary["step_time_median_s"] == 1.0
@@ -168,16 +169,30 @@ def test_step_time_median_and_90th_percentile(events):
 def test_mfu_uses_the_per_device_token_rate(events):
     clock = FakeClock()
     peak = PeakFlops(tflops=1e-6, source="test")  # 1e6 FLOP/s
-    callback = ThroughputCallback(0, token_flops=1000, peak=peak, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(
+        0, ParallelLayout(), token_flops=1000, peak=peak, stopwatch=WallClock(clock)
+    )
     run_steps(callback, events, clock, [2.0], [batch(1, 100)])
     summary = callback.summary()
     assert summary["tokens_per_second_per_device"] == 50.0
     assert summary["mfu"] == pytest.approx(1000 * 50.0 / 1e6)
 
 
+def test_a_sequence_group_counts_each_sample_once_and_rates_per_device_per_process(events):
+    """Two processes of one sequence group: each sees every sample, half of its tokens (here one
+    process stands for both, its window the group's)."""
+    clock = FakeClock()
+    group = ParallelLayout(world_size=2, sequence_parallel=2)
+    callback = ThroughputCallback(0, group, stopwatch=WallClock(clock))
+    run_steps(callback, events, clock, [2.0], [batch(4, 8)])
+    summary = callback.summary()
+    assert summary["samples_per_second"] == pytest.approx(4 / 2 / 2.0)
+    assert summary["tokens_per_second_per_device"] == pytest.approx(32 / 2.0 / 2)
+
+
 def test_each_log_reports_only_the_steps_since_the_previous_log(events):
     clock = FakeClock()
-    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock(clock))
+    callback = ThroughputCallback(warmup_steps=0, layout=ParallelLayout(), stopwatch=WallClock(clock))
     run_steps(callback, events, clock, [1.0, 1.0], [batch(1, 8)])
     first = callback.log_scalars()
     clock.now += 4.0
@@ -192,7 +207,7 @@ def test_each_log_reports_only_the_steps_since_the_previous_log(events):
 def test_training_forwards_are_counted_and_evaluation_forwards_are_not(events):
     model = torch.nn.Module()
     model.forward = lambda input_ids, attention_mask, labels: None
-    callback = ThroughputCallback(warmup_steps=0, stopwatch=WallClock())
+    callback = ThroughputCallback(warmup_steps=0, layout=ParallelLayout(), stopwatch=WallClock())
     callback.on_train_begin(*events, model=model)
     callback.on_step_begin(*events)
     model.train()

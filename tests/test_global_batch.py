@@ -20,6 +20,7 @@ from finetune.callbacks import StartupCallback
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch
+from finetune.layout import ParallelLayout
 from finetune.memory_model import Calibration, Workload, estimate
 from finetune.planner import apply_global_batch, shape_of
 from finetune.resume import refuse_another_run
@@ -164,7 +165,7 @@ def test_on_the_given_gpu_memory_the_micro_batch_is_the_largest_dividing_one_pre
             Launch.from_environment().strategy,
             shape,
             replace(workload, micro_batch=micro_batch),
-            1,
+            ParallelLayout(1),
             Calibration.measured(),
         )
         return e.fits(24)

@@ -13,6 +13,7 @@ from accelerate.utils import DynamoBackend
 from finetune.devices import one_gpu_per_process
 from finetune.errors import FinetuneError
 from finetune.launched import CompilePlan, Launch
+from finetune.layout import ParallelLayout
 from finetune.profiles import available_profiles, load_strategy
 from finetune.summary import read_summary
 
@@ -56,7 +57,7 @@ def test_the_other_profiles_launch_what_accelerate_sets_up(profile, processes, t
 
 
 def test_a_launch_accelerate_set_up_differently_stops_in_one_line():
-    zero2 = Launch(load_strategy("zero2"), world_size=2)
+    zero2 = Launch(load_strategy("zero2"), ParallelLayout(2))
     expected = r"^the launch was read as zero2 on 2 processes but accelerate set up zero3 on 2"
     with pytest.raises(FinetuneError, match=expected):
         zero2.check_against(fake_accelerator(2, zero_stage=3), CompilePlan())
@@ -64,18 +65,18 @@ def test_a_launch_accelerate_set_up_differently_stops_in_one_line():
 
 def test_a_launch_on_other_processes_than_accelerates_stops():
     with pytest.raises(FinetuneError, match="on 2 processes but accelerate set up ddp on 4"):
-        Launch(load_strategy("ddp"), world_size=2).check_against(fake_accelerator(4), CompilePlan())
+        Launch(load_strategy("ddp"), ParallelLayout(2)).check_against(fake_accelerator(4), CompilePlan())
 
 
 def test_a_compile_plan_accelerate_does_not_follow_stops():
     with pytest.raises(FinetuneError, match=r"^the compile plan \(whole, mode default\) disagrees"):
-        Launch(load_strategy("ddp"), world_size=2).check_against(
+        Launch(load_strategy("ddp"), ParallelLayout(2)).check_against(
             fake_accelerator(2), CompilePlan("whole", "default")
         )
 
 
 def test_the_same_launch_passes():
-    Launch(load_strategy("zero2"), world_size=2).check_against(
+    Launch(load_strategy("zero2"), ParallelLayout(2)).check_against(
         fake_accelerator(2, zero_stage=2), CompilePlan()
     )
 
@@ -104,7 +105,7 @@ def test_fsdp_on_one_cpu_rank_is_set_up_as_cpu_fsdp_only_when_a_launcher_started
     assert Launch(fsdp, by_launcher=True).fsdp_on_cpu
     assert not Launch(fsdp, by_launcher=False).fsdp_on_cpu
     assert not Launch(fsdp, by_launcher=True, on_gpu=True).fsdp_on_cpu
-    assert not Launch(load_strategy("ddp"), world_size=2, by_launcher=True).fsdp_on_cpu
+    assert not Launch(load_strategy("ddp"), ParallelLayout(2), by_launcher=True).fsdp_on_cpu
 
 
 def test_only_launched_reads_the_launchers_process_variables():

@@ -27,6 +27,7 @@ from finetune.compare import read_rows, training_variants, variant_flags
 from finetune.errors import FinetuneError
 from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
+from finetune.layout import ParallelLayout
 from finetune.memory_model import CALIBRATION_KINDS, Calibration, ModelShape, Workload, estimate
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
@@ -162,10 +163,10 @@ def test_planner_keeps_gradients_and_optimizer_states_for_the_adapters_only():
     )
     workload = Workload(1, 8, "bf16", peft="lora", lora_rank=2)  # 200 adapter parameters
     no_activations = Calibration(dict.fromkeys(CALIBRATION_KINDS, 0.0))
-    ddp = estimate(load_strategy("ddp"), shape, workload, 2, no_activations)
+    ddp = estimate(load_strategy("ddp"), shape, workload, ParallelLayout(2), no_activations)
     # torch autocast: base 1000 x 2 bytes (bf16, frozen), adapters fp32 4 + 4 gradients + 8 Adam
     assert (ddp.parameters * GIB, ddp.gradients * GIB, ddp.optimizer * GIB) == (2800, 800, 1600)
-    zero3 = estimate(load_strategy("zero3"), shape, workload, 2, no_activations)
+    zero3 = estimate(load_strategy("zero3"), shape, workload, ParallelLayout(2), no_activations)
     # DeepSpeed: adapters 2 + 2 + 12 bytes; everything sharded over the 2 GPUs
     assert (zero3.parameters * GIB, zero3.gradients * GIB, zero3.optimizer * GIB) == (1200, 200, 1200)
 

@@ -10,6 +10,7 @@ from transformers import AutoConfig, LlamaConfig
 from finetune.cli import auto_profile
 from finetune.cli import main as cli_main
 from finetune.errors import FinetuneError
+from finetune.layout import ParallelLayout
 from finetune.memory_model import (
     GATED_MLP_ACTIVATION_SCALE,
     GIB,
@@ -68,7 +69,7 @@ def test_gpt2_xl_shape_is_counted_exactly(gpt2_xl):
 
 def test_gpt2_xl_on_four_80_gib_gpus_matches_the_hand_calculation(gpt2_xl, calibration):
     workload = Workload(micro_batch=8, block_size=1024)
-    by_profile = {e.profile: e for e in plan(gpt2_xl, workload, 4, calibration)}
+    by_profile = {e.profile: e for e in plan(gpt2_xl, workload, ParallelLayout(4), calibration)}
     psi = GPT2_XL_PARAMETERS
     tokens = 8 * 1024
     logits = tokens * 50257 * (10 + 4)  # logits, fp32 copy, log-softmax; the logits' gradient
@@ -116,7 +117,7 @@ def test_offload_host_memory_is_what_deepspeeds_own_estimators_say(gpt2_xl, cali
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-    by_profile = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024), gpus, calibration)}
+    by_profile = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024), ParallelLayout(gpus), calibration)}
     zero2_host, _ = estimate_zero2_model_states_mem_needs(GPT2_XL_PARAMETERS, num_gpus_per_node=gpus)
     zero3_host, _, _ = estimate_zero3_model_states_mem_needs(GPT2_XL_PARAMETERS, 0, num_gpus_per_node=gpus)
     assert gpus * by_profile["zero2_offload"].host_per_gpu == pytest.approx(zero2_host / GIB)
@@ -124,7 +125,9 @@ def test_offload_host_memory_is_what_deepspeeds_own_estimators_say(gpt2_xl, cali
 
 
 def test_every_process_builds_the_whole_fp32_model_in_host_memory_except_under_zero3(gpt2_xl, calibration):
-    host = {e.profile: e.host_per_gpu for e in plan(gpt2_xl, Workload(8, 1024), 4, calibration)}
+    host = {
+        e.profile: e.host_per_gpu for e in plan(gpt2_xl, Workload(8, 1024), ParallelLayout(4), calibration)
+    }
     for profile in ("ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp"):
         assert host[profile] == pytest.approx(4 * GPT2_XL_PARAMETERS / GIB), profile
     assert host["zero3"] == host["zero3_nvme"] == 0.0
@@ -158,7 +161,7 @@ def test_measured_forward_activations_are_predicted_within_15_percent(calibratio
 
 
 def test_recommendation_is_the_fastest_profile_that_fits(gpt2_xl, calibration):
-    estimates = plan(gpt2_xl, Workload(8, 1024), 4, calibration)
+    estimates = plan(gpt2_xl, Workload(8, 1024), ParallelLayout(4), calibration)
     fitting = [e.profile for e in estimates if e.fits(80)]
     assert recommend(estimates, 80).profile == fitting[0]
     assert fitting[0] in ("ddp", "zero1")
@@ -166,19 +169,23 @@ def test_recommendation_is_the_fastest_profile_that_fits(gpt2_xl, calibration):
 
 def test_a_model_too_big_for_any_profile_gets_changes_that_fit(gpt2_xl, calibration):
     workload = Workload(micro_batch=64, block_size=1024)
-    assert recommend(plan(gpt2_xl, workload, 1, calibration), 80) is None
-    suggestions = what_would_fit(gpt2_xl, workload, 1, 80, calibration)
+    assert recommend(plan(gpt2_xl, workload, ParallelLayout(1), calibration), 80) is None
+    suggestions = what_would_fit(gpt2_xl, workload, ParallelLayout(1), 80, calibration)
     assert any(s.startswith("--batch_size") and "--gradient_accumulation_steps" in s for s in suggestions)
 
 
 def test_gradient_checkpointing_shrinks_activations(gpt2_xl, calibration):
-    plain = plan(gpt2_xl, Workload(8, 1024), 4, calibration, ["zero3"])[0]
-    checkpointed = plan(gpt2_xl, Workload(8, 1024, gradient_checkpointing=True), 4, calibration, ["zero3"])[0]
+    plain = plan(gpt2_xl, Workload(8, 1024), ParallelLayout(4), calibration, ["zero3"])[0]
+    checkpointed = plan(
+        gpt2_xl, Workload(8, 1024, gradient_checkpointing=True), ParallelLayout(4), calibration, ["zero3"]
+    )[0]
     assert checkpointed.activations < plain.activations / 2
 
 
 def test_more_gpus_shrink_only_the_sharded_states(gpt2_xl, calibration):
-    two, eight = (plan(gpt2_xl, Workload(8, 1024), n, calibration, ["zero2"])[0] for n in (2, 8))
+    two, eight = (
+        plan(gpt2_xl, Workload(8, 1024), ParallelLayout(n), calibration, ["zero2"])[0] for n in (2, 8)
+    )
     assert two.parameters == eight.parameters
     assert two.optimizer == pytest.approx(4 * eight.optimizer)
 
@@ -192,7 +199,7 @@ def test_plan_command_prints_the_table_and_the_recommendation(capsys):
 
 
 def test_the_plan_picture_stacks_each_profiles_predicted_parts(tmp_path, gpt2_xl, calibration):
-    estimates = plan(gpt2_xl, Workload(8, 1024), 4, calibration)
+    estimates = plan(gpt2_xl, Workload(8, 1024), ParallelLayout(4), calibration)
     drawn = plan_picture(estimates, 80, 0.15, "gpt2-xl", tmp_path / "plan.png")
     assert [profile for profile, _ in drawn] == [e.profile for e in estimates]
     for (_, parts), e in zip(drawn, estimates, strict=True):
@@ -222,7 +229,7 @@ def lora_activations(profile: str, calibration: Calibration, **workload: Any) ->
         load_strategy(profile),
         shape,
         Workload(8, 1024, peft="lora", compiled=False, **workload),
-        1,
+        ParallelLayout(1),
         calibration,
     ).activations
 
@@ -265,7 +272,9 @@ def test_without_layer_norm_autocast_keeps_bf16_activations_at_the_gated_mlp_sca
     assert calibration_kind(single, eager, gpt2) == "autocast"
     assert calibration_kind(single, eager, llama) == "bf16"
     expected = activation_gib(llama, eager, calibration.layer_bytes["bf16"] * GATED_MLP_ACTIVATION_SCALE)
-    assert estimate(single, llama, eager, 1, calibration).activations == pytest.approx(expected)
+    assert estimate(single, llama, eager, ParallelLayout(1), calibration).activations == pytest.approx(
+        expected
+    )
 
 
 def test_a_compiled_gated_mlp_model_keeps_the_scale_fitted_to_compiled_llama_peaks(calibration):
@@ -274,9 +283,9 @@ def test_a_compiled_gated_mlp_model_keeps_the_scale_fitted_to_compiled_llama_pea
     compiled = Workload(8, 1024, compiled=True)
     scale = calibration.compiled_gated_mlp_scale
     expected = activation_gib(llama, compiled, calibration.layer_bytes["compiled"] * scale)
-    assert estimate(load_strategy("single"), llama, compiled, 1, calibration).activations == pytest.approx(
-        expected
-    )
+    assert estimate(
+        load_strategy("single"), llama, compiled, ParallelLayout(1), calibration
+    ).activations == pytest.approx(expected)
     assert scale != pytest.approx(GATED_MLP_ACTIVATION_SCALE, abs=0.02)
 
 
@@ -304,15 +313,19 @@ def test_profile_auto_without_a_gpu_is_a_clear_error(capsys):
 
 
 def test_auto_choice_explains_itself(gpt2_xl):
-    profile, reason = choose_profile(gpt2_xl, Workload(8, 1024, compiled=False), 4, 80)
+    profile, reason = choose_profile(gpt2_xl, Workload(8, 1024, compiled=False), ParallelLayout(4), 80)
     assert profile == "zero1"
     assert reason.startswith("the fastest profile predicted to fit")
 
 
 def test_profiles_are_planned_compiled_and_zero12_activations_counted_alike_either_way(gpt2_xl, calibration):
-    default = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024), 4, calibration)}
-    eager = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=False), 4, calibration)}
-    compiled = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=True), 4, calibration)}
+    default = {e.profile: e for e in plan(gpt2_xl, Workload(8, 1024), ParallelLayout(4), calibration)}
+    eager = {
+        e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=False), ParallelLayout(4), calibration)
+    }
+    compiled = {
+        e.profile: e for e in plan(gpt2_xl, Workload(8, 1024, compiled=True), ParallelLayout(4), calibration)
+    }
     for profile in ("ddp", "fsdp", "zero3"):
         assert default[profile].activations == compiled[profile].activations < eager[profile].activations
     assert default["zero2"].activations == compiled["zero2"].activations == eager["zero2"].activations
@@ -322,7 +335,7 @@ def test_compiled_sharded_peaks_on_two_and_four_gpus_are_in_the_calibration(cali
     """The rows that fit FSDP2's and ZeRO-3's compiled activations (their compiled loss's bytes per
     logit among them): without them those runs were planned as eager, 1.3-1.5x their peaks."""
     measured = {
-        (m.strategy.name, m.gpus, m.shape.name, m.workload.micro_batch)
+        (m.strategy.name, m.layout.world_size, m.shape.name, m.workload.micro_batch)
         for m in read_measurements()
         if calibration_kind(m.strategy, m.workload, m.shape) in ("fsdp_compiled", "zero3_compiled")
     }
@@ -342,15 +355,16 @@ def test_compiled_sharded_peaks_on_two_and_four_gpus_are_in_the_calibration(cali
 
 def test_profiles_are_planned_compiled_where_run_py_compiles_them():
     workload = Workload(8, 1024)
-    compiled = [s.name for s in planned_strategies(None, 4) if compiled_for(s, workload)]
+    compiled = [s.name for s in planned_strategies(None, ParallelLayout(4)) if compiled_for(s, workload)]
     assert compiled == ["ddp", "zero1", "zero2", "fsdp_grad_op", "zero3", "fsdp"]
 
 
 def test_largest_micro_batch_is_the_last_that_fits(gpt2_xl, calibration):
     workload = Workload(8, 1024)
-    largest = largest_micro_batch(ZERO3, gpt2_xl, workload, Hardware(4, 80), calibration)
+    largest = largest_micro_batch(ZERO3, gpt2_xl, workload, Hardware(ParallelLayout(4), 80), calibration)
     fits = [
-        estimate(ZERO3, gpt2_xl, Workload(b, 1024), 4, calibration).fits(80) for b in (largest, largest + 1)
+        estimate(ZERO3, gpt2_xl, Workload(b, 1024), ParallelLayout(4), calibration).fits(80)
+        for b in (largest, largest + 1)
     ]
     assert largest > 8
     assert fits == [True, False]
@@ -384,13 +398,15 @@ def test_plan_shows_the_batch_each_profile_would_train_for_a_global_batch(capsys
     }
     assert rows["fsdp"] == (32, 1)
     assert all(micro * accumulation * 4 == 128 for micro, accumulation in rows.values())
-    assert list(rows) == [strategy.name for strategy in planned_strategies(None, 4)]
+    assert list(rows) == [strategy.name for strategy in planned_strategies(None, ParallelLayout(4))]
 
 
 def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
-    name, found = largest_model(ZERO3, Workload(8, 1024), Hardware(4, 80), calibration)
+    name, found = largest_model(ZERO3, Workload(8, 1024), Hardware(ParallelLayout(4), 80), calibration)
     ladder = list(MODEL_LADDER)
-    bigger = estimate(ZERO3, gpt2_shape(ladder[ladder.index(name) + 1]), Workload(8, 1024), 4, calibration)
+    bigger = estimate(
+        ZERO3, gpt2_shape(ladder[ladder.index(name) + 1]), Workload(8, 1024), ParallelLayout(4), calibration
+    )
     assert found.fits(80)
     assert not bigger.fits(80)
 
@@ -398,16 +414,18 @@ def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
 def test_sharding_fits_a_larger_model_than_ddp(calibration):
     ladder = list(MODEL_LADDER)
     workload = Workload(1, 1024, gradient_checkpointing=True)
-    ddp, _ = largest_model(load_strategy("ddp"), workload, Hardware(4, 80), calibration)
-    zero3, _ = largest_model(ZERO3, workload, Hardware(4, 80), calibration)
+    ddp, _ = largest_model(load_strategy("ddp"), workload, Hardware(ParallelLayout(4), 80), calibration)
+    zero3, _ = largest_model(ZERO3, workload, Hardware(ParallelLayout(4), 80), calibration)
     assert ladder.index(zero3) > ladder.index(ddp)
 
 
 def test_host_memory_limits_the_offload_profiles(calibration):
     workload = Workload(1, 1024, gradient_checkpointing=True)
     offload = load_strategy("zero3_offload")
-    unlimited, _ = largest_model(offload, workload, Hardware(4, 80), calibration)
-    name, found = largest_model(offload, workload, Hardware(4, 80, host_memory_gib=64), calibration)
+    unlimited, _ = largest_model(offload, workload, Hardware(ParallelLayout(4), 80), calibration)
+    name, found = largest_model(
+        offload, workload, Hardware(ParallelLayout(4), 80, host_memory_gib=64), calibration
+    )
     assert list(MODEL_LADDER).index(name) < list(MODEL_LADDER).index(unlimited)
     assert 4 * found.host_per_gpu <= 64 * 0.9
 
@@ -422,7 +440,7 @@ def test_plan_largest_prints_a_row_per_profile_with_the_flags_to_run_it(capsys):
     out = capsys.readouterr().out
     assert "| zero3 | gpt-" in out
     assert "--model gpt2 --config_overrides n_layer=" in out
-    assert out.count("\n| ") == 1 + len(planned_strategies(None, 4))
+    assert out.count("\n| ") == 1 + len(planned_strategies(None, ParallelLayout(4)))
 
 
 @pytest.mark.parametrize(
@@ -468,32 +486,38 @@ def test_an_edited_deepspeed_json_changes_the_plan(tmp_path, capsys, gpt2_xl, ca
     config = json.loads(json_path.read_text())
     config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     json_path.write_text(json.dumps(config))
-    shipped, edited = plan(gpt2_xl, Workload(8, 1024), 4, calibration, ["zero3", str(yaml_path)])
+    shipped, edited = plan(
+        gpt2_xl, Workload(8, 1024), ParallelLayout(4), calibration, ["zero3", str(yaml_path)]
+    )
     assert shipped.optimizer > 0 and shipped.host_per_gpu == 0
     assert edited.optimizer == 0
     assert edited.host_per_gpu == pytest.approx((12 + 4) * GPT2_XL_PARAMETERS / 4 / GIB * 1.5)
 
 
 def test_profiles_are_planned_fastest_first_whatever_order_they_are_given_in(gpt2_xl, calibration):
-    estimates = plan(gpt2_xl, Workload(8, 1024), 4, calibration, ["zero3_offload", "fsdp", "ddp", "zero2"])
+    estimates = plan(
+        gpt2_xl, Workload(8, 1024), ParallelLayout(4), calibration, ["zero3_offload", "fsdp", "ddp", "zero2"]
+    )
     assert [e.profile for e in estimates] == ["ddp", "zero2", "fsdp", "zero3_offload"]
 
 
 def test_one_gpu_is_planned_with_the_single_profile_first(gpt2_xl):
-    assert [s.name for s in planned_strategies(None, 1)][:2] == ["single", "ddp"]
-    assert "single" not in [s.name for s in planned_strategies(None, 2)]
-    profile, _ = choose_profile(gpt2_xl, Workload(1, 1024), 1, 80)
+    assert [s.name for s in planned_strategies(None, ParallelLayout(1))][:2] == ["single", "ddp"]
+    assert "single" not in [s.name for s in planned_strategies(None, ParallelLayout(2))]
+    profile, _ = choose_profile(gpt2_xl, Workload(1, 1024), ParallelLayout(1), 80)
     assert profile == "single"
 
 
 def test_a_large_model_on_one_gpu_is_given_an_offload_profile(gpt2_xl):
-    profile, _ = choose_profile(gpt2_xl, Workload(1, 1024, gradient_checkpointing=True), 1, 24)
+    profile, _ = choose_profile(
+        gpt2_xl, Workload(1, 1024, gradient_checkpointing=True), ParallelLayout(1), 24
+    )
     assert profile == "zero2_offload"
 
 
 def test_the_single_profile_is_not_planned_on_several_gpus():
     with pytest.raises(FinetuneError, match="single runs one process: plan it with --gpus 1"):
-        planned_strategies(["ddp", "single"], 2)
+        planned_strategies(["ddp", "single"], ParallelLayout(2))
 
 
 def test_a_gpt2_size_is_planned_from_its_built_in_shape_without_a_data_folder(capsys, monkeypatch):
