@@ -30,7 +30,7 @@ from finetune.build_locks import (
 from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, one_gpu_per_process
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
-from finetune.launched import BatchGeometry, Launch
+from finetune.launched import BatchGeometry, Launch, precision_on
 from finetune.profiles import (
     active_deepspeed_config,
     check_deepspeed_config,
@@ -355,12 +355,9 @@ def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch
 
 
 def _apply_auto_precision(training_args: FinetuneTrainingArguments) -> None:
-    if training_args.precision != "auto":
-        return
-    if training_args.bf16 or training_args.fp16 or training_args.use_cpu or not torch.cuda.is_available():
-        return
-    training_args.bf16 = torch.cuda.is_bf16_supported()
-    training_args.fp16 = not training_args.bf16
+    gpu_supports_bf16 = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else None
+    precision = precision_on(training_args, gpu_supports_bf16)
+    training_args.bf16, training_args.fp16 = precision == "bf16", precision == "fp16"
 
 
 def _apply_nvme_path(

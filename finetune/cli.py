@@ -26,7 +26,7 @@ import torch
 
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError, OneLineArgumentErrors, exit_on_user_error
 from finetune.launch import RUN_SCRIPT, Placement, launch_command, resolved_profile_file
-from finetune.launched import PROFILE_VARIABLE
+from finetune.launched import PROFILE_VARIABLE, precision_on
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
     Strategy,
@@ -375,16 +375,10 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     if memory is None:
         raise FinetuneError("--profile auto plans GPU memory, and no GPU is visible: name a profile")
     # torch_compile is None until the run applies its launch: planned per profile
-    shape, workload = run_workload(model_args, data_args, training_args, planned_dtype(training_args))
+    dtype = precision_on(training_args, torch.cuda.is_bf16_supported())
+    shape, workload = run_workload(model_args, data_args, training_args, dtype)
     layout = ParallelLayout(num_processes or torch.cuda.device_count())
     return choose_profile(shape, workload, layout, memory)
-
-
-def planned_dtype(training_args: FinetuneTrainingArguments) -> str:
-    """The run's training dtype, with `--precision auto` planned as bf16 (the GPUs the planner knows)."""
-    if training_args.fp16:
-        return "fp16"
-    return "bf16" if training_args.precision == "auto" else training_args.precision
 
 
 def workload_of(options: argparse.Namespace, block_size: int) -> Workload:

@@ -96,6 +96,21 @@ def mixed_precision(training_args: Any) -> str:
     return "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
 
 
+def precision_on(training_args: Any, gpu_supports_bf16: bool | None) -> str:
+    """What these flags train in on a GPU that supports bf16 (True) or not (False), or without a GPU
+    (None): `--precision auto` as the launch resolves it (`arguments.resolve_launch_settings`) and
+    as `--profile auto` plans it before any launch, by this one rule."""
+    given = mixed_precision(training_args)
+    if (
+        given != "fp32"
+        or training_args.precision != "auto"
+        or training_args.use_cpu
+        or gpu_supports_bf16 is None
+    ):
+        return given
+    return "bf16" if gpu_supports_bf16 else "fp16"
+
+
 @dataclass(frozen=True)
 class BatchGeometry:
     """How one optimizer step's samples are made: micro batch x accumulation x data-parallel ranks."""

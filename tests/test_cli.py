@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 import finetune.compare
 import finetune.planner
@@ -42,15 +43,17 @@ def refuse_to_launch(*_: object, **__: object) -> None:
 
 @pytest.fixture
 def planned(monkeypatch) -> list:
-    """The (shape, workload) pairs `--profile auto` asks the planner about, on a pretend 80 GiB GPU."""
+    """The (shape, workload) pairs `--profile auto` asks the planner about, on a pretend 80 GiB GPU
+    that supports bf16."""
     asked = []
 
-    def choose_profile(shape, workload, gpus, memory):
+    def choose_profile(shape, workload, layout, memory):
         asked.append((shape, workload))
         return "ddp", "fits"
 
     monkeypatch.setattr(finetune.planner, "visible_gpu_memory_gib", lambda: 80.0)
     monkeypatch.setattr(finetune.planner, "choose_profile", choose_profile)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     monkeypatch.setattr(subprocess, "Popen", FinishedLaunch)
     return asked
 
@@ -68,6 +71,13 @@ def test_profile_auto_plans_the_precision_the_run_trains_in(tmp_path, planned):
     cli.auto_profile(["--model", "gpt2", "--precision", "fp32"], 2)
     cli.auto_profile(["--model", "gpt2"], 2)
     assert [workload.dtype for _, workload in planned] == ["fp16", "fp32", "bf16"]
+
+
+def test_profile_auto_plans_precision_auto_as_fp16_on_a_gpu_without_bf16(planned, monkeypatch):
+    """The launch resolves `--precision auto` to fp16 there (launched.precision_on, one rule)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    cli.auto_profile(["--model", "gpt2"], 2)
+    assert planned[0][1].dtype == "fp16"
 
 
 @pytest.mark.parametrize(
