@@ -32,7 +32,6 @@ from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.launched import BatchGeometry, Launch, precision_on
 from finetune.profiles import (
-    active_deepspeed_config,
     check_deepspeed_config,
     needs_nvme_path,
     write_filled_config,
@@ -303,7 +302,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     in and created) and how ranks without a GPU talk. `finetune doctor` resolves the same before its
     checks (finetune/resolved.py), so it checks the run that would train.
     """
-    config_path, deepspeed_config = active_deepspeed_config()
+    config_path, deepspeed_config = launch.deepspeed_config_path, launch.deepspeed_config
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
     _apply_fsdp_blocks_per_unit(training_args, launch)
@@ -318,10 +317,9 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
 def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
     """TrainingArguments' own __post_init__, which sets up the devices (and starts DeepSpeed) from
     the resolved flags: in the process that trains, after `resolve_launch_settings`."""
-    config_path, deepspeed_config = active_deepspeed_config()
-    if config_path is not None or training_args.deepspeed:  # before DeepSpeed builds its first op
+    if launch.deepspeed_config_path is not None or training_args.deepspeed:  # before its first op build
         refuse_stale_build_locks(launch.on_one_machine)
-        _announce_first_builds(launch, deepspeed_config or {})
+        _announce_first_builds(launch, launch.deepspeed_config or {})
     try:
         with without_printed_lines(DEEPSPEED_OP_LOADED):  # the device set-up starts DeepSpeed
             TrainingArguments.__post_init__(training_args)
@@ -382,7 +380,7 @@ def _apply_nvme_path(
     os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(write_filled_config(config, training_args.nvme_path))
 
 
-MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
+NAME_MAX = 255  # bytes in one file or folder name on Linux and macOS file systems
 
 
 def check_run_name(name: str, source: str) -> None:
@@ -392,17 +390,14 @@ def check_run_name(name: str, source: str) -> None:
             f"{source} {name!r}: a run name is one folder name, without / or \\ and not . or .."
         )
     size = len(name.encode())
-    if size > MAX_NAME_BYTES:
-        raise FinetuneError(
-            f"{source}: a run name is a folder name of at most {MAX_NAME_BYTES} bytes, got {size}"
-        )
+    if size > NAME_MAX:
+        raise FinetuneError(f"{source}: a run name is a folder name of at most {NAME_MAX} bytes, got {size}")
 
 
 # DDP's gradient buckets, larger than torch's 25 MB default: a compiled step then spends less time in
 # many small all-reduces, which was measurably faster on two GPUs (docs/speed.md).
 # Only DDP reads it; FSDP and DeepSpeed have their own.
 DDP_BUCKET_CAP_MB = 200
-NAME_MAX = 255  # bytes in one file or folder name on Linux and macOS file systems
 
 
 def compiles_by_default(use_cpu: bool, launch: Launch) -> bool:

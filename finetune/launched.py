@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,13 +42,14 @@ def launched_with(kind: str) -> bool:
     return os.environ.get(f"ACCELERATE_USE_{kind}", "false").lower() in ("1", "true")
 
 
-def strategy_from_environment(world_size: int) -> Strategy:
-    """The strategy `accelerate launch` handed this process, from the variables it sets: the training
-    process never sees the profile file. Named `$FINETUNE_PROFILE` (set by `finetune run` and
-    `compare`), else after the shipped profile it matches (`zero3`, `fsdp_grad_op`, ...). Without
-    DeepSpeed or FSDP, `world_size` (as Launch read it) tells DDP from a single process."""
+def strategy_from_environment(world_size: int, deepspeed_config: dict[str, Any] | None) -> Strategy:
+    """The strategy `accelerate launch` handed this process, from the variables it sets and the
+    DeepSpeed JSON they name (as Launch read it): the training process never sees the profile file.
+    Named `$FINETUNE_PROFILE` (set by `finetune run` and `compare`), else after the shipped profile it
+    matches (`zero3`, `fsdp_grad_op`, ...). Without DeepSpeed or FSDP, `world_size` (as Launch read
+    it) tells DDP from a single process."""
     if launched_with("DEEPSPEED"):
-        _, config = active_deepspeed_config()
+        config = deepspeed_config
         if config is None:  # DeepSpeed set up by launch flags instead of a JSON
             zero = {"stage": int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))}
             for key in OFFLOAD_KEYS:
@@ -307,13 +309,18 @@ class Launch:
     local_rank: int = 0
     by_launcher: bool = False  # started by torchrun/accelerate launch, even as its only process
     profile: str | None = None  # the name `finetune run`/`compare` launched (None: a bare accelerate launch)
+    # the DeepSpeed JSON the launcher named, as read at start-up (None without one)
+    deepspeed_config_path: Path | None = None
+    deepspeed_config: dict[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
     def from_environment(cls) -> Launch:
-        """The only reader of the launcher's process variables (and of $FINETUNE_PROFILE)."""
+        """The only reader of the launcher's process variables (and of $FINETUNE_PROFILE and the
+        profile's DeepSpeed JSON)."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        config_path, deepspeed_config = active_deepspeed_config()
         return cls(
-            strategy_from_environment(world_size),
+            strategy_from_environment(world_size, deepspeed_config),
             ParallelLayout.from_environment(world_size),
             int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             torch.cuda.is_available(),
@@ -321,6 +328,8 @@ class Launch:
             int(os.environ.get("LOCAL_RANK", "0")),
             "WORLD_SIZE" in os.environ,
             os.environ.get(PROFILE_VARIABLE) or None,
+            config_path,
+            deepspeed_config,
         )
 
     @property

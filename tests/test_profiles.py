@@ -10,7 +10,7 @@ import yaml
 from finetune.cli import main
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
-from finetune.launched import strategy_from_environment
+from finetune.launched import Launch
 from finetune.profiles import (
     PROFILES_TABLE_MARKERS,
     Strategy,
@@ -262,12 +262,18 @@ def facts(strategy: Strategy) -> tuple:
     )
 
 
+def launched_on_two_processes(monkeypatch) -> Strategy:
+    """The strategy a process of a 2-process launch reads from the launcher's variables."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    return Launch.from_environment().strategy
+
+
 @pytest.mark.parametrize("name", ["zero1", "zero3", "zero2_offload", "zero3_nvme"])
 def test_the_launched_deepspeed_strategy_is_the_profiles(name, monkeypatch):
     profile = load_profile(name)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(profile.deepspeed_config_path))
-    launched = strategy_from_environment(world_size=2)
+    launched = launched_on_two_processes(monkeypatch)
     assert (launched.name, facts(launched)) == (name, facts(profile.strategy))
 
 
@@ -276,14 +282,14 @@ def test_the_launched_fsdp_strategy_is_the_profiles(name, monkeypatch):
     settings = load_profile(name).settings["fsdp_config"]
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", str(settings["fsdp_reshard_after_forward"]).lower())
-    launched = strategy_from_environment(world_size=2)
+    launched = launched_on_two_processes(monkeypatch)
     assert (launched.name, facts(launched)) == (name, facts(load_strategy(name)))
 
 
 def test_the_launched_strategy_takes_the_name_finetune_run_gives_it(monkeypatch):
-    assert strategy_from_environment(world_size=2).name == "ddp"
+    assert launched_on_two_processes(monkeypatch).name == "ddp"
     monkeypatch.setenv("FINETUNE_PROFILE", "my_ddp")
-    assert strategy_from_environment(world_size=2).name == "my_ddp"
+    assert launched_on_two_processes(monkeypatch).name == "my_ddp"
 
 
 def test_profiles_command_lists_strategies_fastest_first(capsys):
