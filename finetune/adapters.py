@@ -26,7 +26,7 @@ PEFT_METHODS = ("lora", "dora")
 ALL_LINEAR = "all-linear"
 ADAPTER_FLAGS = ("peft", "lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# transformers is imported where it is used: the command line (finetune/cli.py) reads PEFT_METHODS, and
+# transformers is imported where it is used: the command line (finetune/commands/) reads PEFT_METHODS, and
 # importing transformers' model classes would add seconds to every `finetune` command.
 
 

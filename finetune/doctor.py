@@ -461,16 +461,6 @@ def run_checks(resolved: ResolvedRun) -> list[Check]:
     return checks
 
 
-def doctor_verdict(output_dir: Path) -> str | None:
-    """For the run summary: "passed", or the checks that failed, as doctor.json in output_dir says."""
-    try:
-        rows = json.loads((output_dir / DOCTOR_REPORT).read_text())
-    except (OSError, ValueError):
-        return None
-    failed = sorted({row["name"] for row in rows if not row.get("passed")})
-    return "passed" if not failed else "failed: " + ", ".join(failed)
-
-
 def table(checks: list[Check]) -> str:
     lines = ["| rank | check | measured | should be | passed | what to do |", "|---|---|---|---|---|---|"]
     for check in checks:

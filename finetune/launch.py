@@ -34,6 +34,7 @@ from finetune.profiles import Profile
 from finetune.quiet import WithoutMessage
 
 RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
+DOCTOR_SCRIPT = RUN_SCRIPT.with_name("doctor.py")
 # accelerate's DeepSpeed multi-node launchers (pdsh and the like) append every variable of the
 # launching shell, tokens included, to this file in the working directory for the remote nodes.
 DEEPSPEED_ENV_FILE_VARIABLE = "DS_ENV_FILE"

@@ -46,7 +46,6 @@ from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
 from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
-from finetune.doctor import doctor_verdict
 from finetune.errors import FinetuneError, StoppedForResume, exit_on_user_error
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
@@ -87,6 +86,7 @@ from finetune.summary import (
     RunRecord,
     configuration_fields,
     data_fields,
+    doctor_fields,
     evaluation_fields,
     format_report,
     model_fields,
@@ -145,7 +145,7 @@ def train_and_measure(
         logging.disable_progress_bar()
         datasets.disable_progress_bars()
     record.update(configuration_fields(model_args, data_args, training_args, launch))
-    record.update({"doctor": doctor_verdict(Path(training_args.output_dir))})
+    record.update(doctor_fields(Path(training_args.output_dir)))
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
     config = load_config(model_args, location)

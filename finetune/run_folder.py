@@ -36,7 +36,8 @@ LOGS_DIR = "runs"
 HANG_PREFIX = "hang-step"
 # Written by `finetune doctor` before `run --doctor` claims the folder: not a result that refuses it.
 DOCTOR_REPORT = "doctor.json"
-# Written by `finetune run` before launching (finetune/cli.py): how the run was launched, not a result.
+# Written by `finetune run` before launching (finetune/commands/run.py): how the run was launched,
+# not a result.
 LAUNCH_DIR = ".launch"
 MODEL_FILES = (
     "model.safetensors",

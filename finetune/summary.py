@@ -31,7 +31,7 @@ from finetune.errors import Diverged, StoppedForResume, first_line, reported_by_
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
 from finetune.launched import BatchGeometry, Launch
 from finetune.models import count_parameters
-from finetune.run_folder import SUMMARY_FILE
+from finetune.run_folder import DOCTOR_REPORT, SUMMARY_FILE
 
 PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "datasets")
 
@@ -358,6 +358,16 @@ def model_fields(model: Any, config: Any, token_flops: int, peak: PeakFlops | No
         "peak_tflops": peak.tflops if peak else None,
         "peak_tflops_source": peak.source if peak else None,
     }
+
+
+def doctor_fields(output_dir: Path) -> dict[str, Any]:
+    """ "passed", or the checks that failed, as `finetune run --doctor` left them in doctor.json."""
+    try:
+        rows = json.loads((output_dir / DOCTOR_REPORT).read_text())
+    except (OSError, ValueError):
+        return {"doctor": None}
+    failed = sorted({row["name"] for row in rows if not row.get("passed")})
+    return {"doctor": "passed" if not failed else "failed: " + ", ".join(failed)}
 
 
 def resume_fields(checkpoint: Path | None) -> dict[str, Any]:

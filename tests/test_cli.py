@@ -12,6 +12,8 @@ import finetune.compare
 import finetune.planner
 from finetune import cli
 from finetune.arguments import parse_arguments
+from finetune.commands import evaluate as evaluate_command
+from finetune.commands import run as run_command
 from finetune.compare import Row
 
 
@@ -67,16 +69,16 @@ def test_profile_auto_plans_the_recipes_model_at_the_batch_size_of_the_flag(tmp_
 
 
 def test_profile_auto_plans_the_precision_the_run_trains_in(tmp_path, planned):
-    cli.auto_profile(["--model", "gpt2", "--fp16"], 2)
-    cli.auto_profile(["--model", "gpt2", "--precision", "fp32"], 2)
-    cli.auto_profile(["--model", "gpt2"], 2)
+    run_command.auto_profile(["--model", "gpt2", "--fp16"], 2)
+    run_command.auto_profile(["--model", "gpt2", "--precision", "fp32"], 2)
+    run_command.auto_profile(["--model", "gpt2"], 2)
     assert [workload.dtype for _, workload in planned] == ["fp16", "fp32", "bf16"]
 
 
 def test_profile_auto_plans_precision_auto_as_fp16_on_a_gpu_without_bf16(planned, monkeypatch):
     """The launch resolves `--precision auto` to fp16 there (launched.precision_on, one rule)."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-    cli.auto_profile(["--model", "gpt2"], 2)
+    run_command.auto_profile(["--model", "gpt2"], 2)
     assert planned[0][1].dtype == "fp16"
 
 
@@ -138,10 +140,13 @@ def test_slurm_job_without_an_output_dir_writes_into_outputs_job_name(tmp_path):
 
 
 def test_eval_completions_go_beside_the_output_else_into_the_evaluated_models_folder(tmp_path):
-    assert cli.completions_path(str(tmp_path / "r.json"), str(tmp_path), "test") == str(
+    assert evaluate_command.completions_path(str(tmp_path / "r.json"), str(tmp_path), "test") == str(
         tmp_path / "r.completions.jsonl"
     )
-    assert cli.completions_path(None, str(tmp_path), "test") == str(tmp_path / "eval-test.completions.jsonl")
+    assert evaluate_command.completions_path(None, str(tmp_path), "test") == str(
+        tmp_path / "eval-test.completions.jsonl"
+    )
     assert (
-        cli.completions_path(None, "gpt2-not-a-folder", "validation") == "eval-validation.completions.jsonl"
+        evaluate_command.completions_path(None, "gpt2-not-a-folder", "validation")
+        == "eval-validation.completions.jsonl"
     )

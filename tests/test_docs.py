@@ -92,8 +92,10 @@ def test_the_measurements_page_end_of_run_block_is_a_stored_summary_formatted():
 def test_the_tests_readme_names_every_module_and_only_test_files_that_exist():
     text = (ROOT / "tests" / "README.md").read_text()
     by_module = text.split("## Where a module is tested", 1)[1]
-    listed = set(re.findall(r"^\| `(\w+)\.py` \|", by_module, flags=re.MULTILINE))
-    assert listed == {path.stem for path in (ROOT / "finetune").glob("*.py")} - {"__init__"}
+    listed = set(re.findall(r"^\| `([\w/]+)\.py` \|", by_module, flags=re.MULTILINE))
+    package = ROOT / "finetune"
+    modules = {path.relative_to(package).with_suffix("").as_posix() for path in package.rglob("*.py")}
+    assert listed == {module for module in modules if not module.endswith("__init__")}
     named = set(re.findall(r"\b(test_\w+)\.py", text))
     assert named and sorted(name for name in named if not (ROOT / "tests" / f"{name}.py").is_file()) == []
 
@@ -167,10 +169,11 @@ def test_no_module_of_the_package_cites_a_dated_benchmarks_folder():
 
 
 def test_the_readme_layout_lists_every_module_of_the_package_once():
-    listed = re.findall(r"^      (\w+\.py) ", README.read_text(), re.M)
+    listed = re.findall(r"^      ([\w/]+\.py) ", README.read_text(), re.M)
+    package = ROOT / "finetune"
     modules = sorted(
-        path.name
-        for path in (ROOT / "finetune").glob("*.py")
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
         if path.name not in ("__init__.py", "__main__.py")
     )
     assert sorted(listed) == modules

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from transformers import AutoConfig, LlamaConfig
 
-from finetune.cli import auto_profile
 from finetune.cli import main as cli_main
+from finetune.commands.run import auto_profile
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
 from finetune.memory_model import (

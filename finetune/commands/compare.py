@@ -1,0 +1,69 @@
+"""`finetune compare`: several profiles (and training variants) on one model, one table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from finetune.commands.shared import (
+    parse_run_flags,
+)
+from finetune.launch import Placement
+from finetune.profiles import (
+    load_profile,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    comparing = commands.add_parser(
+        "compare",
+        help="run several profiles on one model, one table",
+        description="Flags not listed here go to every run, as to `finetune run`: --model, a recipe first, "
+        "... (see `python -m finetune.run --help`).",
+    )
+    comparing.add_argument(
+        "--profiles",
+        help="comma-separated profile names or YAML files (default: every multi-process profile, fastest "
+        "first; the NVMe one only with --nvme_path)",
+    )
+    comparing.add_argument("--num_processes", "--gpus", type=int, help="processes per run (default: GPUs)")
+    comparing.add_argument(
+        "--output_dir", default="outputs/compare", help="a new folder per run in it; earlier ones are kept"
+    )
+    comparing.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
+    comparing.add_argument(
+        "--variants",
+        help="training variants each profile runs in, comma-separated: full (every weight), lora, dora "
+        "(as run.py's --peft); e.g. full,lora to answer full or LoRA, on which profile (default: as the "
+        "run flags say)",
+    )
+
+
+def execute(options: argparse.Namespace, run_args: list[str]) -> int:
+    from finetune.arguments import expand_recipe
+    from finetune.compare import compare, default_profiles, training_variants, variant_flags
+
+    run_args = expand_recipe(run_args)  # every run's own flags are added around these
+    variants = training_variants(options.variants, run_args)
+    for variant in variants:
+        parse_run_flags([*run_args, *variant_flags(variant)])
+    profiles = options.profiles.split(",") if options.profiles else default_profiles(run_args)
+    for name in profiles:
+        load_profile(name)
+    command_line = " ".join(["finetune", "compare", *sys.argv[2:]])
+    rows = compare(
+        profiles,
+        Placement(num_processes=options.num_processes),
+        run_args,
+        Path(options.output_dir),
+        options.timeout,
+        command_line,
+        **({"variants": tuple(variants)} if options.variants else {}),
+    )
+    print((Path(options.output_dir) / "comparison.md").read_text())
+    return 0 if any(row.status == "completed" for row in rows) else 1
