@@ -82,13 +82,13 @@ from finetune.resume import (
     how_to_go_on_after_divergence,
     how_to_continue,
 )
-from finetune.summary import (
-    RunRecord,
+from finetune.run_report import format_report
+from finetune.summary import RunRecord
+from finetune.summary_fields import (
     configuration_fields,
     data_fields,
     doctor_fields,
     evaluation_fields,
-    format_report,
     model_fields,
     resume_fields,
     training_fields,

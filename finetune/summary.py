@@ -10,30 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib.metadata
 import json
 import os
-import platform
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from finetune.adapters import trainable_parameters
-from finetune.arguments import as_record
-from finetune.callbacks import MemoryCallback, ThroughputCallback
-from finetune.checkpoint import checkpoints_newest_first, read_manifest
-from finetune.data import DataSummary
+from finetune.checkpoint import checkpoints_newest_first
 from finetune.errors import Diverged, StoppedForResume, first_line, reported_by_another_rank
-from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
-from finetune.launched import BatchGeometry, Launch
-from finetune.models import count_parameters
-from finetune.run_folder import DOCTOR_REPORT, SUMMARY_FILE
-
-PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "datasets")
+from finetune.run_folder import SUMMARY_FILE
 
 # name: (type, meaning). A type ending in "?" may be null.
 FIELDS: dict[str, tuple[str, str]] = {
@@ -279,137 +266,7 @@ def validate_summary(record: dict[str, Any]) -> list[str]:
     return problems
 
 
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {
-        "python_version": platform.python_version(),
-        "cuda_version": torch.version.cuda,
-    }
-    for package in PACKAGES:
-        try:
-            found[f"{package}_version"] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            found[f"{package}_version"] = None
-    return found
-
-
-def hardware() -> dict[str, Any]:
-    if torch.cuda.is_available():
-        return {"device_name": torch.cuda.get_device_name(), "device_count": torch.cuda.device_count()}
-    return {"device_name": "cpu", "device_count": os.cpu_count()}
-
-
-def loss_curve(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
-    return [{"step": entry["step"], "loss": entry["loss"]} for entry in log_history if "loss" in entry]
-
-
 # The record's fields, group by group, as the run learns them.
-
-
-def configuration_fields(
-    model_args: Any, data_args: Any, training_args: Any, launch: Launch
-) -> dict[str, Any]:
-    """What the run was asked to do, and on what: known before anything is loaded."""
-    geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
-    return {
-        "profile": launch.profile,
-        "model": model_args.model,
-        "from_scratch": model_args.from_scratch,
-        "peft": model_args.peft,
-        "dataset": data_args.dataset,
-        "packing": data_args.packing,
-        "gradient_checkpointing": training_args.gradient_checkpointing,
-        "micro_batch_size": geometry.micro,
-        "gradient_accumulation_steps": geometry.accumulation,
-        "global_batch_size": geometry.global_batch,
-        "batch_choice": training_args.batch_choice,
-        "learning_rate": training_args.learning_rate,
-        "seed": training_args.seed,
-        "dtype": training_dtype(training_args.bf16, training_args.fp16, tf32_matmuls()),
-        "arguments": as_record(model_args, data_args, training_args),
-        **hardware(),
-        **versions(),
-    }
-
-
-def data_fields(location: str, block_size: int, data: DataSummary) -> dict[str, Any]:
-    return {
-        "model_location": location,
-        "data_source": data.source,
-        "block_size": block_size,
-        "train_samples": data.train_samples,
-        "eval_samples": data.eval_samples,
-        "train_tokens": data.train_tokens,
-        "data_format": data.data_format,
-        "masked_tokens": data.masked_tokens,
-        "truncated_examples": data.truncated_examples,
-        "packing_efficiency": data.packing_efficiency,
-        "data_notes": data.notes,
-    }
-
-
-def model_fields(model: Any, config: Any, token_flops: int, peak: PeakFlops | None) -> dict[str, Any]:
-    return {
-        "parameters": count_parameters(model),
-        "trainable_parameters": trainable_parameters(model),
-        "matmul_parameters": matmul_parameters(model),
-        "num_layers": config.num_hidden_layers,
-        "hidden_size": config.hidden_size,
-        "flops_per_token": token_flops,
-        "peak_tflops": peak.tflops if peak else None,
-        "peak_tflops_source": peak.source if peak else None,
-    }
-
-
-def doctor_fields(output_dir: Path) -> dict[str, Any]:
-    """ "passed", or the checks that failed, as `finetune run --doctor` left them in doctor.json."""
-    try:
-        rows = json.loads((output_dir / DOCTOR_REPORT).read_text())
-    except (OSError, ValueError):
-        return {"doctor": None}
-    failed = sorted({row["name"] for row in rows if not row.get("passed")})
-    return {"doctor": "passed" if not failed else "failed: " + ", ".join(failed)}
-
-
-def resume_fields(checkpoint: Path | None) -> dict[str, Any]:
-    if checkpoint is None:
-        return {"resumed_from": None, "resumed_from_step": None}
-    return {"resumed_from": str(checkpoint), "resumed_from_step": read_manifest(checkpoint)["step"]}
-
-
-def training_fields(
-    state: Any,
-    output_dir: str,
-    train_metrics: dict[str, Any],
-    memory: MemoryCallback,
-    throughput: ThroughputCallback,
-) -> dict[str, Any]:
-    """What training did: steps, losses, checkpoint, and the callbacks' run-wide measurements."""
-    curve = loss_curve(state.log_history)
-    checkpoints = checkpoints_newest_first(output_dir)
-    return {
-        "steps": state.global_step,
-        "checkpoint": str(checkpoints[0]) if checkpoints else None,
-        "train_loss": train_metrics.get("train_loss"),
-        "train_runtime_s": train_metrics.get("train_runtime"),
-        "loss_curve": curve,
-        "final_loss": curve[-1]["loss"] if curve else None,
-        **memory.summary(),
-        **throughput.summary(),
-        "num_hosts": len({rank["host"] for rank in throughput.ranks}) or None,
-        "ranks": [
-            {**progress, **readings}
-            for progress, readings in zip(throughput.ranks, memory.per_rank(), strict=True)
-        ],
-    }
-
-
-def evaluation_fields(metrics: dict[str, float], prefix: str) -> dict[str, Any]:
-    """The token-weighted loss (finetune/evaluation.py), not the Trainer's mean of batch means."""
-    return {
-        f"{prefix}_loss": metrics.get(f"{prefix}_token_loss"),
-        f"{prefix}_perplexity": metrics.get(f"{prefix}_perplexity"),
-        f"{prefix}_tokens": metrics.get(f"{prefix}_tokens"),
-    }
 
 
 def write_summary(output_dir: str | Path, summary: dict[str, Any]) -> Path:
@@ -549,84 +406,6 @@ class RunRecord:
         finally:
             if signal.getsignal(signal.SIGTERM) is _raise_interrupt:  # else a stop for resume ignores it
                 signal.signal(signal.SIGTERM, previous)
-
-
-def format_report(fields: dict[str, Any]) -> str:
-    """The end-of-run block: the numbers a user pastes into a report."""
-
-    def number(value: Any, spec: str, unit: str = "") -> str:
-        return "unknown" if value is None else f"{value:{spec}}{unit}"
-
-    mfu_percent = None if fields["mfu"] is None else 100 * fields["mfu"]
-
-    float8 = f" (float8 matmuls in {fields['fp8_layers']} layers)" if fields.get("fp8_layers") else ""
-    lines = [
-        f"finetune: {fields['status']} in {number(fields['wall_time_s'], '.0f', ' s')} of wall time"
-        + (
-            f", {fields['time_to_first_step_s']:.0f} s of it start-up"
-            if fields.get("time_to_first_step_s") is not None
-            else ""
-        )
-        + f" ({fields['strategy'] or fields['profile']}, {fields['world_size']} x {fields['device_name']})",
-        f"  model       {fields['model']}: {number(fields['parameters'], ',')} parameters"
-        + (
-            f" ({fields['trainable_parameters']:,} trainable: {fields['peft']} adapters), "
-            if fields.get("peft") and fields.get("trainable_parameters") is not None
-            else ", "
-        )
-        + f"{fields['dtype']}{float8}, block {fields['block_size']}, "
-        f"global batch {fields['global_batch_size']}",
-        f"  training    {fields['steps']} steps, loss {number(fields['final_loss'], '.4f')} at the last log",
-        f"  throughput  {number(fields['tokens_per_second'], ',.0f')} tokens/s "
-        f"({number(fields['tokens_per_second_per_device'], ',.0f')} per device), "
-        f"{number(fields['samples_per_second'], '.2f')} samples/s, step "
-        f"{number(fields['step_time_median_s'], '.3f', ' s')} median, "
-        f"{number(fields['step_time_p90_s'], '.3f', ' s')} p90 "
-        f"(over {fields['throughput_steps']} steps after {fields['throughput_warmup_steps']} warm-up)",
-        f"  MFU         {number(mfu_percent, '.1f', ' %')} "
-        + (
-            f"({number(fields['achieved_tflops_per_device'], '.1f')} of "
-            f"{number(fields['peak_tflops'], '.1f')} TFLOP/s per device)"
-            if fields["peak_tflops"] is not None
-            else f"(no peak TFLOP/s known for {fields['device_name']}: --peak_tflops gives one)"
-        ),
-    ]
-    if fields.get("batch_choice"):  # .get: summaries stored before the field existed are reported too
-        lines.insert(
-            2,
-            f"  batch       micro batch {fields['micro_batch_size']} x accumulation "
-            f"{fields['gradient_accumulation_steps']} x {fields['world_size']} process(es): "
-            f"{fields['batch_choice']}",
-        )
-    if fields.get("time_to_first_step_s") is not None:
-        phases = ", ".join(
-            f"{phase} {seconds:.1f}" for phase, seconds in (fields.get("startup_phases_s") or {}).items()
-        )
-        lines.append(
-            f"  start-up    {fields['time_to_first_step_s']:.1f} s to the first optimizer step"
-            + (f" ({phases})" if phases else "")
-        )
-    if fields["memory_device"] == "cuda":
-        lines.append(
-            f"  GPU memory  peak {number(fields['memory_peak_allocated_gib_max'], '.2f', ' GiB')} allocated "
-            f"(rank {fields['memory_peak_allocated_rank']}; mean "
-            f"{number(fields['memory_peak_allocated_gib_mean'], '.2f')}), "
-            f"{number(fields['memory_peak_reserved_gib_max'], '.2f', ' GiB')} reserved; "
-            f"set-up peak {number(fields['memory_setup_peak_allocated_gib_max'], '.2f', ' GiB')}"
-        )
-    lines.append(
-        f"  host memory peak RSS {number(fields['memory_host_peak_rss_gib_max'], '.2f', ' GiB')} "
-        f"(rank {fields['memory_host_peak_rss_rank']}; mean "
-        f"{number(fields['memory_host_peak_rss_gib_mean'], '.2f')})"
-    )
-    for split in ("eval", "test"):
-        if fields[f"{split}_loss"] is not None:
-            lines.append(
-                f"  {split:<11} loss {fields[f'{split}_loss']:.4f}, perplexity "
-                f"{fields[f'{split}_perplexity']:.2f} over {fields[f'{split}_tokens']:,} tokens"
-            )
-    lines.append(f"  summary     {Path(fields['output_dir']) / SUMMARY_FILE}")
-    return "\n".join(lines)
 
 
 def fields_table() -> str:

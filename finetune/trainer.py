@@ -3,7 +3,7 @@
 - `log` adds the measuring callbacks' scalars to the training logs, so every `report_to`
   integration and `state.log_history` receive them (a callback's `on_log` cannot: the integrations
   come first in the Trainer's callback list, and log_history is written before any callback runs).
-- The console shows one compact line per log (finetune.callbacks.ConsoleLines) in place of the
+- The console shows one compact line per log (finetune.console.ConsoleLines) in place of the
   Trainer's printer or progress bar, which print the dict of every logged value at every log.
 - `log` also warns when a logged gradient norm is exactly 0: such a run updates nothing (all labels
   masked, or a loss or compile path that lost the gradients), however fast it looks.
@@ -47,8 +47,9 @@ from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
-from finetune.callbacks import CONSOLE_CALLBACKS, MemoryCallback, ThroughputCallback
+from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import publish, remove_if_empty, write_manifest
+from finetune.console import CONSOLE_CALLBACKS
 from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, TrainerControl, Train
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from finetune.arguments import parse_arguments
-from finetune.callbacks import (
+from finetune.console import (
     ConsoleLines,
     ConsolePrinterCallback,
     ConsoleProgressCallback,

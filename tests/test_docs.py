@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune.summary import format_report
+from finetune.run_report import format_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_PAGE = ROOT / "docs" / "speed.md"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from finetune.summary import FIELDS, RunRecord, fields_table, format_report, read_summary, validate_summary
+from finetune.run_report import format_report
+from finetune.summary import FIELDS, RunRecord, fields_table, read_summary, validate_summary
 
 MEASUREMENTS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "measurements.md"
 
