@@ -164,7 +164,14 @@ def test_every_benchmark_script_the_entry_point_names_exists():
 def test_no_module_of_the_package_cites_a_dated_benchmarks_folder():
     """Measurements live in benchmarks/ and docs/; code says why and points to the page."""
     dated = re.compile(r"\b[a-z0-9]+-20\d\d-\d\d-\d\d[a-z]?\b")
-    citing = [path.name for path in (ROOT / "finetune").glob("*.py") if dated.search(path.read_text())]
+    citing = [path.name for path in (ROOT / "finetune").rglob("*.py") if dated.search(path.read_text())]
+    assert citing == []
+
+
+def test_the_pages_state_targets_and_results_without_issue_numbers():
+    """A reader of the docs has no issue tracker: a target is named for what it asks."""
+    pages = [README, ROOT / "benchmarks" / "README.md", *(ROOT / "docs").glob("*.md")]
+    citing = [page.name for page in pages if re.search(r"\bissues? \d+", page.read_text(), re.IGNORECASE)]
     assert citing == []
 
 
