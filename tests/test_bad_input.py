@@ -286,6 +286,7 @@ def launched(command: list[str], tmp_path: Path) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.integration
 def test_finetune_run_reports_a_rank_error_once_with_exit_2(tmp_path):
     command = [sys.executable, "-m", "finetune", "run", "--profile", "ddp", "--num_processes", "2"]
     result = launched(command, tmp_path)
@@ -295,6 +296,7 @@ def test_finetune_run_reports_a_rank_error_once_with_exit_2(tmp_path):
     assert lines == [lines[0]] and "model 'no-such-model' not found" in lines[0], result.stderr[-3000:]
 
 
+@pytest.mark.integration
 def test_bare_accelerate_launch_prints_a_rank_error_once(tmp_path):
     """The launcher's own ending (exit 1, ChildFailedError's traceback) is accelerate's and stays."""
     result = launched(accelerate_launch("ddp"), tmp_path)

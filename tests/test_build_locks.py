@@ -39,6 +39,7 @@ def test_on_several_machines_a_young_unheld_lock_may_be_another_machines_build(t
     assert stale_build_locks(tmp_path, one_machine=False) == []
 
 
+@pytest.mark.integration
 def test_a_zero_run_with_a_stale_lock_fails_in_one_line_instead_of_waiting(tmp_path):
     lock = make_lock(tmp_path / "extensions")
     environment = {**ENVIRONMENT, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}

@@ -231,6 +231,7 @@ def stop_on_two_ranks(rank: int, store: str, results: str, backend: str) -> None
 
 # "cpu:gloo" is not plain gloo: the ranks agree over a gloo group of their own, as they do under NCCL
 @pytest.mark.parametrize("backend", ["gloo", "cpu:gloo"])
+@pytest.mark.integration
 def test_a_signal_on_one_rank_stops_every_rank_naming_that_signal(tmp_path, backend):
     arguments = (str(tmp_path / "store"), str(tmp_path), backend)
     torch.multiprocessing.spawn(stop_on_two_ranks, args=arguments, nprocs=2)

@@ -172,6 +172,7 @@ def ddp_run(ddp_output_dir):
 
 
 @pytest.mark.parametrize("run", ["one_process_run", "ddp_run"])
+@pytest.mark.integration
 def test_a_run_prints_a_compact_line_per_log_and_no_dict(run, request):
     stdout = request.getfixturevalue(run).stdout
     training = [line for line in stdout.splitlines() if line.startswith("step ")]

@@ -165,6 +165,7 @@ def train_digit_model(
     return output_flags[output_flags.index("--output_dir") + 1], data
 
 
+@pytest.mark.integration
 def test_a_tiny_model_trained_to_reverse_digits_answers_well_above_chance(
     tmp_path, make_jsonl_file, output_flags, capsys, in_process_commands
 ):
@@ -229,6 +230,7 @@ def chat_reversals(count, seed):
     ]
 
 
+@pytest.mark.integration
 def test_a_chatml_model_stops_at_its_end_of_turn_and_its_right_answers_count(
     tmp_path, make_jsonl_file, output_flags, capsys, in_process_commands
 ):

@@ -81,6 +81,7 @@ def test_a_float8_conv1d_keeps_the_layers_weights_and_its_product_and_gradients_
     assert 0 < relative_error(conv.weight.grad, reference.weight.grad) < 0.1
 
 
+@pytest.mark.integration
 def test_a_run_with_fp8_trains_and_saves_a_model_without_float8_layers(tmp_path):
     output_dir = tmp_path / "out"
     flags = [*TINY_MODEL, "--fp8", "--max_steps", "12", "--batch_size", "4", "--block_size", "64"]

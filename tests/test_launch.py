@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import accelerate.commands.launch
+import pytest
 
 from finetune.launch import DEEPSPEED_ENV_FILE_VARIABLE, run_launcher
 
@@ -34,6 +35,7 @@ def test_deepspeeds_multinode_environment_file_goes_to_a_private_folder_removed_
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_the_printed_launch_command_names_a_profile_copy_that_outlives_the_run(tmp_path):
     """Kept in output_dir/.launch/ with its DeepSpeed JSON absolute: the line runs again as printed."""
     import subprocess

@@ -292,6 +292,7 @@ def test_merge_of_a_full_fine_tuning_checkpoint_is_refused(lora_run, tmp_path, i
         export_checkpoint(checkpoint, tmp_path / "merged", merge=True)
 
 
+@pytest.mark.integration
 def test_resumed_lora_run_ends_with_the_uninterrupted_adapters(
     lora_run, base_dir, corpus, tmp_path, in_process_commands
 ):

@@ -140,6 +140,7 @@ def zero3_weights() -> dict[str, dict[str, float]]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.integration
 def test_zero3_from_scratch_keeps_gpt2s_scaled_residual_init(zero3_weights):
     """transformers' ZeRO-3 init leaves child weights it sets from a parent (GPT-2's c_proj) unscaled."""
     residual = 0.02 / math.sqrt(2 * 8)

@@ -58,7 +58,13 @@ def test_over_long_examples_are_cut_to_block_size_and_counted():
 @pytest.mark.parametrize(
     "architecture, attention",
     # transformers has no flex attention for GPT-2 (it refuses to load it so)
-    [("gpt2", "sdpa"), ("gpt2", "eager"), ("llama", "sdpa"), ("llama", "eager"), ("llama", "flex_attention")],
+    [
+        ("gpt2", "sdpa"),
+        ("gpt2", "eager"),
+        ("llama", "sdpa"),
+        ("llama", "eager"),
+        pytest.param("llama", "flex_attention", marks=pytest.mark.integration),
+    ],  # compiles flex: slow
 )
 def test_each_examples_loss_packed_equals_its_loss_alone(architecture, attention):
     torch.manual_seed(0)

@@ -59,6 +59,7 @@ def test_a_two_rank_zero3_run_stays_within_its_line_budget(tmp_path):
     assert "s of wall time" in end and "s of it start-up" in end
 
 
+@pytest.mark.integration
 def test_a_packed_instruction_run_has_no_padding_warning(tmp_path):
     """GSM8K packed: GPT-2's EOS, its pad token, ends every answer in the blocks."""
     lines = output_of(
