@@ -225,8 +225,12 @@ def describe_compilation(workload: Workload, strategies: list[Strategy]) -> str:
     return "torch.compile on" if workload.compiled else "torch.compile off"
 
 
-def shape_of(model: str, config_overrides: str | None = None) -> tuple[ModelShape, int]:
-    """The model's shape and its default block size, from its config alone (no weights)."""
+def shape_of(
+    model: str, config_overrides: str | None = None, block_size: int | None = None
+) -> tuple[ModelShape, int]:
+    """The model's shape and the block size a run of it trains at (`block_size`, else its default),
+    from its config alone (no weights); a block longer than the model's context is refused in one
+    line, as the run refuses it."""
     from finetune.models import choose_block_size, load_config, resolve_model
     from finetune.run_flags import ModelArguments
 
@@ -244,7 +248,7 @@ def shape_of(model: str, config_overrides: str | None = None) -> tuple[ModelShap
         raise FinetuneError(
             f"{model} with --config_overrides {config_overrides}: {first_line(error)}"
         ) from None
-    return shape, choose_block_size(None, config)
+    return shape, choose_block_size(block_size, config)
 
 
 def visible_gpu_memory_gib() -> float | None:
@@ -262,10 +266,10 @@ def run_workload(
     """The model's shape and the Workload of these run flags, as the planner sees a run: the one
     place run flags become a Workload. `dtype` plans another precision than the flags' (`--precision
     auto` before the launch resolves it)."""
-    shape, default_block = shape_of(model_args.model, model_args.config_overrides)
+    shape, block_size = shape_of(model_args.model, model_args.config_overrides, data_args.block_size)
     return shape, Workload(
         micro_batch=training_args.per_device_train_batch_size,
-        block_size=data_args.block_size or default_block,
+        block_size=block_size,
         dtype=dtype or mixed_precision(training_args),
         gradient_checkpointing=training_args.gradient_checkpointing,
         compiled=training_args.torch_compile,

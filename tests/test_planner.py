@@ -528,3 +528,13 @@ def test_a_gpt2_size_is_planned_from_its_built_in_shape_without_a_data_folder(ca
     assert cli_main(["plan", "--model", "gpt2-xl", "--gpu_memory", "80"]) == 0
     assert "recommended:" in capsys.readouterr().out
     assert shape_of("gpt2-xl")[0].parameters == with_folder[0].parameters
+
+
+def test_plan_refuses_a_block_longer_than_the_models_context_in_one_line(capsys):
+    """GPT-2's learned positions stop at n_positions: planned as the run refuses it."""
+    flags = ["plan", "--model", "gpt2", "--block_size", "4096", "--gpu_memory", "80"]
+    with pytest.raises(SystemExit) as exit:
+        cli_main(flags)
+    assert exit.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error == "finetune: error: --block_size 4096 is larger than the model's context of 1024 tokens"

@@ -124,8 +124,8 @@ def execute(options: argparse.Namespace) -> int:
         print(format_largest(workload, hardware, calibration))
         return 0
     hardware = Hardware(layout, memory, gpus_per_node=options.gpus_per_node, margin=options.margin)
-    shape, default_block = shape_of(options.model, options.config_overrides)
-    workload = workload_of(options, options.block_size or default_block)
+    shape, block_size = shape_of(options.model, options.config_overrides, options.block_size)
+    workload = workload_of(options, block_size)
     profiles = options.profiles.split(",") if options.profiles else None
     estimates = plan(shape, workload, layout, calibration, profiles)
     print(format_plan(shape, workload, estimates, hardware))
