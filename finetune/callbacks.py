@@ -23,10 +23,11 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from finetune.data import IGNORE_INDEX
+from finetune.data_formats import IGNORE_INDEX
 from finetune.flops import PeakFlops, mfu
 from finetune.layout import ParallelLayout
-from finetune.memory_model import GIB
+
+GIB = 2**30  # the unit memory is measured, logged and planned in
 
 
 def gather_from_ranks(value: Any) -> list[Any]:

@@ -29,9 +29,9 @@ from transformers import DataCollatorForSeq2Seq, default_data_collator
 from transformers.data.data_collator import DataCollator
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from finetune.data_formats import IGNORE_INDEX
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import (
-    IGNORE_INDEX,
     detect_format,
     encode,
     end_of_turn_ids,

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The label of a token no loss is computed on (a prompt, padding): transformers' and torch's convention.
+IGNORE_INDEX = -100
+
 
 @dataclass(frozen=True)
 class DataFormat:

@@ -27,7 +27,8 @@ from tqdm import tqdm
 from transformers import DataCollatorForSeq2Seq, EvalPrediction, PreTrainedModel, PreTrainedTokenizerBase
 
 from finetune.checkpoint import load_weights_only
-from finetune.data import IGNORE_INDEX, load_raw, named_split, split_tokens, variant_used
+from finetune.data import load_raw, named_split, split_tokens, variant_used
+from finetune.data_formats import IGNORE_INDEX
 from finetune.errors import FinetuneError
 from finetune.generate import complete_greedily
 from finetune.instruction import detect_format, encode, template_for

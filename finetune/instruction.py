@@ -26,10 +26,9 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from finetune.data_formats import CHAT_FORMATS, FORMATS, DataFormat
+from finetune.data_formats import CHAT_FORMATS, FORMATS, IGNORE_INDEX, DataFormat
 from finetune.errors import FinetuneError, first_line
 
-IGNORE_INDEX = -100
 DEFAULT_CHAT_TEMPLATE = Path(__file__).with_name("templates") / "default_chat.jinja"
 # Between a non-chat prompt (question, instruction and input) and its answer.
 SEPARATOR = "\n"

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
-from finetune.data import IGNORE_INDEX
+from finetune.data_formats import IGNORE_INDEX
 
 CHUNK_LOGITS = 2**26  # logits per chunk: 256 MiB in fp32
 VOCAB_ALIGNMENT = 64  # a vocabulary padded to this keeps every matmul on aligned, fast kernels

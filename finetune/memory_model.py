@@ -76,6 +76,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.utils import logging
 
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
+from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
     OFFLOAD_DEVICES,
@@ -85,7 +86,6 @@ from finetune.profiles import (
 
 logger = logging.get_logger("finetune")
 
-GIB = 2**30
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
 LOGIT_BYTES = 10
 LOGIT_GRADIENT_BYTES = 4

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from datasets import Dataset
 from transformers import default_data_collator
 
-from finetune.instruction import IGNORE_INDEX
+from finetune.data_formats import IGNORE_INDEX
 
 
 def truncate(examples: Dataset, block_size: int) -> tuple[Dataset, int]:

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
+from finetune.callbacks import GIB
 from finetune.errors import FinetuneError, first_line
 from finetune.launched import BatchGeometry, Launch, mixed_precision
 from finetune.layout import ParallelLayout
 from finetune.memory_model import (
     DEFAULT_MARGIN,
-    GIB,
     MAX_MICRO_BATCH,
     Calibration,
     Estimate,

@@ -7,7 +7,7 @@ from datasets import Dataset
 from tiny_configs import tiny_config
 from transformers import AutoModelForCausalLM
 
-from finetune.instruction import IGNORE_INDEX
+from finetune.data_formats import IGNORE_INDEX
 from finetune.packing import best_fit_decreasing, pack_examples, packed_collator, truncate
 
 PAD = 0
