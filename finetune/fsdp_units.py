@@ -3,12 +3,12 @@
 accelerate's FSDP2 preparation makes every transformer block its own unit. Each unit costs the host
 its hooks (an all-gather issued before its forward and backward, a reduce-scatter after its
 backward) whatever its size, and for models of small blocks the host's work per step then exceeds
-the GPU's: the GPUs wait for their hosts and the collectives for the last host (docs/speed.md, "the
-sharding floor"). N blocks in one unit divide those hooks by N for N times the unsharded parameters
-in flight. FSDP2's `fully_shard` takes a list of modules as one unit; accelerate has no setting for
-it, so while accelerate prepares the model, its call of `fully_shard` on a block shards the block's
-whole group, and accelerate skips the group's other blocks, which are FSDP modules by then. Written
-here because neither accelerate nor transformers offers it.
+the GPU's: the GPUs wait for their hosts and the collectives for the last host (docs/speed.md, "why a
+small model's sharded step is slow"). N blocks in one unit divide those hooks by N for N times the
+unsharded parameters in flight. FSDP2's `fully_shard` takes a list of modules as one unit;
+accelerate has no setting for it, so while accelerate prepares the model, its call of `fully_shard`
+on a block shards the block's whole group, and accelerate skips the group's other blocks, which are
+FSDP modules by then. Written here because neither accelerate nor transformers offers it.
 """
 
 from __future__ import annotations
