@@ -1,9 +1,12 @@
 """`python -m finetune` and the `finetune` command.
 
 The command-line module imports transformers and accelerate (seconds): Ctrl-C meanwhile is one line
-and exit 130, as during the package's own import (finetune/__init__.py), not a traceback.
+and exit 130, as during the package's own import (finetune/__init__.py), not a traceback. Output
+piped into a reader that stops early (`finetune plan ... | head`) ends the command quietly, as a
+process killed by SIGPIPE does (exit 141), not with a BrokenPipeError traceback.
 """
 
+import os
 import sys
 
 INTERRUPTED_WHILE_STARTING = "finetune: interrupted while starting"
@@ -15,7 +18,12 @@ def console_main() -> int:
     except KeyboardInterrupt:
         print(INTERRUPTED_WHILE_STARTING, file=sys.stderr)
         return 130
-    return main()
+    try:
+        return main()
+    except BrokenPipeError:
+        # what is still buffered would raise again at exit: stdout goes nowhere from here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # SIGPIPE
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ COMMANDS = {
     "compare": Command(compare.add_parser, compare.execute, takes_run_flags=True),
     "slurm": Command(slurm.add_parser, slurm.execute, takes_run_flags=True),
     "doctor": Command(run.add_doctor_parser, run.doctor_command, takes_run_flags=True),
-    "plan": Command(plan.add_parser, plan.execute),
+    "plan": Command(plan.add_parser, plan.execute, takes_run_flags=True),
     "export": Command(export.add_parser, export.execute),
     "eval": Command(evaluate.add_parser, evaluate.execute),
     "generate": Command(generate.add_parser, generate.execute),

@@ -98,6 +98,29 @@ def test_ctrl_c_while_the_command_line_module_imports_is_one_line_and_exit_130()
     assert (result.returncode, result.stderr.strip()) == (130, "finetune: interrupted while starting")
 
 
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
+    """`finetune plan ... | head -1`: the reader closes the pipe while the table is printed."""
+    command = [
+        sys.executable,
+        "-m",
+        "finetune",
+        "plan",
+        "--model",
+        "gpt2",
+        "--gpu_memory",
+        "80",
+        "--gpus",
+        "2",
+    ]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT_ROOT,
+                          env=ENVIRONMENT) as finetune:  # fmt: skip
+        finetune.stdout.readline()
+        finetune.stdout.close()  # as head does after its first line
+        stderr = finetune.stderr.read().decode()
+        code = finetune.wait(timeout=120)
+    assert (code, stderr.strip()) == (141, "")
+
+
 def test_resized_embeddings_leave_transformers_explanation_to_finetunes_own_line():
     resize = (
         "import finetune\n"

@@ -7,45 +7,38 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.commands.shared import (
-    PLAN_ADAPTER_FLAGS,
     fraction,
     names,
+    parse_run_flags,
     positive_float,
     positive_int,
     shipped_for_help,
 )
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
-from finetune.run_flags import ModelArguments, add_run_flags
 
 if TYPE_CHECKING:
-    from finetune.memory_model import Workload
+    from finetune.memory_model import ModelShape, Workload
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     shipped = shipped_for_help()
-    planning = commands.add_parser("plan", help="predict memory per GPU for every profile, and recommend one")
-    planning.add_argument("--model", default="gpt2", help="name, GPT-2 alias or local folder (config only)")
-    planning.add_argument("--config_overrides", help='change the shape: "n_layer=32,n_embd=4096,n_head=32"')
+    planning = commands.add_parser(
+        "plan",
+        help="predict memory per GPU for every profile, and recommend one",
+        description="The run is described by run flags, read as `finetune run` reads them (a recipe first, "
+        "if any): --model, --config_overrides, --batch_size, --block_size, --precision, "
+        "--gradient_checkpointing, --torch_compile (default: as run.py does: "
+        f"{names([s for s in shipped if s.compiled_by_default])} compiled, the rest eager), --peft, "
+        "--global_batch_size (also show the micro batch and accumulation a run would choose under each "
+        "profile). `--precision auto` plans bf16, or fp16 where the visible GPU has no bf16.",
+    )
     planning.add_argument("--gpus", type=positive_int, default=1, help="GPUs in all")
     planning.add_argument(
         "--gpus_per_node", type=positive_int, help="GPUs per machine, for host RAM (default: --gpus)"
     )
     planning.add_argument(
         "--gpu_memory", type=positive_float, help="GiB per GPU (default: the visible GPU's)"
-    )
-    planning.add_argument("--batch_size", type=positive_int, default=8, help="micro batch per GPU")
-    planning.add_argument(
-        "--block_size", type=positive_int, help="tokens per sample (default: context, at most 1024)"
-    )
-    planning.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
-    planning.add_argument("--gradient_checkpointing", action="store_true")
-    add_run_flags(planning, ModelArguments, PLAN_ADAPTER_FLAGS)  # planned as run.py trains them
-    planning.add_argument(
-        "--torch_compile",
-        choices=["true", "false"],
-        help="plan compiled or eager runs (default: as run.py does: "
-        f"{names([s for s in shipped if s.compiled_by_default])} compiled, the rest eager)",
     )
     planning.add_argument(
         "--profiles",
@@ -69,36 +62,28 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="also draw each profile's predicted memory, stacked by parameters, gradients, optimizer "
         "and activations, beside the GPU's memory, into this PNG",
     )
-    planning.add_argument(
-        "--global_batch_size",
-        type=positive_int,
-        help="also show the micro batch and accumulation `finetune run --global_batch_size` would choose "
-        "under each profile",
-    )
 
 
-def workload_of(options: argparse.Namespace, block_size: int) -> Workload:
-    from finetune.memory_model import Workload
+def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workload, int | None]:
+    """The model's shape, the Workload and the global batch the run flags describe, made by the
+    planner's one reading of run flags (`planner.run_workload`), as `--global_batch_size` and
+    `--profile auto` make them; `--precision auto` planned for the visible GPU, else one with bf16."""
+    import torch
 
-    compiled = {"true": True, "false": False}.get(options.torch_compile)
-    # the adapter flags checked as run.py checks them
-    adapters = ModelArguments(**{name: getattr(options, name) for name in PLAN_ADAPTER_FLAGS})
-    return Workload(
-        micro_batch=options.batch_size,
-        block_size=block_size,
-        dtype=options.precision,
-        gradient_checkpointing=options.gradient_checkpointing,
-        compiled=compiled,
-        peft=adapters.peft,
-        lora_rank=adapters.lora_rank,
-        lora_dropout=adapters.lora_dropout,
-    )
+    from finetune.launched import precision_on
+    from finetune.planner import LADDER_BLOCK_SIZE, run_workload
+
+    model_args, data_args, training_args = parse_run_flags(run_args)
+    if largest and data_args.block_size is None:  # the ladder's shapes, at their context
+        data_args.block_size = LADDER_BLOCK_SIZE
+    bf16 = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+    shape, workload = run_workload(model_args, data_args, training_args, precision_on(training_args, bf16))
+    return shape, workload, training_args.global_batch_size
 
 
-def execute(options: argparse.Namespace) -> int:
+def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     from finetune.memory_model import DEFAULT_MARGIN, Calibration
     from finetune.planner import (
-        LADDER_BLOCK_SIZE,
         Hardware,
         format_global_batch,
         format_largest,
@@ -106,7 +91,6 @@ def execute(options: argparse.Namespace) -> int:
         largest_micro_batch,
         plan,
         recommend,
-        shape_of,
         visible_gpu_memory_gib,
         what_would_fit,
     )
@@ -118,14 +102,12 @@ def execute(options: argparse.Namespace) -> int:
     if options.margin is None:
         options.margin = DEFAULT_MARGIN
     layout = ParallelLayout(options.gpus)
+    shape, workload, global_batch = planned_run(run_args, options.largest)
     if options.largest:
-        workload = workload_of(options, options.block_size or LADDER_BLOCK_SIZE)
         hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
         print(format_largest(workload, hardware, calibration))
         return 0
     hardware = Hardware(layout, memory, gpus_per_node=options.gpus_per_node, margin=options.margin)
-    shape, block_size = shape_of(options.model, options.config_overrides, options.block_size)
-    workload = workload_of(options, block_size)
     profiles = options.profiles.split(",") if options.profiles else None
     estimates = plan(shape, workload, layout, calibration, profiles)
     print(format_plan(shape, workload, estimates, hardware))
@@ -137,11 +119,9 @@ def execute(options: argparse.Namespace) -> int:
         )
         plan_picture(estimates, memory, options.margin, title, options.picture)
         print(f"picture: {options.picture}")
-    if options.global_batch_size is not None:
+    if global_batch is not None:
         print()
-        print(
-            format_global_batch(shape, workload, estimates, hardware, calibration, options.global_batch_size)
-        )
+        print(format_global_batch(shape, workload, estimates, hardware, calibration, global_batch))
     best = recommend(estimates, memory, options.margin)
     if best is not None:
         largest = largest_micro_batch(best.strategy, shape, workload, hardware, calibration)

@@ -91,7 +91,4 @@ positive_float.__name__ = "positive number"
 fraction.__name__ = "fraction (0 to below 1)"
 
 
-PLAN_ADAPTER_FLAGS = ("peft", "lora_rank", "lora_dropout")
-
-
 EVAL_DATA_FLAGS = ("dataset", "text_column", "data_format")
