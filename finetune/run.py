@@ -144,7 +144,9 @@ def train_and_measure(
     if training_args.disable_tqdm:  # the Trainer's bar follows the flag; the libraries' own bars do not
         logging.disable_progress_bar()
         datasets.disable_progress_bars()
-    record.update(configuration_fields(model_args, data_args, training_args, launch))
+    configuration = configuration_fields(model_args, data_args, training_args, launch)
+    record.update(configuration)
+    dtype, device_name = configuration["dtype"], configuration["device_name"]
     record.update(doctor_fields(Path(training_args.output_dir)))
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
@@ -190,12 +192,12 @@ def train_and_measure(
         {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
     )
     use_the_tokenizers_pad_token(model, tokenizer)
-    model, converted = convert(model, model_args, training_args, record.fields["dtype"])
+    model, converted = convert(model, model_args, training_args, dtype)
     record.update(converted)
     memory.mark_phase("model loaded")
     startup.mark("model")
     token_flops = model_flops_per_token(model, config, block_size)
-    peak = peak_flops(record.fields["device_name"], record.fields["dtype"], training_args.peak_tflops)
+    peak = peak_flops(device_name, dtype, training_args.peak_tflops)
     record.update(model_fields(model, config, token_flops, peak))
     throughput = ThroughputCallback(training_args.throughput_warmup_steps, launch.layout, token_flops, peak)
     extension = extended_from(resume_from, training_args)
@@ -240,14 +242,15 @@ def train_and_measure(
         compile_plan=compile_plan,
     )
     launch.check_against(trainer.accelerator, compile_plan)
-    record.update({**launch.strategy_fields(), **compile_plan.summary_fields(), **resume_fields(resume_from)})
+    resumed = resume_fields(resume_from)
+    record.update({**launch.strategy_fields(), **compile_plan.summary_fields(), **resumed})
     if compile_plan.loss:
         compile_loss(model)
     if "tensorboard" in training_args.report_to:
         trainer.remove_callback(TensorBoardCallback)
         log_dir = logging_dir(training_args.output_dir, training_args.run_name)
-        resumed_step = record.fields["resumed_from_step"]
-        trainer.add_callback(GroupedTensorBoardCallback(log_dir, record.fields, purge_step=resumed_step))
+        purge_step = resumed["resumed_from_step"]
+        trainer.add_callback(GroupedTensorBoardCallback(log_dir, record.fields, purge_step=purge_step))
 
     if training_args.save_strategy != "no" and training_args.process_index == 0:
         problem = kept_checkpoints_problem(
@@ -261,11 +264,12 @@ def train_and_measure(
         ).metrics
     finally:  # a training ended by an exception (diverged, stopped) must not leave the watchdog armed
         watchdog.stop()
-    record.update(training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput))
+    trained = training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput)
+    record.update(trained)
     record.update({"fsdp_units": count_units(trainer.model) or None})
     record.update(startup.summary())
     if stop.received:
-        checkpoint = record.fields["checkpoint"]
+        checkpoint = trained["checkpoint"]
         raise StoppedForResume(
             f"stopped by {stop.received} at step {stop.stopped_at_step} with checkpoint "
             f"{checkpoint}: {how_to_continue(checkpoint)}"
@@ -283,7 +287,7 @@ def train_and_measure(
         save_consolidated_model(trainer, training_args.output_dir, tokenizer)
     if training_args.generation_prompt and training_args.process_index == 0:
         prompts = training_args.generation_prompt
-        chat = Chat() if record.fields["data_format"] in CHAT_FORMATS else None  # answered as trained
+        chat = Chat() if data.summary.data_format in CHAT_FORMATS else None  # answered as trained
         try:
             completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed), chat)
         except FinetuneError as error:  # the training finished and was saved: that stays its outcome
