@@ -5,18 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from finetune.commands.shared import (
-    parse_run_flags,
-)
+from finetune.commands.shared import parse_run_flags
 from finetune.launch import Placement
-from finetune.profiles import (
-    load_profile,
-)
-
-if TYPE_CHECKING:
-    pass
+from finetune.profiles import load_profile
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

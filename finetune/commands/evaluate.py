@@ -6,16 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from finetune.commands.shared import (
-    EVAL_DATA_FLAGS,
-)
+from finetune.commands.shared import EVAL_DATA_FLAGS
 from finetune.errors import FinetuneError
 from finetune.run_flags import DataArguments, add_run_flags
-
-if TYPE_CHECKING:
-    pass
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

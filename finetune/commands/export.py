@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from finetune.errors import FinetuneError
-
-if TYPE_CHECKING:
-    pass
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
+from finetune.commands.shared import flags_into
 from finetune.errors import FinetuneError
-
-if TYPE_CHECKING:
-    pass
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -42,15 +39,7 @@ def execute(options: argparse.Namespace) -> int:
     if options.system is not None and not options.chat:
         raise FinetuneError("--system is the system message of a --chat conversation: add --chat")
     prompts = read_prompts(options.prompt, options.prompts_file)
-    sampling = Sampling(
-        max_new_tokens=options.max_new_tokens,
-        temperature=options.temperature,
-        top_k=options.top_k,
-        top_p=options.top_p,
-        greedy=options.greedy,
-        seed=options.seed,
-        stop=tuple(options.stop),
-    )
+    sampling = flags_into(Sampling, options, stop=tuple(options.stop))
     chat = Chat(options.system) if options.chat else None
     for prompt, completion in zip(prompts, generate(options.model, prompts, sampling, chat), strict=True):
         # the marker shows where the prompt ends and the model's text begins

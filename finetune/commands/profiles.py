@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from finetune.errors import FinetuneError
 from finetune.profiles import (
@@ -14,9 +13,6 @@ from finetune.profiles import (
     fastest_first,
     load_profile,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

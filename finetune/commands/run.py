@@ -13,7 +13,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -33,10 +32,6 @@ from finetune.profiles import (
     load_profile,
     with_shipped_recipe,
 )
-
-if TYPE_CHECKING:
-    pass
-
 
 ORPHANED_RANKS_WAIT_S = 600.0  # a checkpoint of a large model takes minutes to write
 

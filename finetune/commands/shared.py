@@ -4,7 +4,8 @@ argparse value types that name what they expect."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from finetune.errors import FinetuneError
 from finetune.launch import Placement
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from finetune.arguments import FinetuneTrainingArguments
 
 
+T = TypeVar("T")
 PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
 
 
@@ -92,3 +94,14 @@ fraction.__name__ = "fraction (0 to below 1)"
 
 
 EVAL_DATA_FLAGS = ("dataset", "text_column", "data_format")
+
+
+def flags_into(declared_by: type[T], options: argparse.Namespace, **given: Any) -> T:
+    """A dataclass of the command's work made from the parsed flags of the same names, with `given`
+    for the fields no flag of that name sets: each flag is named once, by its field."""
+    named = {
+        field.name: getattr(options, field.name)
+        for field in fields(declared_by)
+        if hasattr(options, field.name)
+    }
+    return declared_by(**{**named, **given})

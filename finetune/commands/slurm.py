@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from finetune.commands.shared import (
-    parse_run_flags,
-)
+from finetune.commands.shared import flags_into, parse_run_flags
 from finetune.errors import FinetuneError
-from finetune.profiles import (
-    load_profile,
-)
-
-if TYPE_CHECKING:
-    pass
+from finetune.profiles import load_profile
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -53,22 +45,11 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
 
     load_profile(options.profile)
     _, _, training_args = parse_run_flags(run_args, ("--output_dir", f"outputs/{options.job_name}"))
-    job = SlurmJob(
-        profile=options.profile,
-        nodes=options.nodes,
+    job = flags_into(
+        SlurmJob,
+        options,
         processes_per_node=options.processes_per_node or options.gpus_per_node,
-        gpus_per_node=options.gpus_per_node,
-        time=options.time,
         output_dir=training_args.output_dir,
-        job_name=options.job_name,
-        partition=options.partition,
-        cpus_per_task=options.cpus_per_task,
-        mem=options.mem,
-        mem_per_gpu=options.mem_per_gpu,
-        signal_seconds=options.signal_seconds,
-        nccl_debug=options.nccl_debug,
-        nccl_socket_ifname=options.nccl_socket_ifname,
-        nccl_ib_disable=options.nccl_ib_disable,
         run_args=without_flag(run_args, "--output_dir"),  # the job passes its absolute output_dir
     )
     try:  # the script is all this writes: the job creates its output_dir
