@@ -141,6 +141,19 @@ def finetune(installed: dict[str, Path], *args: str) -> subprocess.CompletedProc
 
 
 @pytest.mark.integration
+def test_the_wheel_holds_every_module_of_the_package(installed):
+    """A subpackage setup.cfg does not list would be missing from every user's install (the checkout's
+    editable install hides that from the other tests: its finder supplies the missing module)."""
+    package = PROJECT_ROOT / "finetune"
+    in_checkout = {path.relative_to(package).as_posix() for path in package.rglob("*.py")}
+    in_wheel = {
+        path.relative_to(installed["site"] / "finetune").as_posix()
+        for path in (installed["site"] / "finetune").rglob("*.py")
+    }
+    assert sorted(in_checkout - in_wheel) == []
+
+
+@pytest.mark.integration
 def test_the_installed_package_is_imported_not_the_checkout(installed):
     environment = {**ENVIRONMENT, "PYTHONPATH": str(installed["site"])}
     command = [
