@@ -28,8 +28,9 @@ from typing import Any
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE
+from finetune.layout import ParallelLayout
 from finetune.pictures import bar_label, comparison_picture, number_text
-from finetune.profiles import load_profile, shipped_strategies
+from finetune.profiles import Profile, Strategy, load_profile, shipped_strategies
 from finetune.run_folder import SUMMARY_FILE
 from finetune.summary import peak_memory, read_summary
 
@@ -48,6 +49,7 @@ class Row:
     compiled: bool | None = None
     memory_kind: str = ""
     peak_memory_gib: float | None = None
+    planned_peak_gib: float | None = None  # the planner's GiB per GPU for the run that ran
     tokens_per_second_per_device: float | None = None
     tokens_per_second: float | None = None
     samples_per_second: float | None = None
@@ -58,10 +60,32 @@ class Row:
     run_dir: str = ""
 
 
-def row_from_summary(profile: str, summary: dict[str, Any]) -> Row:
+def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
+    """What `finetune plan` predicts per GPU for the run the summary describes: its model, micro
+    batch, block, dtype, compilation, adapters and processes (tf32 matmuls are fp32 storage)."""
+    from finetune.memory_model import Calibration, Workload, estimate
+    from finetune.planner import shape_of
+
+    arguments = summary["arguments"]
+    shape, _ = shape_of(summary["model"], arguments.get("config_overrides"), summary["block_size"])
+    workload = Workload(
+        micro_batch=summary["micro_batch_size"],
+        block_size=summary["block_size"],
+        dtype="fp32" if summary["dtype"] == "tf32" else summary["dtype"],
+        gradient_checkpointing=summary["gradient_checkpointing"],
+        compiled=summary["torch_compile"],
+        peft=summary["peft"],
+        lora_rank=arguments.get("lora_rank", 16),
+        lora_dropout=arguments.get("lora_dropout", 0.0),
+    )
+    layout = ParallelLayout(summary["world_size"])
+    return estimate(strategy, shape, workload, layout, Calibration.measured()).total
+
+
+def row_from_summary(profile: Profile, summary: dict[str, Any]) -> Row:
     memory_kind, peak = peak_memory(summary)
     return Row(
-        profile=profile,
+        profile=profile.name,
         status=summary["status"],
         reason=summary["error"] or "",
         training=summary.get("peft") or FULL,
@@ -69,6 +93,7 @@ def row_from_summary(profile: str, summary: dict[str, Any]) -> Row:
         compiled=summary["torch_compile"],
         memory_kind=memory_kind,
         peak_memory_gib=peak,
+        planned_peak_gib=planned_peak_gib(profile.strategy, summary),
         tokens_per_second_per_device=summary["tokens_per_second_per_device"],
         tokens_per_second=summary["tokens_per_second"],
         samples_per_second=summary["samples_per_second"],
@@ -169,7 +194,7 @@ def run_profile(
     if (run_dir / SUMMARY_FILE).exists():
         summary = read_summary(run_dir)
         if summary["status"] == "completed":
-            return row_from_summary(profile.name, summary)
+            return row_from_summary(profile, summary)
         reason = summary["error"] or failure_reason(log)
         return Row(profile.name, classify(reason), reason)
     reason = failure_reason(log)
@@ -195,6 +220,7 @@ COLUMNS = {
     "world_size": "devices",
     "compiled": "compiled",
     "peak_memory_gib": "peak memory / device (GiB)",
+    "planned_peak_gib": "planned GiB / GPU",
     "tokens_per_second_per_device": "tokens/s / device",
     "tokens_per_second": "tokens/s",
     "samples_per_second": "samples/s",

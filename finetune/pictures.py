@@ -24,6 +24,7 @@ class Row(Protocol):
     training: str
     memory_kind: str
     peak_memory_gib: float | None
+    planned_peak_gib: float | None
     tokens_per_second_per_device: float | None
 
 
@@ -63,10 +64,11 @@ def comparison_picture(
 ) -> dict[str, Any]:
     """Memory and throughput per device, one labelled bar per profile and variant (grouped by
     profile; a run without numbers says why), and below them each run's training loss by step, one
-    line per run: the strategies should learn alike, and a line that does not is seen at once.
+    line per run: the strategies should learn alike, and a line that does not is seen at once. Where
+    the measured peak is GPU memory, a mark on its bar shows the planner's prediction for that run.
 
     `curves`: each run's (step, loss) by its bar's label. Returns {"bars": [(label, memory,
-    tokens/s)], "curves": {label: [(step, loss)]}} as drawn."""
+    tokens/s)], "planned": [(label, GiB)], "curves": {label: [(step, loss)]}} as drawn."""
     plt = pyplot()
     rows = grouped(rows)
     labels = [bar_label(row) for row in rows]
@@ -91,6 +93,17 @@ def comparison_picture(
         axis.set_title(title)
         axis.set_ylim(len(rows) - 0.5, -0.5)  # first row on top, every text inside the axes
         axis.margins(x=0.25)
+    planned = [
+        (index, row.planned_peak_gib)
+        for index, row in enumerate(rows)
+        if row.memory_kind == "allocated" and row.planned_peak_gib is not None
+    ]
+    if planned:  # the measured and the predicted GPU peak of one run, side by side
+        memory_axis.plot(
+            [gib for _, gib in planned], [index for index, _ in planned], linestyle="none", marker="|",
+            markersize=18, markeredgewidth=2, color="black", label="planner's prediction",
+        )  # fmt: skip
+        memory_axis.legend(fontsize=8, loc="lower right")
     for label in labels:
         curve = curves.get(label) or []
         if curve:
@@ -103,6 +116,11 @@ def comparison_picture(
         "bars": [
             (label, memory.get_width(), speed.get_width())
             for label, memory, speed in zip(labels, memory_axis.patches, speed_axis.patches, strict=True)
+        ],
+        "planned": [
+            (labels[round(index)], gib)
+            for line in memory_axis.lines
+            for gib, index in zip(*line.get_data(), strict=True)
         ],
         "curves": {line.get_label(): list(zip(*line.get_data(), strict=True)) for line in loss_axis.lines},
     }

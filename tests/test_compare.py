@@ -15,8 +15,11 @@ import finetune.compare
 from finetune.cli import main as cli_main
 from finetune.compare import Row, compare, default_profiles, read_rows, summaries_frame
 from finetune.launch import Placement
+from finetune.layout import ParallelLayout
+from finetune.memory_model import Calibration, Workload, estimate
 from finetune.pictures import comparison_picture
-from finetune.profiles import load_profile
+from finetune.planner import shape_of
+from finetune.profiles import load_profile, load_strategy
 from finetune.summary import write_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
@@ -65,6 +68,7 @@ def test_profiles_that_ran_have_their_measurements(comparison):
             float(row["tokens_per_second"]) / 2
         )
         assert float(row["eval_perplexity"]) > 1
+        assert float(row["planned_peak_gib"]) > 0  # what finetune plan predicts per GPU for this run
 
 
 @pytest.mark.integration
@@ -210,6 +214,33 @@ def test_the_picture_draws_one_labelled_bar_per_profile_and_variant_as_the_csv_s
         row = by_label[label]
         assert (memory, speed) == (row.peak_memory_gib or 0, row.tokens_per_second_per_device or 0)
     assert (tmp_path / "comparison.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_picture_marks_the_planned_peak_beside_each_measured_gpu_peak(tmp_path):
+    """The planner's GiB per GPU is marked on a GPU row's memory bar; a host-memory row (CPU runs)
+    has no mark, its measured number not being what the planner predicts."""
+    gpu = [measured("ddp", "", 16.0, 100_000.0), measured("zero3", "", 11.0, 47_000.0)]
+    gpu[0].planned_peak_gib, gpu[1].planned_peak_gib = 15.2, 12.5
+    host = Row(
+        "fsdp", "completed", world_size=2, memory_kind="host RSS", peak_memory_gib=3.0, planned_peak_gib=9.0
+    )
+    drawn = comparison_picture([*gpu, host], {}, tmp_path / "comparison.png")
+    assert drawn["planned"] == [("ddp", 15.2), ("zero3", 12.5)]
+
+
+def test_a_completed_runs_row_has_the_planners_prediction_for_that_run():
+    summary = {
+        "model": "gpt2-medium", "block_size": 1024, "micro_batch_size": 8, "dtype": "bf16",
+        "gradient_checkpointing": False, "torch_compile": True, "peft": None, "world_size": 4,
+        "arguments": {"config_overrides": None},
+    }  # fmt: skip
+    zero3 = load_strategy("zero3")
+    planned = finetune.compare.planned_peak_gib(zero3, summary)
+    workload = Workload(8, 1024, "bf16", gradient_checkpointing=False, compiled=True)
+    expected = estimate(
+        zero3, shape_of("gpt2-medium")[0], workload, ParallelLayout(4), Calibration.measured()
+    )
+    assert planned == pytest.approx(expected.total)
 
 
 def test_the_picture_overlays_each_runs_logged_training_loss_by_step(tmp_path):
