@@ -75,8 +75,8 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
         gradient_checkpointing=summary["gradient_checkpointing"],
         compiled=summary["torch_compile"],
         peft=summary["peft"],
-        lora_rank=arguments.get("lora_rank", 16),
-        lora_dropout=arguments.get("lora_dropout", 0.0),
+        lora_rank=arguments.get("lora_rank", Workload.lora_rank),  # the run flags' defaults, once
+        lora_dropout=arguments.get("lora_dropout", Workload.lora_dropout),
     )
     layout = ParallelLayout(summary["world_size"])
     return estimate(strategy, shape, workload, layout, Calibration.measured()).total
