@@ -62,7 +62,8 @@ class Row:
 
 def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
     """What `finetune plan` predicts per GPU for the run the summary describes: its model, micro
-    batch, block, dtype, compilation, adapters and processes (tf32 matmuls are fp32 storage)."""
+    batch and accumulation, block, dtype, compilation, adapters and processes (tf32 matmuls are fp32
+    storage)."""
     from finetune.memory_model import Calibration, Workload, estimate
     from finetune.planner import shape_of
 
@@ -77,6 +78,7 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
         peft=summary["peft"],
         lora_rank=arguments.get("lora_rank", Workload.lora_rank),  # the run flags' defaults, once
         lora_dropout=arguments.get("lora_dropout", Workload.lora_dropout),
+        accumulation=summary["gradient_accumulation_steps"] or 1,
     )
     layout = ParallelLayout(summary["world_size"])
     return estimate(strategy, shape, workload, layout, Calibration.measured()).total

@@ -180,6 +180,7 @@ class Workload:
     peft: str | None = None  # lora or dora: adapters trained on a frozen base; None: every weight
     lora_rank: int = 16
     lora_dropout: float = DEFAULT_LORA_DROPOUT
+    accumulation: int = 1  # micro batches per optimizer step (held gradients: accumulated_gradient_gib)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ class Measurement:
             row.get("peft"),
             row.get("lora_rank", 16),
             row.get("lora_dropout", DEFAULT_LORA_DROPOUT),
+            row.get("gradient_accumulation_steps", 1),
         )
         return cls(
             shape,
@@ -239,8 +241,8 @@ def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
 def read_measurements(path: Path = CALIBRATION_FILE, section: str = "measurements") -> list[Measurement]:
     """The measured peaks, each with the strategy of the shipped profile it was measured with.
 
-    `measurements`: one micro batch per step, what the planner models and is fitted to;
-    `with_accumulation`: steps of several micro batches, checked only (see calibration.json)."""
+    `measurements`: one micro batch per step, what the planner is fitted to; `with_accumulation`:
+    steps of several micro batches, not fitted to, which check `accumulated_gradient_gib`."""
     return measurements_of(json.loads(path.read_text())[section])
 
 
@@ -465,6 +467,18 @@ def state_bytes(framework: str, shape: ModelShape, workload: Workload) -> dict[s
     }
 
 
+def accumulated_gradient_gib(framework: str, shape: ModelShape, workload: Workload) -> float:
+    """Gradients of the earlier micro batches of a step, alive through the next one's forward, where
+    a step of one micro batch has none yet (they are freed at the optimizer step and built again in
+    the backward). Under torch's DDP and FSDP2 the Trainer skips the gradient sync until the last
+    micro batch, so each rank holds them whole, in fp32, beside the sharded ones; DeepSpeed reduces
+    every micro batch into its own partitioned buffers (counted in `gradients`). Measured on gpt2-xl
+    and a 1B Llama at 2-4 micro batches a step (calibration.json's `with_accumulation`)."""
+    if workload.accumulation <= 1 or framework == "deepspeed":
+        return 0.0
+    return trained_parameters(shape, workload) * STATE_BYTES["torch"]["gradients"] / GIB
+
+
 def estimate(
     strategy: Strategy,
     shape: ModelShape,
@@ -487,6 +501,7 @@ def estimate(
         moved[offloaded["optimizer"]] += trained * OFFLOADED_GRADIENT_BYTES / GIB / layout.shard_group_size
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
+    states["gradients"] += accumulated_gradient_gib(framework, shape, workload)
     kind = calibration_kind(strategy, workload, shape)
     layer_bytes = calibration.layer_bytes_for(kind, shape)
     logit_bytes = calibration.logit_bytes_for(kind)

@@ -111,6 +111,26 @@ def largest_micro_batch(
     return batch
 
 
+def largest_micro_batch_for_share(
+    strategy: Strategy,
+    shape: ModelShape,
+    workload: Workload,
+    hardware: Hardware,
+    calibration: Calibration,
+    per_process: int,
+) -> int:
+    """The largest micro batch that divides a process's share of the global batch and is predicted
+    to fit with the accumulation that makes up the rest (0 if none). Accumulating is not free under
+    torch's DDP and FSDP2, which hold a step's gradients whole until its last micro batch
+    (`accumulated_gradient_gib`): a micro batch that fits alone may not fit a step of several."""
+    for micro in sorted((d for d in range(1, min(per_process, MAX_MICRO_BATCH) + 1) if per_process % d == 0),
+                        reverse=True):  # fmt: skip
+        candidate = replace(workload, micro_batch=micro, accumulation=per_process // micro)
+        if hardware.holds(estimate(strategy, shape, candidate, hardware.layout, calibration)):
+            return micro
+    return 0
+
+
 def what_would_fit(
     shape: ModelShape,
     workload: Workload,
@@ -183,17 +203,18 @@ def format_global_batch(
     global_batch: int,
 ) -> str:
     """What `finetune run --global_batch_size G` would train under each profile, chosen as the run
-    chooses it (`BatchGeometry.from_global` over `largest_micro_batch`): the largest micro batch that
-    divides each GPU's share and is predicted to fit, the accumulation the rest."""
+    chooses it (`BatchGeometry.from_global` over `largest_micro_batch_for_share`): the largest micro
+    batch that divides each GPU's share and is predicted to fit with the accumulation the rest makes."""
     lines = [
         f"--global_batch_size {global_batch} on {hardware.gpus} GPU(s), as `finetune run` would train it:",
         "",
         "| profile | micro batch | accumulation | total / GPU at that micro batch |",
         "|---|---|---|---|",
     ]
+    per_process = global_batch // hardware.layout.data_parallel_size
     for e in estimates:
-        largest = largest_micro_batch(
-            e.strategy, shape, replace(workload, micro_batch=1), hardware, calibration
+        largest = largest_micro_batch_for_share(
+            e.strategy, shape, workload, hardware, calibration, per_process
         )
         if largest < 1:
             lines.append(f"| {e.profile} | does not fit at micro batch 1 | | |")
@@ -201,9 +222,8 @@ def format_global_batch(
         geometry, _ = BatchGeometry.from_global(
             global_batch, hardware.layout.data_parallel_size, largest=(largest, "predicted to fit")
         )
-        chosen = estimate(
-            e.strategy, shape, replace(workload, micro_batch=geometry.micro), hardware.layout, calibration
-        )
+        chosen_workload = replace(workload, micro_batch=geometry.micro, accumulation=geometry.accumulation)
+        chosen = estimate(e.strategy, shape, chosen_workload, hardware.layout, calibration)
         lines.append(f"| {e.profile} | {geometry.micro} | {geometry.accumulation} | {chosen.total:.2f} |")
     return "\n".join(lines)
 
@@ -276,6 +296,7 @@ def run_workload(
         peft=model_args.peft,
         lora_rank=model_args.lora_rank,
         lora_dropout=model_args.lora_dropout,
+        accumulation=training_args.gradient_accumulation_steps,
     )
 
 
@@ -294,17 +315,20 @@ def largest_micro_batch_for_run(
             "(--gpu_memory_gib plans for one)"
         )
     shape, workload = run_workload(model_args, data_args, training_args)
-    workload = replace(workload, micro_batch=1)
     strategy = launch.strategy
     hardware = Hardware(launch.layout, memory)
-    largest = largest_micro_batch(strategy, shape, workload, hardware, Calibration.measured())
+    calibration = Calibration.measured()
+    per_process = max(1, training_args.global_batch_size // launch.data_parallel_size)
+    largest = largest_micro_batch_for_share(strategy, shape, workload, hardware, calibration, per_process)
     where = f"{strategy.name} on {hardware.gpus} x {memory:g} GiB"
     if largest < 1:
         raise FinetuneError(
             f"--global_batch_size: not even micro batch 1 of {shape.name} is predicted to fit {where} "
             "(`finetune plan` shows what would)"
         )
-    return largest, f"predicted to fit {where} (at most {largest}; finetune plan's memory model)"
+    alone = largest_micro_batch(strategy, shape, replace(workload, accumulation=1), hardware, calibration)
+    held = "" if alone == largest else f"; {alone} alone, without a step's accumulated gradients"
+    return largest, f"predicted to fit {where} (finetune plan's memory model{held})"
 
 
 def apply_global_batch(

@@ -231,15 +231,13 @@ def test_the_picture_marks_the_planned_peak_beside_each_measured_gpu_peak(tmp_pa
 def test_a_completed_runs_row_has_the_planners_prediction_for_that_run():
     summary = {
         "model": "gpt2-medium", "block_size": 1024, "micro_batch_size": 8, "dtype": "bf16",
-        "gradient_checkpointing": False, "torch_compile": True, "peft": None, "world_size": 4,
-        "arguments": {"config_overrides": None},
+        "gradient_accumulation_steps": 2, "gradient_checkpointing": False, "torch_compile": True,
+        "peft": None, "world_size": 4, "arguments": {"config_overrides": None},
     }  # fmt: skip
-    zero3 = load_strategy("zero3")
-    planned = finetune.compare.planned_peak_gib(zero3, summary)
-    workload = Workload(8, 1024, "bf16", gradient_checkpointing=False, compiled=True)
-    expected = estimate(
-        zero3, shape_of("gpt2-medium")[0], workload, ParallelLayout(4), Calibration.measured()
-    )
+    ddp = load_strategy("ddp")
+    planned = finetune.compare.planned_peak_gib(ddp, summary)
+    workload = Workload(8, 1024, "bf16", gradient_checkpointing=False, compiled=True, accumulation=2)
+    expected = estimate(ddp, shape_of("gpt2-medium")[0], workload, ParallelLayout(4), Calibration.measured())
     assert planned == pytest.approx(expected.total)
 
 

@@ -33,6 +33,7 @@ from finetune.planner import (
     choose_profile,
     gpt2_shape,
     largest_micro_batch,
+    largest_micro_batch_for_share,
     largest_model,
     plan,
     planned_strategies,
@@ -143,8 +144,8 @@ def test_every_measured_peak_is_predicted_within_15_percent(calibration):
 
 
 def test_peaks_measured_with_gradient_accumulation_are_predicted_within_15_percent(calibration):
-    """Not fitted to: the planner does not model accumulation, under which the single profile kept
-    the earlier micro batches' fp32 gradients at the peak (4 bytes per parameter more than without)."""
+    """Not fitted to: torch's DDP and FSDP2 hold the earlier micro batches' fp32 gradients whole at
+    the peak (`accumulated_gradient_gib`), DeepSpeed its partitioned buffers."""
     rows = read_measurements(section="with_accumulation")
     assert rows
     for measurement in rows:
@@ -368,6 +369,38 @@ def test_largest_micro_batch_is_the_last_that_fits(gpt2_xl, calibration):
     ]
     assert largest > 8
     assert fits == [True, False]
+
+
+def test_accumulating_holds_a_steps_fp32_gradients_whole_under_torch_frameworks(gpt2_xl, calibration):
+    """Torch's DDP and FSDP2 skip the gradient sync until a step's last micro batch, so each rank keeps
+    every trained parameter's fp32 gradient between micro batches; DeepSpeed reduces each micro batch
+    into the partitioned buffers it keeps anyway."""
+    extra = {}
+    for profile in ("ddp", "fsdp", "zero3"):
+        strategy = load_strategy(profile)
+        one, four = (
+            estimate(strategy, gpt2_xl, Workload(8, 1024, accumulation=n), ParallelLayout(4), calibration)
+            for n in (1, 4)
+        )
+        extra[profile] = four.total - one.total
+    assert extra["ddp"] == pytest.approx(GPT2_XL_PARAMETERS * 4 / GIB)
+    assert extra["fsdp"] == pytest.approx(GPT2_XL_PARAMETERS * 4 / GIB)
+    assert extra["zero3"] == 0
+
+
+def test_a_global_batchs_micro_batch_fits_with_the_accumulation_it_needs(gpt2_xl, calibration):
+    """gpt2-xl under ddp on 4 x 40 GiB fits micro batch 3 alone, but a share of 32 at micro batch 2
+    accumulates 16 micro batches' gradients: only micro batch 1 is predicted to fit that step."""
+    ddp, hardware, workload = load_strategy("ddp"), Hardware(ParallelLayout(4), 40), Workload(1, 1024)
+    alone = largest_micro_batch(ddp, gpt2_xl, workload, hardware, calibration)
+    chosen = largest_micro_batch_for_share(ddp, gpt2_xl, workload, hardware, calibration, 32)
+
+    def fits(micro: int) -> bool:
+        step = replace(workload, micro_batch=micro, accumulation=32 // micro)
+        return hardware.holds(estimate(ddp, gpt2_xl, step, hardware.layout, calibration))
+
+    assert (alone, chosen) == (3, 1)
+    assert fits(1) and not fits(2)
 
 
 def test_plan_command_names_the_largest_micro_batch_of_the_recommendation(capsys):

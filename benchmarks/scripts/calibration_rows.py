@@ -3,8 +3,9 @@
 usage: python benchmarks/scripts/calibration_rows.py DIR   writes DIR/calibration_rows.json (rows in
 calibration.json's form); `tables.py peaks DIR` shows each beside the planner's prediction.
        python benchmarks/scripts/calibration_rows.py --floor CALL   the same from a floor.sh call's
-case folders (finetune's runs of an unchanged profile at accumulation 1 only; the command is the case,
-as NOTES.md beside the call gives it).
+case folders (finetune's runs of an unchanged profile; the command is the case, as NOTES.md beside the
+call gives it): accumulation 1 in calibration_rows.json, several micro batches a step in
+calibration_rows_accumulated.json (calibration.json's `with_accumulation`, checked only).
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def measured_rows(folder: Path) -> list[dict]:
     return rows
 
 
-def floor_rows(call: Path) -> list[dict]:
-    """A row per finetune case of a floor.sh call (the plain script's cases have no summary)."""
+def floor_rows(call: Path, accumulated: bool = False) -> list[dict]:
+    """A row per finetune case of a floor.sh call (the plain script's cases have no summary), those of
+    one micro batch a step or, `accumulated`, of several."""
     # floor.sh's gpu.txt ends with: torch, NCCL as a tuple, transformers, accelerate, deepspeed
     found = VERSIONS_LINE.fullmatch((call / "gpu.txt").read_text().splitlines()[-1])
     versions = (
@@ -93,16 +95,18 @@ def floor_rows(call: Path) -> list[dict]:
     for summary_path in sorted(call.glob("*/run_summary.json")):
         summary = json.loads(summary_path.read_text())
         # a changed copy of a profile (floor.sh keeps its YAML beside the run) is not the profile the
-        # planner plans, nor a micro batch accumulated over several the one it models
+        # planner plans; a micro batch accumulated over several is checked apart from the fit
         changed_profile = any(summary_path.parent.glob("*.yaml"))
-        accumulated = summary["gradient_accumulation_steps"] > 1
-        if summary.get("status") != "completed" or changed_profile or accumulated:
+        steps = summary["gradient_accumulation_steps"]
+        if summary.get("status") != "completed" or changed_profile or (steps > 1) != accumulated:
             continue
         command = f"floor.sh case {summary_path.parent.name}: {call.parent}/NOTES.md, {call.name}"
         measured = row(summary, summary["strategy"], command, versions)
         measured["date"] = summary["started_at"][:10]
         if summary.get("fsdp_units") is not None:
             measured["fsdp_units"] = summary["fsdp_units"]
+        if accumulated:
+            measured["gradient_accumulation_steps"] = steps
         rows.append(measured)
     return rows
 
@@ -111,6 +115,10 @@ def main(argv: list[str]) -> None:
     if argv[0] == "--floor":
         call = Path(argv[1])
         (call / "calibration_rows.json").write_text(json.dumps(floor_rows(call), indent=2) + "\n")
+        accumulated = floor_rows(call, accumulated=True)
+        if accumulated:
+            text = json.dumps(accumulated, indent=2) + "\n"
+            (call / "calibration_rows_accumulated.json").write_text(text)
         return
     folder = Path(argv[0])
     (folder / "calibration_rows.json").write_text(json.dumps(measured_rows(folder), indent=2) + "\n")

@@ -17,6 +17,9 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...]
                     loop's per GPU count; PATH a doctor.json: rank 0's rows as doctor prints them
   floor             PATH one floor.sh call: a row per case (finetune's summary or the plain script's JSON)
                     with its rate per GPU as a share of the same call's ddp case
+  floor_repeats     PATH a machine's folder of floor.sh calls (call*/): a row per model and case, its
+                    repeats (a `#rN` tag) pooled: the median rate per GPU, its spread (lowest-highest), and
+                    its ratio to the median of the ddp case with the same flags on that machine
   floor_traces      PATH one floor.sh call: per traced case, each rank's step (GPU compute, NCCL, idle)
                     and the collectives paired across ranks (who arrived last, how long the rest waited)
   resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
@@ -406,6 +409,42 @@ def floor(folder: Path) -> str:
     return markdown([*columns, "learned (loss at first → last log)"], rows)
 
 
+REPEAT_TAG = re.compile(r"_r\d+$")
+
+
+def floor_repeats(machine: Path) -> str:
+    """One machine's calls only: rates from two machines are not compared. Cases with the same flags
+    train the same global batch, so the ratio of median step times is the rate's ratio without the
+    run's slowest steps (a stalled step moves the run's rate, not the median)."""
+    runs: dict[tuple[str, str], list[Summary]] = defaultdict(list)
+    for call in sorted(machine.glob("call*")):
+        for name, run in floor_cases(call).items():
+            if "trace" not in name and not run.get("plain"):
+                runs[(run["model"], REPEAT_TAG.sub("", name))].append(run)
+    rate = field("tokens_per_second_per_device")
+    rows = []
+    for (model, case), repeats in sorted(runs.items()):
+        rates = [rate(run) for run in repeats]
+        flags = case.partition("_--")[2]
+        ddp = runs.get((model, "ddp" + (f"_--{flags}" if flags else "")))
+        step = field("step_time_median_s")
+        ratio = median(repeats, rate) / median(ddp, rate) if ddp else None
+        step_ratio = median(ddp, step) / median(repeats, step) if ddp else None
+        shape = f"{repeats[0]['micro_batch_size']} x {repeats[0]['gradient_accumulation_steps']}"
+        rows.append(
+            [model, f"`{case}`", shape,
+             len(repeats), f"{median(repeats, rate):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
+             f"{1e3 * median(repeats, step):.0f}",
+             f"{max(run['memory_peak_allocated_gib_max'] for run in repeats):.1f}",
+             f"{100 * median(repeats, field('mfu')):.1f}", "n/a" if ratio is None else f"{ratio:.2f}",
+             "n/a" if step_ratio is None else f"{step_ratio:.2f}"]
+        )  # fmt: skip
+    columns = ["model", "case", "micro batch x accumulation", "runs", "tokens/s per GPU (median)"]
+    columns += ["spread", "step ms (median)", "peak allocated GiB", "MFU %", "vs ddp, same flags"]
+    columns.append("vs ddp by median step")
+    return markdown(columns, rows)
+
+
 def floor_traces(folder: Path) -> str:
     rows = []
     for traces in sorted(folder.glob("*/traces.json")):
@@ -439,6 +478,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "peaks": peaks,
     "doctor": doctor,
     "floor": floor,
+    "floor_repeats": floor_repeats,
     "floor_traces": floor_traces,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
