@@ -123,6 +123,15 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=5,
         metadata={"help": "First optimizer steps left out of throughput and MFU (compilation, allocation)."},
     )
+    gc_interval: int | None = field(
+        default=None,
+        metadata={
+            "help": "Switch Python's automatic garbage collection off while training and collect the "
+            "young generations every N optimizer steps on every rank at once (torchtitan's gc_freq): a "
+            "full collection on one rank, mid-step, makes every rank wait for it. The summary's gc_* "
+            "fields measure the collections either way."
+        },
+    )
     peak_tflops: float | None = field(
         default=None,
         metadata={
@@ -248,6 +257,8 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         if self.fsdp_blocks_per_unit is not None and self.fsdp_blocks_per_unit < 1:
             raise FinetuneError(f"--fsdp_blocks_per_unit must be at least 1, got {self.fsdp_blocks_per_unit}")
+        if self.gc_interval is not None and self.gc_interval < 1:
+            raise FinetuneError(f"--gc_interval must be at least 1, got {self.gc_interval}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise FinetuneError(f"--peak_tflops must be positive, got {self.peak_tflops}")
         if self.global_batch_size is not None and self.global_batch_size < 1:

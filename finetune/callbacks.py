@@ -253,6 +253,9 @@ class CudaEventClock:
         return start.elapsed_time(end) / 1000
 
 
+SLOWEST_STEPS_KEPT = 5  # per rank in the summary: enough to find a stall, short on a long run
+
+
 class ThroughputCallback(TrainerCallback):
     """Steady-state samples/s and tokens/s over training steps only.
 
@@ -281,13 +284,14 @@ class ThroughputCallback(TrainerCallback):
         self.stopwatch = stopwatch or (CudaEventClock() if torch.cuda.is_available() else WallClock())
         self.steps = 0
         self.step_times: list[float] = []
+        self.step_numbers: list[int] = []
         self.step_tokens: list[int] = []
         self.step_trained_tokens: list[int] = []
         self.step_samples: list[int] = []
         self.ranks: list[dict[str, Any]] = []
         self.run_rates: dict[str, float] = {}
         self._logged_upto = 0
-        self._unresolved: list[tuple[Any, Any, torch.Tensor | int, torch.Tensor | int, int]] = []
+        self._unresolved: list[tuple[int, Any, Any, torch.Tensor | int, torch.Tensor | int, int]] = []
         self._pending_tokens: torch.Tensor | int = 0
         self._pending_trained_tokens: torch.Tensor | int = 0
         self._pending_samples = 0
@@ -335,6 +339,7 @@ class ThroughputCallback(TrainerCallback):
         if self.steps > self.warmup_steps and not self._interrupted and self._last_mark is not None:
             self._unresolved.append(
                 (
+                    state.global_step,
                     self._last_mark,
                     now,
                     self._pending_tokens,
@@ -348,7 +353,8 @@ class ThroughputCallback(TrainerCallback):
 
     def _resolve(self) -> None:
         """Turn the marked steps into times and counts (waits for the GPU to reach the last mark)."""
-        for start, end, tokens, trained, samples in self._unresolved:
+        for step, start, end, tokens, trained, samples in self._unresolved:
+            self.step_numbers.append(step)
             self.step_times.append(self.stopwatch.seconds(start, end))
             self.step_tokens.append(int(tokens))
             self.step_trained_tokens.append(int(trained))
@@ -409,8 +415,20 @@ class ThroughputCallback(TrainerCallback):
             self._hook.remove()
         self._resolve()
         self.run_rates = self.rates(self._window(0))
-        local = {"rank": args.process_index, "host": socket.gethostname(), "steps": self.steps}
+        local = {
+            "rank": args.process_index,
+            "host": socket.gethostname(),
+            "steps": self.steps,
+            "slowest_steps": self.slowest_steps(),
+        }
         self.ranks = gather_from_ranks(local)
+
+    def slowest_steps(self, count: int = SLOWEST_STEPS_KEPT) -> list[list[float]]:
+        """This rank's slowest measured steps, [[step, seconds]], slowest first: where a run's rate
+        falls below its median step, which steps and which ranks took the time (the rate's window is
+        the slowest rank's)."""
+        slowest = sorted(zip(self.step_numbers, self.step_times, strict=True), key=lambda s: -s[1])
+        return [[step, round(seconds, 4)] for step, seconds in slowest[:count]]
 
     def summary(self) -> dict[str, Any]:
         """Flat run-summary fields (see summary.FIELDS): rates over every measured step of the run."""

@@ -47,6 +47,7 @@ from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
 from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
 from finetune.errors import FinetuneError, StoppedForResume, exit_on_user_error
+from finetune.garbage_collection import GarbageCollectionCallback
 from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
@@ -210,6 +211,7 @@ def train_and_measure(
             f"{training_args.max_steps} steps and continues from step {step}"
         )
     stop = SaveAndStopOnSignal()
+    collections = GarbageCollectionCallback(training_args.gc_interval)
 
     def end_hung_run(message: str, folder: Path) -> None:
         newest = checkpoints_newest_first(training_args.output_dir)
@@ -235,7 +237,7 @@ def train_and_measure(
         data_collator=data.collator,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
-        callbacks=[memory, throughput, stop, startup, StepCountersOnTheirDevice(), watchdog]
+        callbacks=[memory, throughput, collections, stop, startup, StepCountersOnTheirDevice(), watchdog]
         + ([ContinueTheReplannedSchedule()] if extension else []),
         run_flags=run_defining_flags(model_args, data_args, training_args),
         launch=launch,
@@ -264,7 +266,9 @@ def train_and_measure(
         ).metrics
     finally:  # a training ended by an exception (diverged, stopped) must not leave the watchdog armed
         watchdog.stop()
-    trained = training_fields(trainer.state, training_args.output_dir, train_metrics, memory, throughput)
+    trained = training_fields(
+        trainer.state, training_args.output_dir, train_metrics, memory, throughput, collections
+    )
     record.update(trained)
     record.update({"fsdp_units": count_units(trainer.model) or None})
     record.update(startup.summary())

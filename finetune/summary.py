@@ -186,6 +186,10 @@ FIELDS: dict[str, tuple[str, str]] = {
         "Trainer and accelerate's prepare), first step (compilation in it)",
     ),
     "throughput_warmup_steps": ("int?", "first steps left out of the throughput"),
+    "gc_interval": ("int?", "--gc_interval: automatic collection off, the young generations every N steps"),
+    "gc_seconds_max": ("float?", "seconds in Python's garbage collection while training, max over ranks"),
+    "gc_longest_pause_s": ("float?", "the longest single garbage collection while training, any rank"),
+    "gc_full_collections_max": ("int?", "full (generation 2) collections while training, max over ranks"),
     "throughput_steps": ("int?", "steps the throughput is measured over (no warm-up, evaluation or saving)"),
     "samples_per_second": ("float?", "training samples per second, all ranks"),
     "samples_per_second_per_device": ("float?", "samples_per_second / world_size"),
@@ -238,7 +242,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "test_tokens": ("int?", "test tokens predicted"),
     "generations": ("list", "[{prompt, completion}] for --generation_prompt, from the saved model"),
     "loss_curve": ("list", "[{step, loss}] at every logging step"),
-    "ranks": ("list", "per rank: rank, host, steps, and its memory readings at the end of training"),
+    "ranks": (
+        "list",
+        "per rank: rank, host, steps, its slowest measured steps [[step, seconds]], its garbage "
+        "collections, and its memory readings at the end of training",
+    ),
     "arguments": ("dict", "every argument of the run, as parsed"),
 }
 JSON_TYPES: dict[str, tuple[type, ...]] = {

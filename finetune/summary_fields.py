@@ -20,6 +20,7 @@ from finetune.callbacks import MemoryCallback, ThroughputCallback
 from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.data import DataSummary
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
+from finetune.garbage_collection import GarbageCollectionCallback
 from finetune.launched import BatchGeometry, Launch
 from finetune.models import count_parameters
 from finetune.run_folder import DOCTOR_REPORT
@@ -127,6 +128,7 @@ def training_fields(
     train_metrics: dict[str, Any],
     memory: MemoryCallback,
     throughput: ThroughputCallback,
+    collections: GarbageCollectionCallback,
 ) -> dict[str, Any]:
     """What training did: steps, losses, checkpoint, and the callbacks' run-wide measurements."""
     curve = loss_curve(state.log_history)
@@ -140,10 +142,13 @@ def training_fields(
         "final_loss": curve[-1]["loss"] if curve else None,
         **memory.summary(),
         **throughput.summary(),
+        **collections.summary(),
         "num_hosts": len({rank["host"] for rank in throughput.ranks}) or None,
         "ranks": [
-            {**progress, **readings}
-            for progress, readings in zip(throughput.ranks, memory.per_rank(), strict=True)
+            {**progress, **pauses, **readings}
+            for progress, pauses, readings in zip(
+                throughput.ranks, collections.ranks, memory.per_rank(), strict=True
+            )
         ],
     }
 

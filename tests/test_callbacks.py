@@ -296,3 +296,19 @@ def test_cpu_run_reports_host_memory_only(events):
         "memory/host_peak_rss_gib_max",
         "memory/host_peak_rss_gib_mean",
     }
+
+
+def test_each_rank_records_its_slowest_steps_by_step_number(events):
+    """Where a run's rate falls below its median step, the summary says which step took the time."""
+    args, state, control = events
+    clock = FakeClock()
+    callback = ThroughputCallback(warmup_steps=1, layout=ParallelLayout(), stopwatch=WallClock(clock))
+    callback.on_train_begin(args, state, control)
+    for duration in [9.0, 1.0, 1.0, 4.0, 1.0, 2.0]:
+        callback.on_step_begin(args, state, control)
+        clock.now += duration
+        state.global_step += 1
+        callback.on_step_end(args, state, control)
+    callback.on_train_end(args, state, control)
+    assert callback.ranks[0]["slowest_steps"][:2] == [[4, 4.0], [6, 2.0]]
+    assert len(callback.ranks[0]["slowest_steps"]) == 5  # the warm-up step is not measured

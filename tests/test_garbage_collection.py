@@ -1,0 +1,91 @@
+"""Python's garbage collector during training: timed on every rank, and held to step boundaries by
+--gc_interval."""
+
+import gc
+
+import pytest
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from finetune.arguments import parse_arguments
+from finetune.errors import FinetuneError
+from finetune.garbage_collection import YOUNG_GENERATIONS, GarbageCollectionCallback
+
+
+class TickingClock:
+    """Each reading one second after the last: every collection lasts exactly one second."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+@pytest.fixture
+def events(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    return args, TrainerState(), TrainerControl()
+
+
+@pytest.fixture(autouse=True)
+def automatic_collection_restored():
+    yield
+    gc.enable()
+
+
+def train(callback, events, steps):
+    args, state, control = events
+    callback.on_train_begin(args, state, control)
+    for _ in range(steps):
+        state.global_step += 1
+        callback.on_step_end(args, state, control)
+    callback.on_train_end(args, state, control)
+
+
+def test_collections_while_training_are_counted_and_timed(events):
+    callback = GarbageCollectionCallback(clock=TickingClock())
+    args, state, control = events
+    callback.on_train_begin(args, state, control)
+    gc.collect()
+    callback.on_train_end(args, state, control)
+    assert callback.ranks[0]["gc_full_collections"] >= 1
+    assert callback.ranks[0]["gc_longest_s"] == 1.0
+    assert callback.summary()["gc_seconds_max"] == callback.ranks[0]["gc_collections"] * 1.0
+
+
+def test_collections_after_training_are_not_counted(events):
+    callback = GarbageCollectionCallback(clock=TickingClock())
+    train(callback, events, steps=0)
+    counted = callback.ranks[0]["gc_collections"]
+    gc.collect()
+    assert callback.local()["gc_collections"] == counted
+
+
+def test_an_interval_switches_automatic_collection_off_while_training_only(events):
+    callback = GarbageCollectionCallback(interval=2)
+    args, state, control = events
+    callback.on_train_begin(args, state, control)
+    assert not gc.isenabled()
+    callback.on_train_end(args, state, control)
+    assert gc.isenabled()
+
+
+def test_an_interval_collects_the_young_generations_every_n_steps(events):
+    callback = GarbageCollectionCallback(interval=2, clock=TickingClock())
+    train(callback, events, steps=5)
+    assert [generation for generation, _ in callback.pauses] == [YOUNG_GENERATIONS, YOUNG_GENERATIONS]
+    assert callback.summary()["gc_interval"] == 2
+
+
+def test_without_an_interval_automatic_collection_stays_on(events):
+    callback = GarbageCollectionCallback()
+    args, state, control = events
+    callback.on_train_begin(args, state, control)
+    assert gc.isenabled()
+    callback.on_train_end(args, state, control)
+
+
+def test_an_interval_below_one_is_refused(output_flags):
+    with pytest.raises(FinetuneError, match=r"^--gc_interval must be at least 1, got 0$"):
+        parse_arguments([*output_flags, "--gc_interval", "0"])
