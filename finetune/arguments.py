@@ -30,6 +30,7 @@ from finetune.build_locks import (
 from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, one_gpu_per_process
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
+from finetune.garbage_collection import DEFAULT_GC_INTERVAL
 from finetune.launched import BatchGeometry, Launch, precision_on
 from finetune.profiles import (
     check_deepspeed_config,
@@ -123,13 +124,13 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=5,
         metadata={"help": "First optimizer steps left out of throughput and MFU (compilation, allocation)."},
     )
-    gc_interval: int | None = field(
-        default=None,
+    gc_interval: int = field(
+        default=DEFAULT_GC_INTERVAL,
         metadata={
-            "help": "Switch Python's automatic garbage collection off while training and collect the "
-            "young generations every N optimizer steps on every rank at once (torchtitan's gc_freq): a "
-            "full collection on one rank, mid-step, makes every rank wait for it. The summary's gc_* "
-            "fields measure the collections either way."
+            "help": "Python's automatic garbage collection is off while training; every rank collects the "
+            "young generations at the end of every N-th optimizer step instead (torchtitan's gc_freq): a "
+            "full collection on one rank, mid-step, makes every rank wait for it. 0 leaves collection "
+            "automatic. The summary's gc_* fields measure the collections either way."
         },
     )
     peak_tflops: float | None = field(
@@ -257,8 +258,10 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         if self.fsdp_blocks_per_unit is not None and self.fsdp_blocks_per_unit < 1:
             raise FinetuneError(f"--fsdp_blocks_per_unit must be at least 1, got {self.fsdp_blocks_per_unit}")
-        if self.gc_interval is not None and self.gc_interval < 1:
-            raise FinetuneError(f"--gc_interval must be at least 1, got {self.gc_interval}")
+        if self.gc_interval < 0:
+            raise FinetuneError(
+                f"--gc_interval must be 0 (automatic collection) or more, got {self.gc_interval}"
+            )
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise FinetuneError(f"--peak_tflops must be positive, got {self.peak_tflops}")
         if self.global_batch_size is not None and self.global_batch_size < 1:

@@ -6,8 +6,10 @@ model's process holds millions of them, so one rank can pause for a long time in
 step while the others wait for it at the next collective: every rank's step pays for one rank's
 pause, at a moment no rank chose. torchtitan (`gc_freq`) and OLMo-core's GarbageCollectorCallback
 switch automatic collection off and collect the young generations every N steps on every rank at
-once instead; `--gc_interval` does the same. The pauses are measured through `gc.callbacks` whether
-or not the lever is on, so a run's summary says what its collections cost.
+once instead; `--gc_interval` does the same, by default (0 leaves collection automatic). The pauses
+are measured through `gc.callbacks` either way, so a run's summary says what its collections cost.
+Like torchtitan, nothing collects the oldest generation until training ends: cyclic garbage that
+outlives two young collections waits until then.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from finetune.callbacks import gather_from_ranks
 
+# Every 10 steps: measured on 4 H200 against automatic collection (docs/speed.md, "Python's garbage
+# collector"); collecting the young generations took about 6 ms each time there.
+DEFAULT_GC_INTERVAL = 10
 FULL_GENERATION = 2
 # What `--gc_interval` collects at its steps, as torchtitan does: the young generations, where most
 # garbage is; the full collection that can take seconds runs once, before training, and at the end.
@@ -31,7 +36,7 @@ class GarbageCollectionCallback(TrainerCallback):
     """Times every collection between the start and the end of training (each rank its own), and
     with an interval collects on the step boundary instead of wherever the allocator trips it."""
 
-    def __init__(self, interval: int | None = None, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, interval: int = 0, clock: Callable[[], float] = time.perf_counter):
         self.interval = interval
         self.clock = clock
         self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
@@ -64,11 +69,16 @@ class GarbageCollectionCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        self.stop()
+        self.ranks = gather_from_ranks(self.local())
+
+    def stop(self) -> None:
+        """Collection as it was before training, measured no more; also where training raised and
+        never reached its end. Idempotent."""
         if self._observe in gc.callbacks:
             gc.callbacks.remove(self._observe)
-        if self.interval and self._was_enabled:
-            gc.enable()
-        self.ranks = gather_from_ranks(self.local())
+            if self.interval and self._was_enabled:
+                gc.enable()
 
     def local(self) -> dict[str, Any]:
         """This rank's collections during training: count, total and longest pause, full ones apart."""

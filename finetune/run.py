@@ -265,7 +265,8 @@ def train_and_measure(
             resume_from_checkpoint=str(resume_from) if resume_from else None
         ).metrics
     finally:  # a training ended by an exception (diverged, stopped) must not leave the watchdog armed
-        watchdog.stop()
+        watchdog.stop()  # nor Python's garbage collection off
+        collections.stop()
     trained = training_fields(
         trainer.state, training_args.output_dir, train_metrics, memory, throughput, collections
     )

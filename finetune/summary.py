@@ -186,7 +186,7 @@ FIELDS: dict[str, tuple[str, str]] = {
         "Trainer and accelerate's prepare), first step (compilation in it)",
     ),
     "throughput_warmup_steps": ("int?", "first steps left out of the throughput"),
-    "gc_interval": ("int?", "--gc_interval: automatic collection off, the young generations every N steps"),
+    "gc_interval": ("int?", "--gc_interval: the young generations collected every N steps (0: automatic)"),
     "gc_seconds_max": ("float?", "seconds in Python's garbage collection while training, max over ranks"),
     "gc_longest_pause_s": ("float?", "the longest single garbage collection while training, any rank"),
     "gc_full_collections_max": ("int?", "full (generation 2) collections while training, max over ranks"),

@@ -1,5 +1,5 @@
 """Python's garbage collector during training: timed on every rank, and held to step boundaries by
---gc_interval."""
+--gc_interval (on by default)."""
 
 import gc
 
@@ -8,7 +8,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from finetune.arguments import parse_arguments
 from finetune.errors import FinetuneError
-from finetune.garbage_collection import YOUNG_GENERATIONS, GarbageCollectionCallback
+from finetune.garbage_collection import DEFAULT_GC_INTERVAL, YOUNG_GENERATIONS, GarbageCollectionCallback
 
 
 class TickingClock:
@@ -78,14 +78,29 @@ def test_an_interval_collects_the_young_generations_every_n_steps(events):
     assert callback.summary()["gc_interval"] == 2
 
 
-def test_without_an_interval_automatic_collection_stays_on(events):
-    callback = GarbageCollectionCallback()
+def test_interval_zero_leaves_collection_automatic(events):
+    callback = GarbageCollectionCallback(interval=0)
     args, state, control = events
     callback.on_train_begin(args, state, control)
     assert gc.isenabled()
     callback.on_train_end(args, state, control)
 
 
-def test_an_interval_below_one_is_refused(output_flags):
-    with pytest.raises(FinetuneError, match=r"^--gc_interval must be at least 1, got 0$"):
-        parse_arguments([*output_flags, "--gc_interval", "0"])
+def test_a_training_that_raised_gets_automatic_collection_back_at_stop(events):
+    """run.py stops the callback in a `finally`: a diverged or failed training never reaches its end."""
+    callback = GarbageCollectionCallback(interval=2)
+    callback.on_train_begin(*events)
+    callback.stop()
+    assert gc.isenabled()
+
+
+def test_runs_collect_every_ten_steps_by_default(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    assert training_args.gc_interval == DEFAULT_GC_INTERVAL == 10
+
+
+def test_a_negative_interval_is_refused(output_flags):
+    with pytest.raises(
+        FinetuneError, match=r"^--gc_interval must be 0 \(automatic collection\) or more, got -1$"
+    ):
+        parse_arguments([*output_flags, "--gc_interval", "-1"])

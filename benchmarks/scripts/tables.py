@@ -409,6 +409,29 @@ def floor(folder: Path) -> str:
     return markdown([*columns, "learned (loss at first → last log)"], rows)
 
 
+def floor_gc(folder: Path) -> str:
+    """Python's garbage collection beside the rate, from the summaries' gc_* fields and each rank's
+    slowest steps; the ratio is against the folder's first case (the one without the lever)."""
+    cases = floor_cases(folder)
+    first = next(iter(cases.values()))["tokens_per_second_per_device"]
+    rows = []
+    for name, run in cases.items():
+        step, seconds, rank = max(
+            ((r["slowest_steps"][0][0], r["slowest_steps"][0][1], r["rank"]) for r in run["ranks"]),
+            key=lambda slowest: slowest[1],
+        )
+        rate = run["tokens_per_second_per_device"]
+        rows.append(
+            [f"`{name}`", f"{rate:,.0f}", f"{1e3 * run['step_time_median_s']:.0f}",
+             f"step {step}: {1e3 * seconds:.0f} ms (rank {rank})", f"{run['gc_full_collections_max']}",
+             f"{run['gc_seconds_max']:.2f}", f"{1e3 * run['gc_longest_pause_s']:.0f}",
+             f"{rate / first:.2f}"]
+        )  # fmt: skip
+    columns = ["case", "tokens/s per GPU", "step ms (median)", "slowest step (any rank)"]
+    columns += ["full collections per rank (max)", "gc s per rank (max)", "longest gc pause ms"]
+    return markdown([*columns, "vs the first case"], rows)
+
+
 REPEAT_TAG = re.compile(r"_r\d+$")
 
 
@@ -479,6 +502,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "doctor": doctor,
     "floor": floor,
     "floor_repeats": floor_repeats,
+    "floor_gc": floor_gc,
     "floor_traces": floor_traces,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
