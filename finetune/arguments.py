@@ -31,7 +31,7 @@ from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, o
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.garbage_collection import DEFAULT_GC_INTERVAL
-from finetune.launched import BatchGeometry, Launch, precision_on
+from finetune.launched import BatchGeometry, Launch, precision_on, visible_gpu_supports_bf16
 from finetune.profiles import (
     check_deepspeed_config,
     needs_nvme_path,
@@ -367,8 +367,7 @@ def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch
 
 
 def _apply_auto_precision(training_args: FinetuneTrainingArguments) -> None:
-    gpu_supports_bf16 = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else None
-    precision = precision_on(training_args, gpu_supports_bf16)
+    precision = precision_on(training_args, visible_gpu_supports_bf16())
     training_args.bf16, training_args.fp16 = precision == "bf16", precision == "fp16"
 
 

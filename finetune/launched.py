@@ -98,6 +98,12 @@ def mixed_precision(training_args: Any) -> str:
     return "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32"
 
 
+def visible_gpu_supports_bf16() -> bool | None:
+    """Whether the GPU this process sees computes in bf16; None without a GPU. The one probe behind
+    `--precision auto`, for the run, `--profile auto` and `finetune plan` alike."""
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else None
+
+
 def precision_on(training_args: Any, gpu_supports_bf16: bool | None) -> str:
     """What these flags train in on a GPU that supports bf16 (True) or not (False), or without a GPU
     (None): `--precision auto` as the launch resolves it (`arguments.resolve_launch_settings`) and

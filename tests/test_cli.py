@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
 import finetune.compare
 import finetune.planner
@@ -55,7 +54,7 @@ def planned(monkeypatch) -> list:
 
     monkeypatch.setattr(finetune.planner, "visible_gpu_memory_gib", lambda: 80.0)
     monkeypatch.setattr(finetune.planner, "choose_profile", choose_profile)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(run_command, "visible_gpu_supports_bf16", lambda: True)
     monkeypatch.setattr(subprocess, "Popen", FinishedLaunch)
     return asked
 
@@ -77,7 +76,7 @@ def test_profile_auto_plans_the_precision_the_run_trains_in(tmp_path, planned):
 
 def test_profile_auto_plans_precision_auto_as_fp16_on_a_gpu_without_bf16(planned, monkeypatch):
     """The launch resolves `--precision auto` to fp16 there (launched.precision_on, one rule)."""
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(run_command, "visible_gpu_supports_bf16", lambda: False)
     run_command.auto_profile(["--model", "gpt2"], 2)
     assert planned[0][1].dtype == "fp16"
 

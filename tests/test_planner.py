@@ -5,6 +5,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import torch
 from transformers import AutoConfig, LlamaConfig
 
 from finetune.cli import main as cli_main
@@ -571,3 +572,12 @@ def test_plan_refuses_a_block_longer_than_the_models_context_in_one_line(capsys)
     assert exit.value.code == 2
     error = capsys.readouterr().err.strip()
     assert error == "finetune: error: --block_size 4096 is larger than the model's context of 1024 tokens"
+
+
+def test_plan_without_a_gpu_plans_precision_auto_for_a_gpu_with_bf16(monkeypatch):
+    """`finetune plan` on a laptop plans the GPU run; the run itself, without a GPU, keeps fp32."""
+    from finetune.commands.plan import planned_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _, workload, _ = planned_run(["--model", "gpt2"], largest=False)
+    assert workload.dtype == "bf16"

@@ -68,15 +68,14 @@ def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workloa
     """The model's shape, the Workload and the global batch the run flags describe, made by the
     planner's one reading of run flags (`planner.run_workload`), as `--global_batch_size` and
     `--profile auto` make them; `--precision auto` planned for the visible GPU, else one with bf16."""
-    import torch
-
-    from finetune.launched import precision_on
+    from finetune.launched import precision_on, visible_gpu_supports_bf16
     from finetune.planner import LADDER_BLOCK_SIZE, run_workload
 
     model_args, data_args, training_args = parse_run_flags(run_args)
     if largest and data_args.block_size is None:  # the ladder's shapes, at their context
         data_args.block_size = LADDER_BLOCK_SIZE
-    bf16 = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+    bf16 = visible_gpu_supports_bf16()
+    bf16 = True if bf16 is None else bf16  # planned here for a GPU elsewhere: one with bf16
     shape, workload = run_workload(model_args, data_args, training_args, precision_on(training_args, bf16))
     return shape, workload, training_args.global_batch_size
 

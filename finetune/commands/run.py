@@ -26,7 +26,7 @@ from finetune.commands.shared import (
 )
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError
 from finetune.launch import DOCTOR_SCRIPT, RUN_SCRIPT, launch_command, resolved_profile_file
-from finetune.launched import PROFILE_VARIABLE, precision_on
+from finetune.launched import PROFILE_VARIABLE, precision_on, visible_gpu_supports_bf16
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
     load_profile,
@@ -100,7 +100,7 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     if memory is None:
         raise FinetuneError("--profile auto plans GPU memory, and no GPU is visible: name a profile")
     # torch_compile is None until the run applies its launch: planned per profile
-    dtype = precision_on(training_args, torch.cuda.is_bf16_supported())
+    dtype = precision_on(training_args, visible_gpu_supports_bf16())
     shape, workload = run_workload(model_args, data_args, training_args, dtype)
     layout = ParallelLayout(num_processes or torch.cuda.device_count())
     return choose_profile(shape, workload, layout, memory)
