@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from finetune.commands import compare, evaluate, export, generate, plan, profiles, run, slurm
-from finetune.errors import OneLineArgumentErrors, exit_on_user_error
+from finetune.commands.shared import CommandParser
+from finetune.errors import exit_on_user_error
 from finetune.resolve import pin_data_dir
 
 
@@ -40,10 +41,6 @@ COMMANDS = {
     "eval": Command(evaluate.add_parser, evaluate.execute),
     "generate": Command(generate.add_parser, generate.execute),
 }
-
-
-class CommandParser(OneLineArgumentErrors, argparse.ArgumentParser):
-    """The `finetune` command and, through add_subparsers, each of its commands."""
 
 
 def make_parser() -> argparse.ArgumentParser:

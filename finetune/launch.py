@@ -14,7 +14,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,11 +45,13 @@ FREE_PORT = 0  # accelerate launch --main_process_port 0: a port the operating s
 class Placement:
     """Where the processes go: accelerate launch's own multi-process and multi-machine options."""
 
-    num_processes: int | None = None
-    num_machines: int | None = None
-    machine_rank: int | None = None
-    main_process_ip: str | None = None
-    main_process_port: int | None = None
+    num_processes: int | None = field(
+        default=None, metadata={"help": "processes in all (default: every visible GPU)"}
+    )
+    num_machines: int | None = field(default=None, metadata={"help": "machines (nodes) taking part"})
+    machine_rank: int | None = field(default=None, metadata={"help": "this machine's rank among them"})
+    main_process_ip: str | None = field(default=None, metadata={"help": "address of machine rank 0"})
+    main_process_port: int | None = field(default=None, metadata={"help": "port on machine rank 0"})
 
     def flags(self) -> list[str]:
         flags = []

@@ -335,7 +335,7 @@ def test_a_commands_flag_of_the_wrong_type_is_one_line_without_the_usage(capsys)
     [
         (["--gpus", "0"], "argument --gpus: invalid positive int value: '0'"),
         (["--batch_size", "0"], "--batch_size must be at least 1, got 0"),  # as `finetune run` says it
-        (["--gpu_memory", "-80"], "argument --gpu_memory: invalid positive number value: '-80'"),
+        (["--gpu_memory", "-80"], "argument --gpu_memory/--gpu-memory: invalid positive number value: '-80'"),
         (["--margin", "1.5"], "argument --margin: invalid fraction (0 to below 1) value: '1.5'"),
         (["--config_overrides", "n_embd=100,n_head=3"], "`embed_dim` must be divisible by num_heads"),
     ],

@@ -368,3 +368,11 @@ def test_the_directive_block_runs_nothing_and_every_directive_comes_before_the_f
     result = subprocess.run(["bash", "-c", "\n".join(block) + f"\n[ -e {marker} ] && echo ran"],
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 1 and result.stdout == "" and not marker.exists()
+
+
+def test_memory_per_node_and_per_gpu_together_are_refused_in_one_line(tmp_path, capsys):
+    script = tmp_path / "job.sbatch"
+    refused(script, "--gpus_per_node", "1", "--mem", "16G", "--mem_per_gpu", "8G")
+    error = capsys.readouterr().err.strip()
+    assert error == "finetune: error: give --mem (per node) or --mem_per_gpu, not both"
+    assert not script.exists()

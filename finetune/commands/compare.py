@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune.commands.shared import parse_run_flags
@@ -11,28 +12,39 @@ from finetune.launch import Placement
 from finetune.profiles import load_profile
 
 
+@dataclass
+class CompareFlags:
+    profiles: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated profile names or YAML files (default: every multi-process profile, "
+            "fastest first; the NVMe one only with --nvme_path)"
+        },
+    )
+    num_processes: int | None = field(
+        default=None, metadata={"aliases": ["--gpus"], "help": "processes per run (default: GPUs)"}
+    )
+    output_dir: str = field(
+        default="outputs/compare", metadata={"help": "a new folder per run in it; earlier ones are kept"}
+    )
+    timeout: float = field(default=1800, metadata={"help": "seconds before a run is stopped"})
+    variants: str | None = field(
+        default=None,
+        metadata={
+            "help": "training variants each profile runs in, comma-separated: full (every weight), lora, "
+            "dora (as run.py's --peft); e.g. full,lora to answer full or LoRA, on which profile (default: "
+            "as the run flags say)"
+        },
+    )
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    comparing = commands.add_parser(
+    commands.add_parser(
         "compare",
         help="run several profiles on one model, one table",
         description="Flags not listed here go to every run, as to `finetune run`: --model, a recipe first, "
         "... (see `python -m finetune.run --help`).",
-    )
-    comparing.add_argument(
-        "--profiles",
-        help="comma-separated profile names or YAML files (default: every multi-process profile, fastest "
-        "first; the NVMe one only with --nvme_path)",
-    )
-    comparing.add_argument("--num_processes", "--gpus", type=int, help="processes per run (default: GPUs)")
-    comparing.add_argument(
-        "--output_dir", default="outputs/compare", help="a new folder per run in it; earlier ones are kept"
-    )
-    comparing.add_argument("--timeout", type=float, default=1800, help="seconds before a run is stopped")
-    comparing.add_argument(
-        "--variants",
-        help="training variants each profile runs in, comma-separated: full (every weight), lora, dora "
-        "(as run.py's --peft); e.g. full,lora to answer full or LoRA, on which profile (default: as the "
-        "run flags say)",
+        dataclass_types=[CompareFlags],
     )
 
 

@@ -5,11 +5,66 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from finetune.commands.shared import EVAL_DATA_FLAGS
 from finetune.errors import FinetuneError
 from finetune.run_flags import DataArguments, add_run_flags
+
+
+@dataclass
+class EvalFlags:
+    model: str = field(
+        metadata={"positional": True, "help": "a model folder (a run's output_dir, an export) or a name"}
+    )
+    split: Literal["train", "validation", "test"] = field(
+        default="validation", metadata={"help": "the dataset split evaluated"}
+    )
+    block_size: int | None = field(
+        default=None,
+        metadata={"help": "window length (default: the block size a run trained at, else the context)"},
+    )
+    stride: int | None = field(
+        default=None, metadata={"help": "window step (default: the block size, no overlap)"}
+    )
+    batch_size: int = field(default=8, metadata={"help": "windows per forward"})
+    max_tokens: int | None = field(
+        default=None, metadata={"help": "evaluate only the split's first N tokens"}
+    )
+    generate: bool = field(
+        default=False,
+        metadata={
+            "help": "instruction data: complete each prompt greedily and score exact match of the answers"
+        },
+    )
+    answer_pattern: str | None = field(
+        default=None,
+        metadata={
+            "help": "regular expression that finds the answer in completion and reference, its first group "
+            "if it has one (GSM8K: '#### (.+)'; default: the whole stripped text)"
+        },
+    )
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "tokens generated per prompt at most (default 256)"}
+    )
+    max_examples: int | None = field(
+        default=None, metadata={"help": "instruction data: evaluate only the split's first N examples"}
+    )
+    output: str | None = field(default=None, metadata={"help": "also write the result to this JSON file"})
+    completions: str | None = field(
+        default=None,
+        metadata={
+            "help": "--generate: write every prompt, completion, answer and reference to this JSONL file "
+            "(default: beside --output as RESULT.completions.jsonl, else eval-SPLIT.completions.jsonl in "
+            "the model's folder)"
+        },
+    )
+    stop: list[str] = field(
+        default_factory=list,
+        metadata={"action": "append", "help": "--generate: text that ends an answer (repeat for more)"},
+    )
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -17,44 +72,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "eval",
         help="perplexity of a saved model on a dataset split (sliding window); on instruction data the "
         "answer-only loss and, with --generate, exact match of generated answers",
+        dataclass_types=[EvalFlags],
     )
-    evaluate.add_argument("model", help="a model folder (a run's output_dir, an export) or a name")
     add_run_flags(evaluate, DataArguments, EVAL_DATA_FLAGS)  # the data read as run.py reads it
-    evaluate.add_argument("--split", default="validation", choices=["train", "validation", "test"])
-    evaluate.add_argument(
-        "--block_size",
-        type=int,
-        help="window length (default: the block size a run trained at, else the context)",
-    )
-    evaluate.add_argument("--stride", type=int, help="window step (default: the block size, no overlap)")
-    evaluate.add_argument("--batch_size", type=int, default=8, help="windows per forward")
-    evaluate.add_argument("--max_tokens", type=int, help="evaluate only the split's first N tokens")
-    evaluate.add_argument(
-        "--generate",
-        action="store_true",
-        help="instruction data: complete each prompt greedily and score exact match of the answers",
-    )
-    evaluate.add_argument(
-        "--answer_pattern",
-        help="regular expression that finds the answer in completion and reference, its first group if "
-        "it has one (GSM8K: '#### (.+)'; default: the whole stripped text)",
-    )
-    evaluate.add_argument(
-        "--max_new_tokens", type=int, help="tokens generated per prompt at most (default 256)"
-    )
-    evaluate.add_argument(
-        "--max_examples", type=int, help="instruction data: evaluate only the split's first N examples"
-    )
-    evaluate.add_argument("--output", help="also write the result to this JSON file")
-    evaluate.add_argument(
-        "--completions",
-        help="--generate: write every prompt, completion, answer and reference to this JSONL file "
-        "(default: beside --output as RESULT.completions.jsonl, else eval-SPLIT.completions.jsonl in the "
-        "model's folder)",
-    )
-    evaluate.add_argument(
-        "--stop", action="append", default=[], help="--generate: text that ends an answer (repeat for more)"
-    )
 
 
 def execute(options: argparse.Namespace) -> int:

@@ -3,31 +3,44 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from finetune.errors import FinetuneError
 
 
+@dataclass
+class ExportFlags:
+    checkpoint: str = field(
+        metadata={"positional": True, "help": "a checkpoint-N folder (DDP, FSDP or DeepSpeed ZeRO)"}
+    )
+    output_dir: str = field(
+        metadata={"positional": True, "help": "folder for config.json, tokenizer and model.safetensors"}
+    )
+    dtype: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={"help": "weights dtype"})
+    overwrite: bool = field(default=False, metadata={"help": "export into a folder that already holds files"})
+    merge: bool = field(
+        default=False,
+        metadata={
+            "help": "a --peft run's checkpoint: merge the adapters into the base model and write a plain "
+            "model (default: the adapter folder, for PeftModel.from_pretrained)"
+        },
+    )
+    base_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "a --peft run's checkpoint: the base model to put its adapters on (default: the one "
+            "its run recorded, an absolute path or a name)"
+        },
+    )
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    export = commands.add_parser(
-        "export", help="write a checkpoint of any profile as a plain Hugging Face model folder"
-    )
-    export.add_argument("checkpoint", help="a checkpoint-N folder (DDP, FSDP or DeepSpeed ZeRO)")
-    export.add_argument("output_dir", help="folder for config.json, tokenizer and model.safetensors")
-    export.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="weights dtype")
-    export.add_argument(
-        "--overwrite", action="store_true", help="export into a folder that already holds files"
-    )
-    export.add_argument(
-        "--merge",
-        action="store_true",
-        help="a --peft run's checkpoint: merge the adapters into the base model and write a plain model "
-        "(default: the adapter folder, for PeftModel.from_pretrained)",
-    )
-    export.add_argument(
-        "--base_model",
-        help="a --peft run's checkpoint: the base model to put its adapters on (default: the one its run "
-        "recorded, an absolute path or a name)",
+    commands.add_parser(
+        "export",
+        help="write a checkpoint of any profile as a plain Hugging Face model folder",
+        dataclass_types=[ExportFlags],
     )
 
 

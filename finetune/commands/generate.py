@@ -3,31 +3,46 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
 from finetune.commands.shared import flags_into
 from finetune.errors import FinetuneError
 
 
+@dataclass
+class GenerateFlags:
+    model: str = field(
+        metadata={"positional": True, "help": "a model folder (a run's output_dir, an export) or a name"}
+    )
+    prompt: list[str] = field(
+        default_factory=list, metadata={"action": "append", "help": "a prompt (repeat for more)"}
+    )
+    prompts_file: str | None = field(default=None, metadata={"help": "a file of prompts, one per line"})
+    max_new_tokens: int = field(default=50, metadata={"help": "tokens generated per prompt at most"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    top_k: int = field(default=50, metadata={"help": "sample among the k likeliest tokens"})
+    top_p: float = field(default=1.0, metadata={"help": "sample among the likeliest tokens of this mass"})
+    greedy: bool = field(default=False, metadata={"help": "greedy decoding instead of sampling"})
+    seed: int = field(default=42, metadata={"help": "sampling seed (same seed, same text)"})
+    stop: list[str] = field(
+        default_factory=list,
+        metadata={"action": "append", "help": "text that ends a completion (repeat for more)"},
+    )
+    chat: bool = field(
+        default=False,
+        metadata={
+            "help": "each prompt is a user's message, rendered by the chat template saved with the model"
+        },
+    )
+    system: str | None = field(
+        default=None, metadata={"help": "with --chat: a system message before each prompt"}
+    )
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    generation = commands.add_parser("generate", help="complete prompts with a saved model")
-    generation.add_argument("model", help="a model folder (a run's output_dir, an export) or a name")
-    generation.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for more)")
-    generation.add_argument("--prompts_file", help="a file of prompts, one per line")
-    generation.add_argument("--max_new_tokens", type=int, default=50)
-    generation.add_argument("--temperature", type=float, default=1.0)
-    generation.add_argument("--top_k", type=int, default=50)
-    generation.add_argument("--top_p", type=float, default=1.0)
-    generation.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    generation.add_argument("--seed", type=int, default=42, help="sampling seed (same seed, same text)")
-    generation.add_argument(
-        "--stop", action="append", default=[], help="text that ends a completion (repeat for more)"
+    commands.add_parser(
+        "generate", help="complete prompts with a saved model", dataclass_types=[GenerateFlags]
     )
-    generation.add_argument(
-        "--chat",
-        action="store_true",
-        help="each prompt is a user's message, rendered by the chat template saved with the model",
-    )
-    generation.add_argument("--system", help="with --chat: a system message before each prompt")
 
 
 COMPLETION_MARK = "\u2192"  # "→", printed between a plain prompt and its completion

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.commands.shared import (
-    fraction,
+    Fraction,
+    PositiveFloat,
+    PositiveInt,
     names,
     parse_run_flags,
-    positive_float,
-    positive_int,
     shipped_for_help,
 )
 from finetune.errors import FinetuneError
@@ -21,9 +22,48 @@ if TYPE_CHECKING:
     from finetune.memory_model import ModelShape, Workload
 
 
+@dataclass
+class PlanFlags:
+    gpus: PositiveInt = field(default=1, metadata={"help": "GPUs in all"})
+    gpus_per_node: PositiveInt | None = field(
+        default=None, metadata={"help": "GPUs per machine, for host RAM (default: --gpus)"}
+    )
+    gpu_memory: PositiveFloat | None = field(
+        default=None, metadata={"help": "GiB per GPU (default: the visible GPU's)"}
+    )
+    profiles: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated profile names or YAML files (default: every profile that runs on "
+            "--gpus, fastest first)"
+        },
+    )
+    largest: bool = field(
+        default=False,
+        metadata={
+            "help": "instead: the largest GPT-style model each profile is predicted to fit (--model is "
+            "ignored)"
+        },
+    )
+    host_memory: PositiveFloat | None = field(
+        default=None, metadata={"help": "GiB of host RAM per node, for --largest"}
+    )
+    margin: Fraction | None = field(
+        default=None,
+        metadata={"help": "share of GPU memory kept free (default: the planner's error, 0.15)"},
+    )
+    picture: Path | None = field(
+        default=None,
+        metadata={
+            "help": "also draw each profile's predicted memory, stacked by parameters, gradients, "
+            "optimizer and activations, beside the GPU's memory, into this PNG"
+        },
+    )
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     shipped = shipped_for_help()
-    planning = commands.add_parser(
+    commands.add_parser(
         "plan",
         help="predict memory per GPU for every profile, and recommend one",
         description="The run is described by run flags, read as `finetune run` reads them (a recipe first, "
@@ -31,36 +71,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--gradient_checkpointing, --torch_compile (default: as run.py does: "
         f"{names([s for s in shipped if s.compiled_by_default])} compiled, the rest eager), --peft, "
         "--global_batch_size (also show the micro batch and accumulation a run would choose under each "
-        "profile). `--precision auto` plans bf16, or fp16 where the visible GPU has no bf16.",
-    )
-    planning.add_argument("--gpus", type=positive_int, default=1, help="GPUs in all")
-    planning.add_argument(
-        "--gpus_per_node", type=positive_int, help="GPUs per machine, for host RAM (default: --gpus)"
-    )
-    planning.add_argument(
-        "--gpu_memory", type=positive_float, help="GiB per GPU (default: the visible GPU's)"
-    )
-    planning.add_argument(
-        "--profiles",
-        help="comma-separated profile names or YAML files (default: every profile that runs on --gpus, "
-        f"fastest first: {names(shipped)})",
-    )
-    planning.add_argument(
-        "--largest",
-        action="store_true",
-        help="instead: the largest GPT-style model each profile is predicted to fit (--model is ignored)",
-    )
-    planning.add_argument(
-        "--host_memory", type=positive_float, help="GiB of host RAM per node, for --largest"
-    )
-    planning.add_argument(
-        "--margin", type=fraction, help="share of GPU memory kept free (default: the planner's error, 0.15)"
-    )
-    planning.add_argument(
-        "--picture",
-        type=Path,
-        help="also draw each profile's predicted memory, stacked by parameters, gradients, optimizer "
-        "and activations, beside the GPU's memory, into this PNG",
+        "profile). `--precision auto` plans bf16, or fp16 where the visible GPU has no bf16. Profiles, "
+        f"fastest first: {names(shipped)}.",
+        dataclass_types=[PlanFlags],
     )
 
 

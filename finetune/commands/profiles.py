@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune.errors import FinetuneError
@@ -15,16 +16,25 @@ from finetune.profiles import (
 )
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    profiles = commands.add_parser("profiles", help="list the strategy profiles and validate them")
-    profiles.add_argument(
-        "files", nargs="*", help="profile YAML files to check (default: the shipped profiles)"
+@dataclass
+class ProfilesFlags:
+    files: list[str] = field(
+        default_factory=list,
+        metadata={"positional": True, "help": "profile YAML files to check (default: the shipped profiles)"},
     )
-    profiles.add_argument(
-        "--copy",
-        nargs=2,
-        metavar=("NAME", "DIR"),
-        help="write an editable copy of profile NAME (its YAML and DeepSpeed JSON) into DIR",
+    copy: list[str] | None = field(
+        default=None,
+        metadata={
+            "nargs": 2,
+            "metavar": ("NAME", "DIR"),
+            "help": "write an editable copy of profile NAME (its YAML and DeepSpeed JSON) into DIR",
+        },
+    )
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    commands.add_parser(
+        "profiles", help="list the strategy profiles and validate them", dataclass_types=[ProfilesFlags]
     )
 
 

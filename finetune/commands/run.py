@@ -12,20 +12,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import torch
 
 from finetune.commands.shared import (
-    add_placement_arguments,
     names,
     parse_run_flags,
     placement_of,
     shipped_for_help,
 )
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError
-from finetune.launch import DOCTOR_SCRIPT, RUN_SCRIPT, launch_command, resolved_profile_file
+from finetune.launch import DOCTOR_SCRIPT, RUN_SCRIPT, Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE, precision_on, visible_gpu_supports_bf16
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
@@ -36,24 +36,34 @@ from finetune.profiles import (
 ORPHANED_RANKS_WAIT_S = 600.0  # a checkpoint of a large model takes minutes to write
 
 
+@dataclass
+class RunFlags:
+    profile: str = field(
+        metadata={
+            "help": "profile name (`finetune profiles` lists them, fastest first), YAML file, or auto (the "
+            "planner's pick)"
+        }
+    )
+    doctor: bool = field(
+        default=False,
+        metadata={"help": "run `finetune doctor` first; train only if every check passes"},
+    )
+
+
+@dataclass
+class DoctorFlags:
+    profile: str = field(metadata={"help": "profile name or YAML file"})
+
+
 def add_run_parser(commands: argparse._SubParsersAction) -> None:
-    run = commands.add_parser(
+    commands.add_parser(
         "run",
         help="launch finetune/run.py under a profile with accelerate launch",
         description="Any flag not listed here goes to finetune/run.py (see `python -m finetune.run --help`). "
-        "Run flags may start with a recipe, a YAML file of them (`finetune run --profile single "
-        "recipes/cpu_quickstart.yaml`): a path, or, where no such file exists, the shipped recipe of that "
-        "file name.",
-    )
-    run.add_argument(
-        "--profile",
-        required=True,
-        help=f"profile name ({names(shipped_for_help())}: fastest first, see `finetune profiles`), "
-        "YAML file, or auto (the planner's pick)",
-    )
-    add_placement_arguments(run)
-    run.add_argument(
-        "--doctor", action="store_true", help="run `finetune doctor` first; train only if every check passes"
+        f"Profiles, fastest first: {names(shipped_for_help())}. Run flags may start with a recipe, a YAML "
+        "file of them (`finetune run --profile single recipes/cpu_quickstart.yaml`): a path, or, where no "
+        "such file exists, the shipped recipe of that file name.",
+        dataclass_types=[RunFlags, Placement],
     )
 
 
@@ -75,14 +85,13 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
 
 
 def add_doctor_parser(commands: argparse._SubParsersAction) -> None:
-    doctor = commands.add_parser(
+    commands.add_parser(
         "doctor",
         help="check the machine for a run on the ranks the run would start: GPUs, collectives, DeepSpeed "
         "build locks, disk, model and data names; one table, exit 0 only if all pass",
         description="Takes `finetune run`'s placement flags and run flags (or a recipe).",
+        dataclass_types=[DoctorFlags, Placement],
     )
-    doctor.add_argument("--profile", required=True, help="profile name or YAML file")
-    add_placement_arguments(doctor)
 
 
 def doctor_command(options: argparse.Namespace, run_args: list[str]) -> int:

@@ -4,10 +4,12 @@ argparse value types that name what they expect."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import MISSING, Field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from finetune.errors import FinetuneError
+from transformers import HfArgumentParser
+
+from finetune.errors import FinetuneError, OneLineArgumentErrors
 from finetune.launch import Placement
 from finetune.profiles import (
     Strategy,
@@ -20,20 +22,69 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
-PLACEMENT_OPTIONS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
+
+
+class CommandParser(OneLineArgumentErrors, HfArgumentParser):
+    """`finetune`'s parser and, as its subparsers' class, each command's (TRL's `make_parser(subparsers)`
+    with TrlParser): a command's flags are the fields of its dataclass, their help in the metadata.
+
+    HfArgumentParser makes every field a `--flag` of one value or "+" values; written here by hand
+    are the kinds of field it lacks: `positional` ones (metadata), and flags whose metadata gives
+    argparse's own `action` or `nargs` (`--stop a --stop b`; `--copy NAME DIR`). Help is argparse's
+    plain formatter: the help texts name their own defaults.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", argparse.HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: Field) -> None:
+        options = dict(field.metadata)
+        default = field.default_factory() if field.default_factory is not MISSING else field.default
+        if options.pop("positional", False):
+            if default is not MISSING:
+                options.update(nargs="*" if isinstance(default, list) else "?", default=default)
+            parser.add_argument(field.name, **options)
+        elif "action" in options or "nargs" in options:
+            parser.add_argument(f"--{field.name}", default=default, **options)
+        else:
+            HfArgumentParser._parse_dataclass_field(parser, field)
+
+
+class PositiveInt(int):
+    """An int flag of 1 or more; argparse names the class in its message ("invalid positive int value")."""
+
+    def __new__(cls, text: str) -> int:  # type: ignore[misc]
+        value = int(text)
+        if value < 1:
+            raise ValueError(text)
+        return value
+
+
+class PositiveFloat(float):
+    def __new__(cls, text: str) -> float:  # type: ignore[misc]
+        value = float(text)
+        if not value > 0 or value == float("inf"):
+            raise ValueError(text)
+        return value
+
+
+class Fraction(float):
+    def __new__(cls, text: str) -> float:  # type: ignore[misc]
+        value = float(text)
+        if not 0 <= value < 1:
+            raise ValueError(text)
+        return value
+
+
+PositiveInt.__name__ = "positive int"
+PositiveFloat.__name__ = "positive number"
+Fraction.__name__ = "fraction (0 to below 1)"
 
 
 def placement_of(options: argparse.Namespace) -> Placement:
-    return Placement(**{name: getattr(options, name) for name in PLACEMENT_OPTIONS})
-
-
-def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the ranks go (Placement): `finetune run`'s and `finetune doctor`'s, passed to accelerate."""
-    parser.add_argument("--num_processes", type=int, help="processes in all (default: every visible GPU)")
-    parser.add_argument("--num_machines", type=int, help="machines (nodes) taking part")
-    parser.add_argument("--machine_rank", type=int, help="this machine's rank among them")
-    parser.add_argument("--main_process_ip", help="address of machine rank 0")
-    parser.add_argument("--main_process_port", type=int, help="port on machine rank 0")
+    return flags_into(Placement, options)
 
 
 def parse_run_flags(
@@ -63,34 +114,6 @@ def shipped_for_help() -> list[Strategy]:
         return shipped_strategies()
     except FinetuneError:
         return []
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise ValueError(text)
-    return value
-
-
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise ValueError(text)
-    return value
-
-
-positive_int.__name__ = "positive int"  # argparse names the type in its message: "invalid positive int value"
-
-positive_float.__name__ = "positive number"
-
-fraction.__name__ = "fraction (0 to below 1)"
 
 
 EVAL_DATA_FLAGS = ("dataset", "text_column", "data_format")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune.commands.shared import flags_into, parse_run_flags
@@ -10,39 +11,53 @@ from finetune.errors import FinetuneError
 from finetune.profiles import load_profile
 
 
+@dataclass
+class SlurmFlags:
+    profile: str = field(metadata={"help": "profile name or YAML file"})
+    nodes: int = field(default=1, metadata={"help": "machines the job takes"})
+    gpus_per_node: int = field(default=0, metadata={"help": "GPUs each node gives the job"})
+    processes_per_node: int | None = field(
+        default=None, metadata={"help": "ranks per node (default: --gpus_per_node)"}
+    )
+    time: str = field(default="04:00:00", metadata={"help": "time limit, as sbatch --time"})
+    partition: str | None = field(default=None, metadata={"help": "sbatch --partition"})
+    job_name: str = field(default="finetune", metadata={"help": "sbatch --job-name, and outputs/NAME"})
+    cpus_per_task: int | None = field(
+        default=None, metadata={"help": "CPUs for each node's task (default: 4 per rank on the node)"}
+    )
+    mem: str | None = field(
+        default=None,
+        metadata={"help": "host memory per node, as sbatch --mem (default: 16G per rank on the node)"},
+    )
+    mem_per_gpu: str | None = field(
+        default=None, metadata={"help": "host memory per GPU instead of --mem, as sbatch --mem-per-gpu"}
+    )
+    signal_seconds: int = field(default=120, metadata={"help": "checkpoint this long before the limit"})
+    nccl_debug: str | None = field(default=None, metadata={"help": "NCCL_DEBUG, e.g. INFO or WARN"})
+    nccl_socket_ifname: str | None = field(
+        default=None, metadata={"help": "NCCL_SOCKET_IFNAME, e.g. ib0 or eth0"}
+    )
+    nccl_ib_disable: bool = field(default=False, metadata={"help": "NCCL_IB_DISABLE=1 (no InfiniBand)"})
+    output: str = field(default="finetune.sbatch", metadata={"help": "where to write the script"})
+
+    def __post_init__(self) -> None:
+        if self.mem is not None and self.mem_per_gpu is not None:
+            raise FinetuneError("give --mem (per node) or --mem_per_gpu, not both")
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    slurm = commands.add_parser(
+    commands.add_parser(
         "slurm",
         help="write an sbatch script: a profile on N nodes, checkpoint before the time limit, requeue",
         description="Flags not listed here go to every run (see `python -m finetune.run --help`).",
+        dataclass_types=[SlurmFlags],
     )
-    slurm.add_argument("--profile", required=True, help="profile name or YAML file")
-    slurm.add_argument("--nodes", type=int, default=1)
-    slurm.add_argument("--gpus_per_node", "--gpus-per-node", type=int, default=0)
-    slurm.add_argument("--processes_per_node", type=int, help="ranks per node (default: --gpus_per_node)")
-    slurm.add_argument("--time", default="04:00:00", help="time limit, as sbatch --time")
-    slurm.add_argument("--partition")
-    slurm.add_argument("--job_name", default="finetune")
-    slurm.add_argument(
-        "--cpus_per_task", type=int, help="CPUs for each node's task (default: 4 per rank on the node)"
-    )
-    memory = slurm.add_mutually_exclusive_group()
-    memory.add_argument(
-        "--mem", help="host memory per node, as sbatch --mem (default: 16G per rank on the node)"
-    )
-    memory.add_argument("--mem_per_gpu", help="host memory per GPU instead, as sbatch --mem-per-gpu")
-    slurm.add_argument(
-        "--signal_seconds", type=int, default=120, help="checkpoint this long before the limit"
-    )
-    slurm.add_argument("--nccl_debug", help="NCCL_DEBUG, e.g. INFO or WARN")
-    slurm.add_argument("--nccl_socket_ifname", help="NCCL_SOCKET_IFNAME, e.g. ib0 or eth0")
-    slurm.add_argument("--nccl_ib_disable", action="store_true", help="NCCL_IB_DISABLE=1 (no InfiniBand)")
-    slurm.add_argument("--output", default="finetune.sbatch", help="where to write the script")
 
 
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     from finetune.slurm import SlurmJob
 
+    flags_into(SlurmFlags, options)  # its checks, before anything is read
     load_profile(options.profile)
     _, _, training_args = parse_run_flags(run_args, ("--output_dir", f"outputs/{options.job_name}"))
     job = flags_into(
