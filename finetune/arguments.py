@@ -39,6 +39,7 @@ from finetune.profiles import (
 )
 from finetune.quiet import DEEPSPEED_OP_LOADED, without_printed_lines
 from finetune.run_flags import DataArguments, ModelArguments
+from finetune.sequence_parallel import parallelism_config
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
@@ -215,6 +216,15 @@ class FinetuneTrainingArguments(TrainingArguments):
             f"{FSDP_BLOCKS_PER_UNIT} under the FSDP profiles (docs/speed.md), 1 under the others."
         },
     )
+    sequence_parallel: int = field(
+        default=1,
+        metadata={
+            "help": "zero3 profiles: split each sample's tokens over groups of N processes (DeepSpeed "
+            "Ulysses through accelerate's ParallelismConfig): activations per GPU shrink N-fold, so a block "
+            "N times longer fits. N divides the processes and the model's attention heads; the processes "
+            "/ N take their own samples (docs/long-context.md)."
+        },
+    )
     profile_memory: bool = field(
         default=False,
         metadata={
@@ -258,6 +268,8 @@ class FinetuneTrainingArguments(TrainingArguments):
             )
         if self.fsdp_blocks_per_unit is not None and self.fsdp_blocks_per_unit < 1:
             raise FinetuneError(f"--fsdp_blocks_per_unit must be at least 1, got {self.fsdp_blocks_per_unit}")
+        if self.sequence_parallel < 1:
+            raise FinetuneError(f"--sequence_parallel must be at least 1, got {self.sequence_parallel}")
         if self.gc_interval < 0:
             raise FinetuneError(
                 f"--gc_interval must be 0 (automatic collection) or more, got {self.gc_interval}"
@@ -320,6 +332,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
     _apply_fsdp_blocks_per_unit(training_args, launch)
+    _apply_sequence_parallel(training_args, launch)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
@@ -352,6 +365,22 @@ def _announce_first_builds(launch: Launch, deepspeed_config: dict[str, Any]) -> 
             f"more, once (later runs reuse it from {extensions_root()})",
             flush=True,
         )
+
+
+def _apply_sequence_parallel(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
+    """`--sequence_parallel N` as the Trainer takes it: accelerate's ParallelismConfig with DeepSpeed's
+    Ulysses (ALST), whose data loader adapter splits each batch's tokens over the group and whose loss
+    (transformers' `deepspeed_sp_compute_loss`) weighs each rank's part by its trained tokens. Ulysses
+    partitions the model's states with ZeRO-3: refused in one line under any other profile."""
+    degree = launch.layout.sequence_parallel
+    if degree == 1:
+        return
+    if not launch.strategy.splits_sequences:
+        raise FinetuneError(
+            f"--sequence_parallel is for the zero3 profiles (DeepSpeed Ulysses); profile "
+            f"{launch.strategy.name} ({launch.strategy.kind}) trains every sample on one process"
+        )
+    training_args.parallelism_config = parallelism_config(degree)
 
 
 def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch: Launch) -> None:

@@ -207,7 +207,10 @@ def tokens_in(batch: dict[str, Any]) -> torch.Tensor | int:
 
 def trained_tokens_in(batch: dict[str, Any]) -> torch.Tensor | int:
     """Tokens the loss is on: labels other than IGNORE_INDEX after each row's first, which the model's
-    shift leaves without a prediction (instruction data: the answer tokens)."""
+    shift leaves without a prediction (instruction data: the answer tokens). A sequence-parallel
+    rank's slice carries its labels already shifted (`shift_labels`), each of them trained."""
+    if batch.get("shift_labels") is not None:
+        return (batch["shift_labels"] != IGNORE_INDEX).sum()
     if batch.get("labels") is None:
         return 0
     return (batch["labels"][..., 1:] != IGNORE_INDEX).sum()

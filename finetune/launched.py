@@ -320,14 +320,14 @@ class Launch:
     deepspeed_config: dict[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
-    def from_environment(cls) -> Launch:
+    def from_environment(cls, sequence_parallel: int = 1) -> Launch:
         """The only reader of the launcher's process variables (and of $FINETUNE_PROFILE and the
-        profile's DeepSpeed JSON)."""
+        profile's DeepSpeed JSON); `sequence_parallel` is the run's `--sequence_parallel`."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         config_path, deepspeed_config = active_deepspeed_config()
         return cls(
             strategy_from_environment(world_size, deepspeed_config),
-            ParallelLayout.from_environment(world_size),
+            ParallelLayout.from_environment(world_size, sequence_parallel),
             int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
             torch.cuda.is_available(),
             int(os.environ.get("RANK", "0")),

@@ -59,20 +59,27 @@ class ParallelLayout:
         return summed_over_ranks / self.sequence_parallel
 
     def summary_fields(self) -> dict[str, int]:
-        return {"world_size": self.world_size, "data_parallel_size": self.data_parallel_size}
+        return {
+            "world_size": self.world_size,
+            "data_parallel_size": self.data_parallel_size,
+            "sequence_parallel_size": self.sequence_parallel,
+        }
 
     @classmethod
-    def from_environment(cls, world_size: int, environ: Mapping[str, str] = os.environ) -> ParallelLayout:
-        """The layout `accelerate launch` set up: a profile's `parallelism_config`, where it has one.
-        Degrees finetune does not train with yet are refused here, in one line, before anything loads:
-        a run would otherwise count, plan and checkpoint as data parallel what is not."""
-        if environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() not in ("1", "true"):
-            return cls(world_size)
-        for dimension in ("DP_REPLICATE", "TP", "CP", "SP"):
-            size = environ.get(f"{PARALLELISM_PREFIX}{dimension}_SIZE", "1")
-            if size != "1":
-                raise FinetuneError(
-                    f"the profile's parallelism_config sets {dimension.lower()}_size {size}: finetune trains "
-                    "data parallel, sharded over every process; remove it from the profile"
-                )
-        return cls(world_size)
+    def from_environment(
+        cls, world_size: int, sequence_parallel: int = 1, environ: Mapping[str, str] = os.environ
+    ) -> ParallelLayout:
+        """The layout of this launch: its processes, and the `--sequence_parallel` degree of the run.
+        A profile's own `parallelism_config` (`PARALLELISM_CONFIG_*`, set by `accelerate launch`) is
+        refused here, in one line, before anything loads: a run would otherwise count, plan and
+        checkpoint as data parallel what is not; the sequence degree is a run flag, not a profile's."""
+        if environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() in ("1", "true"):
+            for dimension in ("DP_REPLICATE", "TP", "CP", "SP"):
+                size = environ.get(f"{PARALLELISM_PREFIX}{dimension}_SIZE", "1")
+                if size != "1":
+                    raise FinetuneError(
+                        f"the profile's parallelism_config sets {dimension.lower()}_size {size}: finetune "
+                        "trains data parallel, sharded over every process (a sequence-parallel run takes "
+                        "--sequence_parallel N); remove it from the profile"
+                    )
+        return cls(world_size, sequence_parallel)

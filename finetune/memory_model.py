@@ -105,7 +105,8 @@ LORA_DROPOUT_MASK_BYTES = MEASURED["lora_dropout_mask_bytes"]
 OFFLOADED_GRADIENT_BYTES = 4
 HOST_BUFFER_FACTOR = MEASURED["host_buffer_factor"]
 BUILD_BYTES = 4
-FROZEN_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a frozen weight in the compute dtype, no master copy
+COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a value in the training dtype
+FROZEN_BYTES = COMPUTE_BYTES  # a frozen weight in the compute dtype, no master copy
 STATE_BYTES = {
     "deepspeed": {"parameters": 2, "gradients": 2, "optimizer": 12},
     "torch": {"parameters": 4, "gradients": 4, "optimizer": 8},
@@ -431,6 +432,18 @@ def activation_gib(
     return forward_activation_gib(shape, workload, layer_bytes, logit_bytes)
 
 
+def sequence_exchange_gib(shape: ModelShape, workload: Workload, layout: ParallelLayout) -> float:
+    """Ulysses' all-to-all buffers in one layer's attention, beside a rank's share of the activations
+    (which the sequence degree divides): the query, key and value sent and received, and the output
+    sent back, each a rank's tokens x the width in the training dtype. Counted from the mechanism,
+    not fitted: no sequence-parallel peak is measured yet."""
+    if layout.sequence_parallel == 1:
+        return 0.0
+    tokens = workload.micro_batch * workload.block_size / layout.sequence_parallel
+    exchanged = 2 * 3 + 2  # q, k, v out and in; the output out and in
+    return exchanged * tokens * shape.hidden * COMPUTE_BYTES[workload.dtype] / GIB
+
+
 def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:
     """What the adapters keep beyond the frozen layers' activations; one layer's with checkpointing."""
     if workload.peft is None:
@@ -511,8 +524,12 @@ def estimate(
         parameters=states["parameters"],
         gradients=states["gradients"],
         optimizer=states["optimizer"],
-        activations=activation_gib(shape, workload, layer_bytes, logit_bytes)
-        + adapter_activation_gib(shape, workload, strategy),
+        activations=(
+            activation_gib(shape, workload, layer_bytes, logit_bytes)
+            + adapter_activation_gib(shape, workload, strategy)
+        )
+        / layout.sequence_parallel
+        + sequence_exchange_gib(shape, workload, layout),
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
     )

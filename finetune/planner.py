@@ -42,10 +42,16 @@ logger = logging.get_logger("finetune")
 
 def planned_strategies(profiles: list[str] | None, layout: ParallelLayout) -> list[Strategy]:
     """What to plan, fastest first: the profiles given (names or YAML files, read as any command
-    reads them), else every shipped profile that runs on the layout's processes."""
+    reads them), else every shipped profile that runs on the layout's processes (with a sequence
+    group, the profiles that split sequences)."""
     one_process = layout.world_size == 1
     if not profiles:
-        return [strategy for strategy in shipped_strategies() if strategy.multi_process or one_process]
+        return [
+            strategy
+            for strategy in shipped_strategies()
+            if (strategy.multi_process or one_process)
+            and (strategy.splits_sequences or layout.sequence_parallel == 1)
+        ]
     strategies = [load_strategy(name) for name in profiles]
     single = [strategy.name for strategy in strategies if not strategy.multi_process]
     if single and not one_process:

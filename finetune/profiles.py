@@ -82,6 +82,11 @@ class Strategy:
         return self.framework != "single"
 
     @property
+    def splits_sequences(self) -> bool:
+        """Takes `--sequence_parallel`: DeepSpeed's Ulysses partitions the model with ZeRO-3."""
+        return self.framework == "deepspeed" and self.zero_stage == 3
+
+    @property
     def offloaded(self) -> dict[str, str]:
         """State (optimizer, parameters) to the device it is moved to (cpu, nvme)."""
         moved = {"optimizer": self.optimizer_offload, "parameters": self.parameter_offload}

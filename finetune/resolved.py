@@ -47,7 +47,7 @@ class ResolvedRun:
 
 def resolve_run(argv: list[str] | None) -> ResolvedRun:
     model_args, data_args, training_args = parse_arguments(argv)
-    launch = Launch.from_environment()
+    launch = Launch.from_environment(training_args.sequence_parallel)
     resolve_launch_settings(training_args, launch)
     apply_global_batch(model_args, data_args, training_args, launch)
     return ResolvedRun(model_args, data_args, training_args, launch)

@@ -31,7 +31,13 @@ from finetune.summary import read_summary
 
 logger = logging.get_logger("finetune")
 
-GEOMETRY_FIELDS = ("strategy", "world_size", "micro_batch_size", "gradient_accumulation_steps")
+GEOMETRY_FIELDS = (
+    "strategy",
+    "world_size",
+    "sequence_parallel_size",  # at one world size it changes the data-parallel ranks, so the global batch
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+)
 WORLD_SIZE_CHANGE_FIELDS = ("world_size", "gradient_accumulation_steps")
 
 # What a run computes: the model it starts from, the samples it sees in what order, the objective and
@@ -115,7 +121,10 @@ LEGACY_STRATEGY_NAMES = {"fsdp2": "fsdp", "fsdp2_grad_op": "fsdp_grad_op"} | {
 
 
 def _comparable(field: str, value: Any) -> Any:
-    """DDP on one process is named single: a change of process count, not of strategy."""
+    """DDP on one process is named single: a change of process count, not of strategy. Checkpoints
+    written before sequence parallelism recorded no degree: theirs is 1."""
+    if field == "sequence_parallel_size":
+        return 1 if value is None else value
     if field != "strategy":
         return value
     value = LEGACY_STRATEGY_NAMES.get(value, value)
@@ -140,9 +149,11 @@ def run_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[D
 
 def _geometry(identity: dict[str, Any]) -> str:
     processes = identity["world_size"]
+    degree = identity.get("sequence_parallel_size") or 1
+    split = f" (sequence parallel {degree})" if degree > 1 else ""
     return (
-        f"{identity['strategy']} with {processes} process{'es' if processes != 1 else ''}, micro batch "
-        f"{identity['micro_batch_size']} x {identity['gradient_accumulation_steps']}"
+        f"{identity['strategy']} with {processes} process{'es' if processes != 1 else ''}{split}, micro "
+        f"batch {identity['micro_batch_size']} x {identity['gradient_accumulation_steps']}"
     )
 
 

@@ -71,6 +71,7 @@ from finetune.models import (
 from finetune.outputs import claim_output_dir
 from finetune.launched import BatchGeometry, CompilePlan, Launch
 from finetune.resolved import resolve_run
+from finetune.sequence_parallel import check_heads, with_position_ids
 from finetune.reporting import GroupedTensorBoardCallback, run_scalars
 from finetune.run_folder import logging_dir
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
@@ -153,6 +154,9 @@ def train_and_measure(
     location = resolve_model(model_args.model)
     config = load_config(model_args, location)
     check_attention_implementation(model_args, config)
+    degree = launch.layout.sequence_parallel
+    if degree > 1:
+        check_heads(config, degree)
     block_size = choose_block_size(data_args.block_size, config)
     tokenizer = load_tokenizer(model_args, location)
     new_tokens = vocabulary_growth(model_args, config, tokenizer)  # before the data, which uses them
@@ -234,7 +238,7 @@ def train_and_measure(
         train_dataset=data.train,
         eval_dataset=data.evaluation,
         processing_class=tokenizer,
-        data_collator=data.collator,
+        data_collator=with_position_ids(data.collator, degree) if degree > 1 else data.collator,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, collections, stop, startup, StepCountersOnTheirDevice(), watchdog]

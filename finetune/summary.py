@@ -50,8 +50,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "world_size": ("int?", "processes (one per GPU)"),
     "data_parallel_size": (
         "int?",
-        "processes that each take a share of every global batch: all of them (no tensor or sequence "
-        "parallel dimension)",
+        "processes that each take a share of every global batch: world_size / sequence_parallel_size",
+    ),
+    "sequence_parallel_size": (
+        "int?",
+        "--sequence_parallel: processes that split each sample's tokens (1: every sample on one process)",
     ),
     "num_hosts": ("int?", "machines the ranks ran on"),
     "zero_stage": ("int?", "DeepSpeed ZeRO stage"),

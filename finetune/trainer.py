@@ -193,6 +193,15 @@ class FinetuneTrainer(Trainer):
             torch.compiler.cudagraph_mark_step_begin()
         return super().training_step(*args, **kwargs)
 
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """DeepSpeed's Ulysses adapter hands each rank a slice along the sequence and copies it with
+        `.cpu()`, a copy only from a GPU: on CPU ranks the slice of a batch of several rows stays a
+        strided view, which the causal LM loss's `.view(-1)` refuses. Made contiguous here."""
+        prepared = super()._prepare_inputs(inputs)
+        if self.launch.layout.sequence_parallel > 1:
+            prepared = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in prepared.items()}
+        return prepared
+
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():
             torch.compiler.cudagraph_mark_step_begin()

@@ -107,6 +107,20 @@ def tiny_gpt2_dir(tmp_path_factory, gpt2_tokenizer):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_config_dir(tmp_path_factory, gpt2_tokenizer):
+    """A 2-layer Llama (RoPE, 2 heads) as config and GPT-2's tokenizer, for --from_scratch runs."""
+    from tiny_configs import tiny_config
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    special = {"bos_token_id": gpt2_tokenizer.bos_token_id, "eos_token_id": gpt2_tokenizer.eos_token_id}
+    tiny_config(
+        "llama", vocab_size=len(gpt2_tokenizer), max_position_embeddings=512, **special
+    ).save_pretrained(folder)
+    gpt2_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
     """reference_run(profile) -> output_dir of the profile's reference run, launched when first asked for.
 

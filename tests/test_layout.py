@@ -6,8 +6,8 @@ import pytest
 
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
-from finetune.memory_model import Calibration, Workload, estimate
-from finetune.planner import gpt2_shape
+from finetune.memory_model import GIB, Calibration, Workload, estimate, sequence_exchange_gib
+from finetune.planner import gpt2_shape, planned_strategies
 from finetune.profiles import load_strategy
 
 
@@ -27,20 +27,20 @@ def test_a_sequence_degree_that_does_not_divide_the_processes_is_refused():
 
 
 def test_a_launch_without_a_parallelism_config_is_data_parallel():
-    assert ParallelLayout.from_environment(2, {}) == ParallelLayout(2)
+    assert ParallelLayout.from_environment(2, environ={}) == ParallelLayout(2)
 
 
 def test_a_parallelism_config_of_plain_data_parallel_is_accepted():
     environ = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}
     environ |= {f"PARALLELISM_CONFIG_{d}_SIZE": "1" for d in ("DP_REPLICATE", "TP", "CP", "SP")}
-    assert ParallelLayout.from_environment(2, environ) == ParallelLayout(2)
+    assert ParallelLayout.from_environment(2, environ=environ) == ParallelLayout(2)
 
 
 @pytest.mark.parametrize("dimension", ["TP", "CP", "SP", "DP_REPLICATE"])
 def test_a_profile_degree_finetune_does_not_train_with_is_refused_in_one_line(dimension):
     environ = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", f"PARALLELISM_CONFIG_{dimension}_SIZE": "2"}
     with pytest.raises(FinetuneError, match=f"parallelism_config sets {dimension.lower()}_size 2") as raised:
-        ParallelLayout.from_environment(4, environ)
+        ParallelLayout.from_environment(4, environ=environ)
     assert "\n" not in str(raised.value)
 
 
@@ -54,3 +54,20 @@ def test_the_planner_divides_sharded_states_by_the_shard_group_not_the_data_para
     )
     assert with_sequence_group.parameters == data_parallel.parameters
     assert with_sequence_group.optimizer == data_parallel.optimizer
+
+
+def test_a_sequence_group_divides_a_ranks_activations_by_its_degree():
+    """Each rank of the group holds its slice of every sample's tokens, plus Ulysses' exchange buffers."""
+    shape, workload, zero3 = gpt2_shape("gpt2-xl"), Workload(8, 1024), load_strategy("zero3")
+    calibration = Calibration.measured()
+    unsplit = estimate(zero3, shape, workload, ParallelLayout(4), calibration)
+    split = estimate(zero3, shape, workload, ParallelLayout(4, sequence_parallel=4), calibration)
+    exchange = sequence_exchange_gib(shape, workload, ParallelLayout(4, sequence_parallel=4))
+    assert exchange == 8 * (8 * 1024 / 4) * 1600 * 2 / GIB  # bf16: q, k, v and the output, out and in
+    assert split.activations == pytest.approx(unsplit.activations / 4 + exchange)
+
+
+def test_a_sequence_group_is_planned_under_the_profiles_that_split_sequences_only():
+    names = [s.name for s in planned_strategies(None, ParallelLayout(4, sequence_parallel=2))]
+    assert names and all(load_strategy(name).splits_sequences for name in names)
+    assert "zero3" in names and "fsdp" not in names

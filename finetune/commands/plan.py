@@ -77,10 +77,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
 
 
-def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workload, int | None]:
-    """The model's shape, the Workload and the global batch the run flags describe, made by the
-    planner's one reading of run flags (`planner.run_workload`), as `--global_batch_size` and
-    `--profile auto` make them; `--precision auto` planned for the visible GPU, else one with bf16."""
+def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workload, int | None, int]:
+    """The model's shape, the Workload, the global batch and the sequence degree the run flags
+    describe, made by the planner's one reading of run flags (`planner.run_workload`), as
+    `--global_batch_size` and `--profile auto` make them; `--precision auto` planned for the visible
+    GPU, else one with bf16."""
     from finetune.launched import precision_on, visible_gpu_supports_bf16
     from finetune.planner import LADDER_BLOCK_SIZE, run_workload
 
@@ -90,7 +91,7 @@ def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workloa
     bf16 = visible_gpu_supports_bf16()
     bf16 = True if bf16 is None else bf16  # planned here for a GPU elsewhere: one with bf16
     shape, workload = run_workload(model_args, data_args, training_args, precision_on(training_args, bf16))
-    return shape, workload, training_args.global_batch_size
+    return shape, workload, training_args.global_batch_size, training_args.sequence_parallel
 
 
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
@@ -113,8 +114,8 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     calibration = Calibration.measured()
     if options.margin is None:
         options.margin = DEFAULT_MARGIN
-    layout = ParallelLayout(options.gpus)
-    shape, workload, global_batch = planned_run(run_args, options.largest)
+    shape, workload, global_batch, sequence_parallel = planned_run(run_args, options.largest)
+    layout = ParallelLayout(options.gpus, sequence_parallel)
     if options.largest:
         hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
         print(format_largest(workload, hardware, calibration))

@@ -111,7 +111,7 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     # torch_compile is None until the run applies its launch: planned per profile
     dtype = precision_on(training_args, visible_gpu_supports_bf16())
     shape, workload = run_workload(model_args, data_args, training_args, dtype)
-    layout = ParallelLayout(num_processes or torch.cuda.device_count())
+    layout = ParallelLayout(num_processes or torch.cuda.device_count(), training_args.sequence_parallel)
     return choose_profile(shape, workload, layout, memory)
 
 

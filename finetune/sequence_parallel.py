@@ -1,0 +1,84 @@
+"""Sequence parallelism: each sample's tokens split over a group of processes (`--sequence_parallel N`).
+
+The mechanism is DeepSpeed's Ulysses (Arctic Long Sequence Training) as accelerate 1.15 and
+transformers 5.17 wire it: accelerate's `ParallelismConfig(sp_backend="deepspeed")` makes the
+groups, its data loader adapter gathers the group's batches and gives every rank its slice of each,
+with the labels shifted before the split (`shift_labels`), and transformers'
+`deepspeed_sp_compute_loss` weighs each rank's loss by its trained tokens. What is here is what
+those leave to the caller: the run's configuration, the checks a model and a batch must pass
+before anything loads (Ulysses raises them mid-training otherwise), and position ids on every batch,
+which Ulysses needs to put the tokens back in order after the split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from finetune.data_formats import IGNORE_INDEX
+from finetune.errors import FinetuneError
+
+# Ulysses' attention over the whole sequence, after its all-to-all; the one the CPU tests run too.
+ATTENTION = "sdpa"
+
+
+def parallelism_config(degree: int) -> Any:
+    """accelerate's ParallelismConfig for a Ulysses group of `degree` processes, for
+    TrainingArguments.parallelism_config; batches may change length (instruction data)."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+    return ParallelismConfig(
+        sp_backend="deepspeed",
+        sp_size=degree,
+        sp_handler=DeepSpeedSequenceParallelConfig(
+            sp_seq_length_is_variable=True, sp_attn_implementation=ATTENTION
+        ),
+    )
+
+
+def check_heads(config: Any, degree: int) -> None:
+    """Ulysses gives each rank whole attention heads: the heads must divide over the group, and the
+    key/value heads of a grouped-query model divide over it or it over them (copied then)."""
+    heads = getattr(config, "num_attention_heads", None)
+    if heads is None:
+        raise FinetuneError(
+            f"--sequence_parallel {degree}: {type(config).__name__} names no num_attention_heads to split"
+        )
+    if heads % degree:
+        raise FinetuneError(
+            f"--sequence_parallel {degree} does not divide the model's {heads} attention heads: each rank "
+            "takes whole heads; choose a degree that divides them"
+        )
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if kv_heads % degree and degree % kv_heads:
+        raise FinetuneError(
+            f"--sequence_parallel {degree} and the model's {kv_heads} key/value heads: one must divide "
+            "the other"
+        )
+
+
+def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], degree: int) -> Callable:
+    """`collate`, its batches also carrying each token's position and padded at the end to a length
+    the group divides. Ulysses splits the sequence and gathers it back inside attention by these
+    positions (packed blocks bring their own, restarting at each example); the padding is masked out
+    of attention and of the loss, and a causal model's real tokens never look at it."""
+
+    def collate_with_positions(features: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = collate(features)
+        rows, length = batch["input_ids"].shape
+        if "position_ids" not in batch:
+            batch["position_ids"] = torch.arange(length).expand(rows, length).clone()
+        missing = -length % degree
+        if missing:
+            fill = {"labels": IGNORE_INDEX, "attention_mask": 0, "input_ids": 0}
+            for key, value in fill.items():
+                if key in batch:
+                    batch[key] = torch.nn.functional.pad(batch[key], (0, missing), value=value)
+            last = batch["position_ids"][:, -1:]
+            batch["position_ids"] = torch.cat([batch["position_ids"], last + torch.arange(1, missing + 1)], 1)
+        return batch
+
+    return collate_with_positions

@@ -1,0 +1,102 @@
+"""--sequence_parallel: where it is refused, what it configures, and the batches it needs (one process;
+the 2-rank runs that check its losses against unsplit ones are in test_sequence_parallel_runs.py)."""
+
+import pytest
+import torch
+from tiny_configs import tiny_config
+from transformers import default_data_collator
+
+from finetune.arguments import parse_arguments, resolve_launch_settings
+from finetune.callbacks import trained_tokens_in
+from finetune.errors import FinetuneError
+from finetune.launched import Launch
+from finetune.layout import ParallelLayout
+from finetune.packing import packed_collator
+from finetune.profiles import load_strategy
+from finetune.resume import run_differences
+from finetune.sequence_parallel import check_heads, with_position_ids
+
+
+def sequence_parallel_launch(profile: str, processes: int = 2, degree: int = 2) -> Launch:
+    return Launch(load_strategy(profile), ParallelLayout(processes, degree))
+
+
+def test_a_zero3_run_gets_a_ulysses_group_of_the_degree(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--sequence_parallel", "2"])
+    resolve_launch_settings(training_args, sequence_parallel_launch("zero3"))
+    config = training_args.parallelism_config
+    assert (config.sp_backend, config.sp_size, config.sp_handler.sp_seq_length_is_variable) == (
+        "deepspeed",
+        2,
+        True,
+    )
+
+
+@pytest.mark.parametrize("profile", ["ddp", "fsdp", "zero2"])
+def test_sequence_parallel_outside_zero3_is_refused_in_one_line(profile, output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--sequence_parallel", "2"])
+    with pytest.raises(
+        FinetuneError, match=rf"^--sequence_parallel is for the zero3 profiles .*profile {profile} "
+    ):
+        resolve_launch_settings(training_args, sequence_parallel_launch(profile))
+
+
+def test_a_degree_below_one_is_refused(output_flags):
+    with pytest.raises(FinetuneError, match=r"^--sequence_parallel must be at least 1, got 0$"):
+        parse_arguments([*output_flags, "--sequence_parallel", "0"])
+
+
+def test_a_degree_that_does_not_divide_the_heads_is_refused_in_one_line():
+    with pytest.raises(
+        FinetuneError, match="--sequence_parallel 4 does not divide the model's 2 attention heads"
+    ):
+        check_heads(tiny_config("llama", num_attention_heads=2), 4)
+
+
+def test_grouped_key_value_heads_may_be_fewer_than_the_degree_when_it_divides_them():
+    check_heads(tiny_config("llama", num_attention_heads=4, num_key_value_heads=1), 2)
+    with pytest.raises(FinetuneError, match="model's 3 key/value heads"):
+        check_heads(tiny_config("llama", hidden_size=48, num_attention_heads=12, num_key_value_heads=3), 2)
+
+
+def text_features(rows: int, length: int) -> list[dict[str, list[int]]]:
+    return [{"input_ids": [7] * length, "attention_mask": [1] * length, "labels": [7] * length}] * rows
+
+
+def test_text_batches_carry_each_rows_positions():
+    batch = with_position_ids(default_data_collator, 2)(text_features(rows=2, length=6))
+    assert batch["position_ids"].tolist() == [list(range(6))] * 2
+
+
+def test_a_batch_is_padded_to_a_length_the_group_divides_and_nothing_is_trained_on_the_padding():
+    batch = with_position_ids(default_data_collator, 4)(text_features(rows=1, length=6))
+    assert batch["input_ids"].shape == (1, 8)
+    assert batch["labels"][0, 6:].tolist() == [-100, -100]
+    assert batch["attention_mask"][0].tolist() == [1] * 6 + [0, 0]
+    assert batch["position_ids"][0].tolist() == list(range(8))
+
+
+def test_packed_blocks_keep_their_own_position_restarts():
+    block = {"input_ids": [5] * 6, "labels": [5] * 6, "position_ids": [0, 1, 2, 0, 1, 2]}
+    batch = with_position_ids(packed_collator, 2)([block])
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_a_ranks_slice_counts_every_shifted_label_it_trains_on():
+    """Ulysses shifts the labels before it splits them: each slice's first label is a trained one."""
+    shifted = torch.tensor([[7, 7, -100, 7]])
+    assert int(trained_tokens_in({"labels": shifted, "shift_labels": shifted})) == 3
+
+
+def identity(degree: int | None) -> dict:
+    entry = {"strategy": "zero3", "world_size": 2, "micro_batch_size": 2, "gradient_accumulation_steps": 1}
+    return {**entry, "flags": {}, **({} if degree is None else {"sequence_parallel_size": degree})}
+
+
+def test_resuming_with_another_degree_is_another_run():
+    """At one world size the degree sets the data-parallel ranks, so the global batch."""
+    assert [d.field for d in run_differences(identity(2), identity(1))] == ["sequence_parallel_size"]
+
+
+def test_a_checkpoint_from_before_sequence_parallelism_resumes_unsplit():
+    assert run_differences(identity(None), identity(1)) == []

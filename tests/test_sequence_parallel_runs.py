@@ -1,0 +1,77 @@
+"""--sequence_parallel 2 on 2 gloo ranks (zero3, DeepSpeed Ulysses) trains exactly what one process
+trains unsplit: the same loss at every step and the same weights at the end, in fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from finetune.summary import read_summary
+
+from launching import accelerate_launch as launched_with
+from launching import launch
+
+pytestmark = pytest.mark.integration
+
+STEPS = 4
+EXACT = 1e-5  # fp32: the split only reorders sums
+
+
+def flags(model: Path, *extra: str) -> list[str]:
+    return [
+        "--model", str(model), "--from_scratch", "--batch_size", "2", "--max_steps", str(STEPS),
+        "--logging_steps", "1", "--precision", "fp32", "--torch_compile", "false", "--learning_rate", "1e-3",
+        "--save_strategy", "no", "--max_eval_samples", "4", "--report_to", "none", "--disable_tqdm", "true",
+        "--throughput_warmup_steps", "1", *extra,
+    ]  # fmt: skip
+
+
+def unsplit_and_split(model: Path, tmp_path: Path, *extra: str) -> tuple[Path, Path]:
+    unsplit, split = tmp_path / "unsplit", tmp_path / "split"
+    launch(launched_with("zero3", num_processes=1), unsplit, flags(model, *extra))
+    launch(launched_with("zero3", num_processes=2), split, flags(model, *extra, "--sequence_parallel", "2"))
+    return unsplit, split
+
+
+def assert_same_training(unsplit: Path, split: Path) -> None:
+    one, two = read_summary(unsplit), read_summary(split)
+    assert (two["sequence_parallel_size"], two["data_parallel_size"]) == (2, 1)
+    assert two["global_batch_size"] == one["global_batch_size"]
+    assert [p["step"] for p in two["loss_curve"]] == list(range(1, STEPS + 1))
+    for a, b in zip(one["loss_curve"], two["loss_curve"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=EXACT), a["step"]
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], abs=EXACT)
+    weights_one, weights_two = (
+        load_file(unsplit / "model.safetensors"),
+        load_file(split / "model.safetensors"),
+    )
+    assert weights_one.keys() == weights_two.keys()
+    for name, tensor in weights_one.items():
+        torch.testing.assert_close(weights_two[name], tensor, rtol=0, atol=EXACT, msg=name)
+
+
+def test_text_blocks_split_over_two_ranks_train_as_one_process_does(tiny_llama_config_dir, tmp_path):
+    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, "--block_size", "64")
+    assert_same_training(unsplit, split)
+
+
+def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(tiny_llama_config_dir, tmp_path):
+    """Each rank counts the tokens of its slice: 64-token blocks are 64 tokens a sample, summed."""
+    split = tmp_path / "split"
+    extra = ("--block_size", "64", "--sequence_parallel", "2")
+    launch(launched_with("zero3", num_processes=2), split, flags(tiny_llama_config_dir, *extra))
+    summary = read_summary(split)
+    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(64)
+
+
+def test_packed_instruction_data_with_masked_prompts_trains_as_one_process_does(
+    tiny_llama_config_dir, data_dir, tmp_path
+):
+    """Packed GSM8K blocks: the loss is on the answers only and each example's positions restart."""
+    extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "128")
+    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra)
+    assert read_summary(split)["masked_tokens"] > 0
+    assert_same_training(unsplit, split)
