@@ -134,9 +134,9 @@ def _comparable(field: str, value: Any) -> Any:
 def run_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[Difference]:
     """Where this run's identity differs from a checkpoint's: geometry first, then flags."""
     differences = [
-        Difference(name, recorded.get(name), current[name])
+        Difference(name, recorded.get(name), current.get(name))
         for name in GEOMETRY_FIELDS
-        if _comparable(name, recorded.get(name)) != _comparable(name, current[name])
+        if _comparable(name, recorded.get(name)) != _comparable(name, current.get(name))
     ]
     recorded_flags = recorded.get("flags", {})
     differences += [

@@ -227,6 +227,7 @@ def test_a_zero2_launch_is_named_as_its_profile_in_the_identity(monkeypatch):
         "distributed_type": "DEEPSPEED",
         "world_size": 2,
         "data_parallel_size": 2,
+        "sequence_parallel_size": 1,
         "zero_stage": 2,
         "strategy": "zero2",
     }

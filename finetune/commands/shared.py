@@ -29,9 +29,11 @@ class CommandParser(OneLineArgumentErrors, HfArgumentParser):
     with TrlParser): a command's flags are the fields of its dataclass, their help in the metadata.
 
     HfArgumentParser makes every field a `--flag` of one value or "+" values; written here by hand
-    are the kinds of field it lacks: `positional` ones (metadata), and flags whose metadata gives
-    argparse's own `action` or `nargs` (`--stop a --stop b`; `--copy NAME DIR`). Help is argparse's
-    plain formatter: the help texts name their own defaults.
+    are the kinds of field it lacks: `positional` ones (metadata), flags whose metadata gives
+    argparse's own `action` or `nargs` (`--stop a --stop b`; `--copy NAME DIR`), and switches: a bool
+    that defaults to False takes no value, where HfArgumentParser's `--flag [true|false]` would take
+    the word after it (`finetune run --doctor recipe.yaml` read the recipe as the switch's value).
+    Help is argparse's plain formatter: the help texts name their own defaults.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -48,6 +50,8 @@ class CommandParser(OneLineArgumentErrors, HfArgumentParser):
             parser.add_argument(field.name, **options)
         elif "action" in options or "nargs" in options:
             parser.add_argument(f"--{field.name}", default=default, **options)
+        elif field.type is bool and default is False:
+            parser.add_argument(f"--{field.name}", action="store_true", **options)
         else:
             HfArgumentParser._parse_dataclass_field(parser, field)
 
