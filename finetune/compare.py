@@ -80,7 +80,7 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
         lora_dropout=arguments.get("lora_dropout", Workload.lora_dropout),
         accumulation=summary["gradient_accumulation_steps"] or 1,
     )
-    layout = ParallelLayout(summary["world_size"])
+    layout = ParallelLayout(summary["world_size"], summary.get("sequence_parallel_size") or 1)
     return estimate(strategy, shape, workload, layout, Calibration.measured()).total
 
 
@@ -203,12 +203,15 @@ def run_profile(
     return Row(profile.name, classify(reason), reason)
 
 
-def default_profiles(run_args: list[str]) -> list[str]:
-    """Every multi-process profile, fastest first; the NVMe one only when --nvme_path is given."""
+def default_profiles(run_args: list[str], sequence_parallel: int = 1) -> list[str]:
+    """Every multi-process profile, fastest first; the NVMe one only when --nvme_path is given; with
+    --sequence_parallel, those that split sequences."""
     return [
         strategy.name
         for strategy in shipped_strategies()
-        if strategy.multi_process and (not strategy.needs_nvme_path or "--nvme_path" in run_args)
+        if strategy.multi_process
+        and (not strategy.needs_nvme_path or "--nvme_path" in run_args)
+        and (strategy.splits_sequences or sequence_parallel == 1)
     ]
 
 

@@ -365,21 +365,33 @@ def name_causal_lm_loss(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def context_length(config: PretrainedConfig) -> int | None:
-    for key in ("n_positions", "max_position_embeddings", "seq_length"):
+CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "seq_length")
+
+
+def context_key(config: PretrainedConfig) -> str | None:
+    """The config entry that bounds the model's positions (GPT-2's learned ones: n_positions)."""
+    for key in CONTEXT_KEYS:
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
-            return value
+            return key
     return None
 
 
+def context_length(config: PretrainedConfig) -> int | None:
+    key = context_key(config)
+    return None if key is None else getattr(config, key)
+
+
 def choose_block_size(requested: int | None, config: PretrainedConfig) -> int:
+    """The block a run trains at: at most the model's context, also under --sequence_parallel
+    (which splits a block's tokens over ranks, not its positions)."""
     context = context_length(config)
     if requested is None:
         return min(context or MAX_DEFAULT_BLOCK_SIZE, MAX_DEFAULT_BLOCK_SIZE)
     if context is not None and requested > context:
         raise FinetuneError(
-            f"--block_size {requested} is larger than the model's context of {context} tokens"
+            f"--block_size {requested} is larger than the model's context of {context} tokens (its "
+            f"config's {context_key(config)})"
         )
     return requested
 

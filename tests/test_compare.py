@@ -167,6 +167,10 @@ def test_by_default_every_multi_process_profile_is_compared_fastest_first():
     assert default_profiles(["--nvme_path", "nvme"])[-1] == "zero3_nvme"
 
 
+def test_with_a_sequence_degree_the_profiles_that_split_sequences_are_compared():
+    assert default_profiles(["--sequence_parallel", "2"], sequence_parallel=2) == ["zero3", "zero3_offload"]
+
+
 def test_a_copied_profile_is_compared_beside_a_shipped_name_under_its_file_name(
     tmp_path, monkeypatch, capsys
 ):

@@ -571,7 +571,10 @@ def test_plan_refuses_a_block_longer_than_the_models_context_in_one_line(capsys)
         cli_main(flags)
     assert exit.value.code == 2
     error = capsys.readouterr().err.strip()
-    assert error == "finetune: error: --block_size 4096 is larger than the model's context of 1024 tokens"
+    expected = (
+        "--block_size 4096 is larger than the model's context of 1024 tokens (its config's n_positions)"
+    )
+    assert error == f"finetune: error: {expected}"
 
 
 def test_plan_without_a_gpu_plans_precision_auto_for_a_gpu_with_bf16(monkeypatch):

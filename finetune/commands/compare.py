@@ -55,8 +55,11 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     run_args = expand_recipe(run_args)  # every run's own flags are added around these
     variants = training_variants(options.variants, run_args)
     for variant in variants:
-        parse_run_flags([*run_args, *variant_flags(variant)])
-    profiles = options.profiles.split(",") if options.profiles else default_profiles(run_args)
+        _, _, training_args = parse_run_flags([*run_args, *variant_flags(variant)])
+    sequence_parallel = training_args.sequence_parallel
+    profiles = (
+        options.profiles.split(",") if options.profiles else default_profiles(run_args, sequence_parallel)
+    )
     for name in profiles:
         load_profile(name)
     command_line = " ".join(["finetune", "compare", *sys.argv[2:]])
