@@ -174,10 +174,12 @@ def what_would_fit(
 
 
 def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate], hardware: Hardware) -> str:
+    degree = hardware.layout.sequence_parallel
+    split = f" (each sample's tokens split over {degree}: --sequence_parallel)" if degree > 1 else ""
     lines = [
         f"finetune plan: {shape.name} ({shape.parameters:,} parameters), {hardware.gpus} GPU(s) of "
-        f"{hardware.gpu_memory_gib:g} GiB, micro batch {workload.micro_batch} x {workload.block_size} "
-        f"tokens, {workload.dtype}{', gradient checkpointing' if workload.gradient_checkpointing else ''}, "
+        f"{hardware.gpu_memory_gib:g} GiB, micro batch {workload.micro_batch} x {workload.block_size} tokens"
+        f"{split}, {workload.dtype}{', gradient checkpointing' if workload.gradient_checkpointing else ''}, "
         f"{describe_compilation(workload, [e.strategy for e in estimates])}"
         f"{describe_training(shape, workload)}",
         "",

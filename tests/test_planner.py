@@ -584,3 +584,13 @@ def test_plan_without_a_gpu_plans_precision_auto_for_a_gpu_with_bf16(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _, workload, _, _ = planned_run(["--model", "gpt2"], largest=False)
     assert workload.dtype == "bf16"
+
+
+def test_plan_command_with_a_sequence_degree_plans_the_profiles_that_split_sequences(capsys):
+    flags = ["plan", "--model", "gpt2-medium", "--gpus", "4", "--gpu_memory", "80"]
+    assert cli_main([*flags, "--sequence_parallel", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "each sample's tokens split over 2" in out.splitlines()[0]
+    table = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| profile")]
+    profiles = [line.split("|")[1].strip() for line in table]
+    assert "zero3" in profiles and all(load_strategy(name).splits_sequences for name in profiles)

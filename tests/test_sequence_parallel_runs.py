@@ -13,6 +13,7 @@ from finetune.summary import read_summary
 
 from launching import accelerate_launch as launched_with
 from launching import launch
+from runs import copy_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +76,23 @@ def test_packed_instruction_data_with_masked_prompts_trains_as_one_process_does(
     unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra)
     assert read_summary(split)["masked_tokens"] > 0
     assert_same_training(unsplit, split)
+
+
+def test_a_split_run_resumed_from_a_middle_checkpoint_ends_as_the_uninterrupted_one(
+    tiny_llama_config_dir, tmp_path
+):
+    """The ranks' ZeRO-3 partitions and the data loader's place are restored for a Ulysses group."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    split = flags(tiny_llama_config_dir, "--block_size", "64", "--sequence_parallel", "2")
+    saving = [*split, "--save_strategy", "steps", "--save_steps", "2"]
+    launch(launched_with("zero3", num_processes=2), straight, saving)
+    copy_checkpoint(straight, resumed, 2)
+    launch(launched_with("zero3", num_processes=2), resumed, [*saving, "--resume"])
+    summary, expected = read_summary(resumed), read_summary(straight)
+    assert summary["resumed_from_step"] == 2
+    assert [p["step"] for p in summary["loss_curve"]] == [3, 4]
+    for a, b in zip(expected["loss_curve"][2:], summary["loss_curve"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=EXACT), a["step"]
+    weights, resumed_weights = (load_file(folder / "model.safetensors") for folder in (straight, resumed))
+    for name, tensor in weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=EXACT, msg=name)
