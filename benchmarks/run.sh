@@ -16,6 +16,7 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   two_launchers NPROC PROFILE...       2 x NPROC processes from one launcher vs two (--num_machines 2)
   several_gpus CALL                    one device call's cases on a 4-GPU machine (scripts/several_gpus.sh)
   floor MODEL BATCH STEPS CASE...      all GPUs: run/trace/plain cases of a profile, levers as flags or env
+  long_context MODEL NPROC DEGREE BLOCK...  zero3: the longest block that trains unsplit and --sequence_parallel DEGREE
   calibrate NPROC MODELS PROFILES BATCHES [STEPS]  planner calibration rows beside the planner's predictions
   profile CASE...                      torch.profiler around steps 9-11 of run.py per PROFILE[:flags]
                                        (TOOL=memory_snapshot: what is alive at the first steps' memory peak)
@@ -47,6 +48,7 @@ case $COMMAND in
   two_launchers) exec bash $SCRIPTS/two_launchers.sh "$@" ;;
   several_gpus) exec bash $SCRIPTS/several_gpus.sh "$@" ;;
   floor) exec bash $SCRIPTS/floor.sh "$@" ;;
+  long_context) exec bash $SCRIPTS/long_context.sh "$@" ;;
   calibrate) exec bash $SCRIPTS/calibrate.sh "$@" ;;
   profile) exec bash $SCRIPTS/profile_cases.sh "$@" ;;
   attention) exec python $SCRIPTS/attention.py "$OUT/attention.json" ;;
