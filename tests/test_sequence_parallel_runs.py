@@ -62,6 +62,13 @@ def test_text_blocks_split_over_two_ranks_train_as_one_process_does(tiny_llama_c
     assert_same_training(unsplit, split)
 
 
+def test_padded_instruction_data_trains_as_one_process_does(tiny_llama_config_dir, data_dir, tmp_path):
+    """Unpacked examples padded to the batch's longest, then to a length the group divides."""
+    extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "128", "--no_packing")
+    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra)
+    assert_same_training(unsplit, split)
+
+
 def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(tiny_llama_config_dir, tmp_path):
     """Each rank counts the tokens of its slice: 64-token blocks are 64 tokens a sample, summed."""
     split = tmp_path / "split"
