@@ -52,7 +52,12 @@ def check_heads(config: Any, degree: int) -> None:
             f"--sequence_parallel {degree} does not divide the model's {heads} attention heads: each rank "
             "takes whole heads; choose a degree that divides them"
         )
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if kv_heads is None:  # DeepSpeed's Ulysses reads it: GPT-2's config raised AttributeError mid-launch
+        raise FinetuneError(
+            f"--sequence_parallel {degree}: DeepSpeed Ulysses splits models whose config names "
+            f"num_key_value_heads (Llama-style); {type(config).__name__} does not"
+        )
     if kv_heads % degree and degree % kv_heads:
         raise FinetuneError(
             f"--sequence_parallel {degree} and the model's {kv_heads} key/value heads: one must divide "

@@ -53,6 +53,12 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_in_one_line():
         check_heads(tiny_config("llama", num_attention_heads=2), 4)
 
 
+def test_a_model_without_key_value_heads_in_its_config_is_refused_in_one_line():
+    """DeepSpeed's Ulysses reads num_key_value_heads: GPT-2's config has none."""
+    with pytest.raises(FinetuneError, match=r"names num_key_value_heads .*GPT2Config does not"):
+        check_heads(tiny_config("gpt2"), 2)
+
+
 def test_grouped_key_value_heads_may_be_fewer_than_the_degree_when_it_divides_them():
     check_heads(tiny_config("llama", num_attention_heads=4, num_key_value_heads=1), 2)
     with pytest.raises(FinetuneError, match="model's 3 key/value heads"):
