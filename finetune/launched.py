@@ -248,7 +248,8 @@ def compile_mode(training_args: Any) -> str:
 class CompilePlan:
     """What torch.compile compiles in this run.
 
-    `scope`: none; whole (accelerate compiles the model); per_block (accelerate's regional
+    `scope`: none; whole (accelerate compiles the model, or hands it to DeepSpeed's DeepCompile where
+    the DeepSpeed JSON asks for it); per_block (accelerate's regional
     compilation, which the FSDP profiles switch on: FSDP2 compiled whole breaks at its hooks); or
     zero3_blocks (finetune compiles ZeRO-3's leaf blocks' forwards, `models.compile_zero3_blocks`:
     compiled through accelerate ZeRO-3 was slower than eager). `mode`: torch.compile's mode. `loss`:
@@ -278,7 +279,9 @@ class CompilePlan:
         if not training_args.torch_compile:
             return cls()
         mode = compile_mode(training_args)
-        if launch.strategy.framework == "deepspeed" and launch.strategy.zero_stage == 3:
+        if launch.strategy.deepcompile:
+            scope = "whole"  # accelerate hands the engine to DeepSpeed's compile, DeepCompile's entry
+        elif launch.strategy.framework == "deepspeed" and launch.strategy.zero_stage == 3:
             scope = "zero3_blocks" if zero3_leaf_blocks else "none"
         elif os.environ.get("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "false").lower() == "true":
             scope = "per_block"

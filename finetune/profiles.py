@@ -76,6 +76,9 @@ class Strategy:
     reshard_after_forward: bool | None = None
     needs_nvme_path: bool = False
     description: str = ""  # the profile's own words: its YAML's first comment line
+    # the DeepSpeed JSON's "compile": {"deepcompile": true}: DeepSpeed compiles the whole model and
+    # schedules ZeRO-3's gathers in the graph instead of in per-module hooks
+    deepcompile: bool = False
 
     @property
     def multi_process(self) -> bool:
@@ -185,7 +188,10 @@ def derive_strategy(
         optimizer, parameters = (zero.get(key, {}).get("device", "none") for key in OFFLOAD_KEYS)
         nvme = needs_nvme_path(config)
         sharded = frozenset(STATES[:stage])
-        return Strategy(name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description)
+        deepcompile = bool((config.get("compile") or {}).get("deepcompile", False))
+        return Strategy(
+            name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description, deepcompile
+        )
     return Strategy(name, "ddp" if distributed_type == "MULTI_GPU" else "single", description=description)
 
 

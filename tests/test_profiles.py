@@ -3,6 +3,7 @@
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -10,7 +11,7 @@ import yaml
 from finetune.cli import main
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
-from finetune.launched import Launch
+from finetune.launched import CompilePlan, Launch
 from finetune.profiles import (
     PROFILES_TABLE_MARKERS,
     Strategy,
@@ -250,6 +251,20 @@ def test_an_edited_deepspeed_json_changes_the_strategy(tmp_path):
     edited = load_strategy(path)
     assert (edited.zero_stage, edited.offloaded) == (2, {"optimizer": "cpu"})
     assert edited.speed_order > load_strategy("zero2").speed_order
+
+
+def test_a_deepspeed_json_asking_for_deepcompile_is_compiled_whole_by_deepspeed(tmp_path, monkeypatch):
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3})
+    assert not load_strategy(path).deepcompile
+    config = json.loads(json_path.read_text())
+    config["compile"] = {"deepcompile": True}
+    json_path.write_text(json.dumps(config))
+    strategy = load_strategy(path)
+    assert strategy.deepcompile
+    monkeypatch.delenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", raising=False)
+    arguments = SimpleNamespace(torch_compile=True, torch_compile_mode=None, compile_loss=False)
+    plan = CompilePlan.for_run(Launch(strategy), arguments, zero3_leaf_blocks=[])
+    assert (plan.scope, plan.by_accelerate) == ("whole", True)
 
 
 def facts(strategy: Strategy) -> tuple:
