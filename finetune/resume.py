@@ -314,28 +314,13 @@ def check_resume(
             "resume as the same run: its Adam state restarts and the first step's update is lost; "
             + how_to_continue(checkpoint)
         )
-    if finished is None and checkpoint is not None and split_sequences(checkpoint):
-        raise FinetuneError(
-            f"{checkpoint} was written by a --sequence_parallel run, which cannot resume yet: the Trainer "
-            "skips the trained batches through accelerate's skip_first_batches, which DeepSpeed's Ulysses "
-            "data loader does not support; " + how_to_continue(checkpoint)
-        )
     return finished
 
 
-def split_sequences(checkpoint: Path) -> bool:
-    """Whether the run that wrote the checkpoint split each sample over a sequence group."""
-    try:
-        run = read_manifest(checkpoint).get("run") or {}
-    except (OSError, ValueError):
-        return False
-    return (run.get("sequence_parallel_size") or 1) > 1
-
-
 def how_to_continue(checkpoint: str | Path | None) -> str:
-    """What to do with the checkpoint a stopped run leaves: resume it, or (zero3_nvme, a sequence-
-    parallel run) export it and start from its weights."""
-    if checkpoint is not None and (swapped_to_nvme(Path(checkpoint)) or split_sequences(Path(checkpoint))):
+    """What to do with the checkpoint a stopped run leaves: resume it, or (zero3_nvme) export it and
+    start from its weights."""
+    if checkpoint is not None and swapped_to_nvme(Path(checkpoint)):
         return f"start a new run from its weights: finetune export {checkpoint} DIR, then --model DIR"
     return "run the same command with --resume to continue"
 

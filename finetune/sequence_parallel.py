@@ -7,12 +7,14 @@ with the labels shifted before the split (`shift_labels`), and transformers'
 `deepspeed_sp_compute_loss` weighs each rank's loss by its trained tokens. What is here is what
 those leave to the caller: the run's configuration, the checks a model and a batch must pass
 before anything loads (Ulysses raises them mid-training otherwise), and position ids on every batch,
-which Ulysses needs to put the tokens back in order after the split.
+which Ulysses needs to put the tokens back in order after the split; and a resumed run's skip
+over the batches its checkpoint already trained, which the adapter lacks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -87,3 +89,60 @@ def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
         return batch
 
     return collate_with_positions
+
+
+def follow_epochs(adapter: Any) -> Any:
+    """Give DeepSpeed's adapter the `set_epoch` the Trainer calls on a data loader each epoch,
+    passed to the loader underneath: the adapter has none, and its loader otherwise numbers the
+    epochs by the passes it made itself, which a resumed run's fresh loader has not made (its
+    shuffle order would be epoch 0's). Returns the adapter."""
+    if not hasattr(adapter, "set_epoch"):
+        adapter.set_epoch = adapter.dl.set_epoch
+    return adapter
+
+
+def skip_trained_batches(adapter: Any, trained: int, skip: Callable[[Any, int], Any]) -> Any:
+    """A new Ulysses adapter that starts `trained` batches into the epoch, as `skip` (accelerate's
+    skip_first_batches) starts a plain data loader.
+
+    Written by hand: the Trainer skips a resumed epoch's trained batches with skip_first_batches,
+    which rebuilds a torch DataLoader from the loader's dataset and sampler; the adapter has
+    neither. The group's ranks take turns: one turn draws one batch from every rank's own loader
+    and yields `degree` batches, each rank's slice of one of them. So the loader underneath skips
+    whole turns, and the new adapter draws what was trained of the current turn and drops it (a
+    collective: every rank of the group does the same)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    turns, into_turn = divmod(trained, adapter.sp_world_size)
+    skipped = UlyssesSPDataLoaderAdapter(
+        skip(adapter.dl, turns),
+        sp_rank=adapter.sp_rank,
+        sp_group=adapter.sp_group,
+        sp_world_size=adapter.sp_world_size,
+        device=adapter.device,
+    )
+    for _ in range(into_turn):
+        next(skipped)
+    return follow_epochs(skipped)
+
+
+@contextmanager
+def skipping_split_batches() -> Iterator[None]:
+    """While the Trainer runs an epoch, its skip over a resumed epoch's trained batches also skips
+    a Ulysses adapter's (`skip_trained_batches`); any other loader goes to accelerate's as before.
+    The Trainer calls the function by its module's name, so that name is swapped, and restored."""
+    import transformers.trainer as trainer_module
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    original = trainer_module.skip_first_batches
+
+    def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+        if isinstance(dataloader, UlyssesSPDataLoaderAdapter):
+            return skip_trained_batches(dataloader, num_batches, original)
+        return original(dataloader, num_batches)
+
+    trainer_module.skip_first_batches = skip_first_batches
+    try:
+        yield
+    finally:
+        trainer_module.skip_first_batches = original

@@ -59,6 +59,7 @@ from finetune.models import tied_parameter_names
 from finetune.outputs import share_from_main
 from finetune.resume import run_identity
 from finetune.run_folder import STAGING_DIR, checkpoint_dir
+from finetune.sequence_parallel import follow_epochs, skipping_split_batches
 from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
 
@@ -201,6 +202,15 @@ class FinetuneTrainer(Trainer):
         if self.launch.layout.sequence_parallel > 1:
             prepared = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in prepared.items()}
         return prepared
+
+    def _run_epoch(self, **kwargs: Any) -> Any:
+        """A --sequence_parallel run's epoch: its Ulysses data loader follows the epoch number and
+        skips a resumed epoch's trained batches (finetune/sequence_parallel.py)."""
+        if self.launch.layout.sequence_parallel == 1:
+            return super()._run_epoch(**kwargs)
+        follow_epochs(kwargs["train_dataloader"]).set_epoch(kwargs["epoch"])
+        with skipping_split_batches():
+            return super()._run_epoch(**kwargs)
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():

@@ -1,6 +1,8 @@
 """--sequence_parallel: where it is refused, what it configures, and the batches it needs (one process;
 the 2-rank runs that check its losses against unsplit ones are in test_sequence_parallel_runs.py)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from tiny_configs import tiny_config
@@ -14,7 +16,7 @@ from finetune.layout import ParallelLayout
 from finetune.packing import packed_collator
 from finetune.profiles import load_strategy
 from finetune.resume import run_differences
-from finetune.sequence_parallel import check_heads, with_position_ids
+from finetune.sequence_parallel import check_heads, follow_epochs, with_position_ids
 
 
 def sequence_parallel_launch(profile: str, processes: int = 2, degree: int = 2) -> Launch:
@@ -106,3 +108,12 @@ def test_resuming_with_another_degree_is_another_run():
 
 def test_a_checkpoint_from_before_sequence_parallelism_resumes_unsplit():
     assert run_differences(identity(None), identity(1)) == []
+
+
+def test_the_ulysses_loader_passes_each_epoch_to_the_loader_underneath():
+    """The Trainer numbers the epochs through set_epoch; DeepSpeed's adapter has none, and a resumed
+    run's fresh loader would otherwise shuffle the next epoch as epoch 0."""
+    epochs = []
+    adapter = SimpleNamespace(dl=SimpleNamespace(set_epoch=epochs.append))
+    follow_epochs(adapter).set_epoch(3)
+    assert epochs == [3]

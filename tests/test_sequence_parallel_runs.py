@@ -3,19 +3,16 @@ trains unsplit: the same loss at every step and the same weights at the end, in 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune.run_folder import MANIFEST
 from finetune.summary import read_summary
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, launch
 from launching import accelerate_launch as launched_with
+from launching import launch
 from runs import copy_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -88,30 +85,25 @@ def test_packed_instruction_data_with_masked_prompts_trains_as_one_process_does(
     assert_same_training(unsplit, split)
 
 
-def test_resuming_a_split_runs_checkpoint_is_refused_in_one_line_and_the_checkpoint_kept(
-    tiny_llama_config_dir, tmp_path
-):
-    """The Trainer skips trained batches with accelerate's skip_first_batches, which DeepSpeed's
-    Ulysses data loader lacks: the refusal says to start a new run from the checkpoint's weights."""
+def test_a_split_run_resumed_mid_turn_continues_as_the_uninterrupted_run(tiny_llama_config_dir, tmp_path):
+    """Stopped after step 3: a turn of the group's two ranks is two steps, so the resumed loader skips
+    one whole turn and half of the next; every later step's loss and the final weights are the
+    uninterrupted run's."""
     run, stopped = tmp_path / "run", tmp_path / "stopped"
-    split = flags(tiny_llama_config_dir, "--block_size", "64", "--sequence_parallel", "2")
-    saving = [*split, "--save_strategy", "steps", "--save_steps", "2"]
-    launch(launched_with("zero3", num_processes=2), run, saving)
-    checkpoint = copy_checkpoint(run, stopped, 2)
-    # what `finetune run` starts: one line per failure instead of each rank's traceback
-    one_line_launcher = [
-        sys.executable,
-        "-m",
-        "finetune.launch",
-        *launched_with("zero3")[3:],
-    ]  # finetune run's
-    resumed = subprocess.run(
-        [*one_line_launcher, *saving, "--resume", "--output_dir", str(stopped)],
-        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-    )  # fmt: skip
-    assert resumed.returncode == 2, resumed.stderr[-3000:]
-    errors = [line for line in resumed.stderr.splitlines() if line.startswith("finetune: error:")]
-    assert len(errors) == 1, resumed.stderr[-3000:]
-    assert "was written by a --sequence_parallel run, which cannot resume yet" in errors[0]
-    assert f"finetune export {checkpoint} DIR" in errors[0]
-    assert (checkpoint / MANIFEST).exists()
+    split = [
+        *flags(tiny_llama_config_dir, "--block_size", "64", "--sequence_parallel", "2"),
+        "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3",
+    ]  # fmt: skip
+    launch(launched_with("zero3", num_processes=2), run, split)
+    copy_checkpoint(run, stopped, 3)
+    launch(launched_with("zero3", num_processes=2), stopped, [*split, "--resume"])
+    uninterrupted, resumed = read_summary(run), read_summary(stopped)
+    assert resumed["resumed_from_step"] == 3
+    after, resumed_after = ([p for p in s["loss_curve"] if p["step"] > 3] for s in (uninterrupted, resumed))
+    assert [point["step"] for point in resumed_after] == [4, 5, 6]
+    for a, b in zip(after, resumed_after, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=EXACT), a["step"]
+    assert resumed["eval_loss"] == pytest.approx(uninterrupted["eval_loss"], abs=EXACT)
+    resumed_weights = load_file(stopped / "model.safetensors")
+    for name, tensor in load_file(run / "model.safetensors").items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=EXACT, msg=name)
