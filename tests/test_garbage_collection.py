@@ -71,11 +71,19 @@ def test_an_interval_switches_automatic_collection_off_while_training_only(event
     assert gc.isenabled()
 
 
-def test_an_interval_collects_the_young_generations_every_n_steps(events):
+def test_an_interval_collects_the_young_generations_every_n_steps_and_after_the_first(events):
+    """After step 1 (where the model compiles), then after steps 2 and 4."""
     callback = GarbageCollectionCallback(interval=2, clock=TickingClock())
     train(callback, events, steps=5)
-    assert [generation for generation, _ in callback.pauses] == [YOUNG_GENERATIONS, YOUNG_GENERATIONS]
+    assert [generation for generation, _ in callback.pauses] == [YOUNG_GENERATIONS] * 3
     assert callback.summary()["gc_interval"] == 2
+
+
+def test_a_resumed_run_collects_after_its_own_first_step(events):
+    callback = GarbageCollectionCallback(interval=10, clock=TickingClock())
+    events[1].global_step = 13  # resumed from checkpoint-13
+    train(callback, events, steps=3)
+    assert len(callback.pauses) == 1
 
 
 def test_interval_zero_leaves_collection_automatic(events):
