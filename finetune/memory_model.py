@@ -182,6 +182,9 @@ class Workload:
     lora_rank: int = 16
     lora_dropout: float = DEFAULT_LORA_DROPOUT
     accumulation: int = 1  # micro batches per optimizer step (held gradients: accumulated_gradient_gib)
+    # the loss compiled beside compiled blocks, as run.py does (--compile_loss); False: runs from
+    # before it did, kept in calibration.json as they ran
+    loss_compiled: bool = True
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,7 @@ class Measurement:
             row.get("lora_rank", 16),
             row.get("lora_dropout", DEFAULT_LORA_DROPOUT),
             row.get("gradient_accumulation_steps", 1),
+            row.get("loss_compiled", True),
         )
         return cls(
             shape,
@@ -393,16 +397,15 @@ def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) 
     compiled (no compiled peaks measured; eager is the larger). Autocast keeps more than bf16 only
     through LayerNorm (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's kind."""
     compiled = compiled_for(strategy, workload)
-    # The compiled-loss kinds were measured on GPT-2 shapes; a gated-MLP model's compiled FSDP2 peak
-    # on one GPU was above what they predict, so such models keep the kinds they had until their
-    # compiled sharded peaks are measured.
-    by_blocks = compiled and not shape.gated_mlp
     if framework_of(strategy, workload.dtype) == "deepspeed":
-        # ZeRO-3 compiles only the leaf blocks of full fine-tuning (run.py): with --peft it runs eager
-        zero3_blocks = strategy.zero_stage == 3 and by_blocks and workload.peft is None
-        return "zero3_compiled" if zero3_blocks else "bf16"
+        # ZeRO-3 compiles only the leaf blocks of full fine-tuning (run.py): with --peft it runs eager.
+        # Its compiled kind was fitted on GPT-2 shapes; a gated-MLP model's compiled ZeRO-3 peak was
+        # above what it predicts and within bf16's, which such models keep.
+        zero3_blocks = strategy.zero_stage == 3 and compiled and not shape.gated_mlp and workload.peft is None
+        return "zero3_compiled" if zero3_blocks and workload.loss_compiled else "bf16"
     if compiled:
-        return "fsdp_compiled" if strategy.framework == "fsdp" and by_blocks else "compiled"
+        by_blocks = strategy.framework == "fsdp" and workload.loss_compiled
+        return "fsdp_compiled" if by_blocks else "compiled"
     if strategy.framework == "fsdp" and workload.dtype != "fp32":
         return "bf16"
     return "autocast" if shape.layer_norm else "bf16"
