@@ -39,7 +39,7 @@ from finetune.profiles import (
 )
 from finetune.quiet import DEEPSPEED_OP_LOADED, without_printed_lines
 from finetune.run_flags import DataArguments, ModelArguments
-from finetune.sequence_parallel import parallelism_config
+from finetune.sequence_parallel import check_strategy, parallelism_config
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
@@ -373,14 +373,9 @@ def _apply_sequence_parallel(training_args: FinetuneTrainingArguments, launch: L
     (transformers' `deepspeed_sp_compute_loss`) weighs each rank's part by its trained tokens. Ulysses
     partitions the model's states with ZeRO-3: refused in one line under any other profile."""
     degree = launch.layout.sequence_parallel
-    if degree == 1:
-        return
-    if not launch.strategy.splits_sequences:
-        raise FinetuneError(
-            f"--sequence_parallel is for the zero3 profiles (DeepSpeed Ulysses); profile "
-            f"{launch.strategy.name} ({launch.strategy.kind}) trains every sample on one process"
-        )
-    training_args.parallelism_config = parallelism_config(degree)
+    check_strategy(launch.strategy, degree)
+    if degree > 1:
+        training_args.parallelism_config = parallelism_config(degree)
 
 
 def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch: Launch) -> None:

@@ -254,13 +254,14 @@ def describe_compilation(workload: Workload, strategies: list[Strategy]) -> str:
 
 
 def shape_of(
-    model: str, config_overrides: str | None = None, block_size: int | None = None
+    model: str, config_overrides: str | None = None, block_size: int | None = None, sequence_parallel: int = 1
 ) -> tuple[ModelShape, int]:
     """The model's shape and the block size a run of it trains at (`block_size`, else its default),
-    from its config alone (no weights); a block longer than the model's context is refused in one
-    line, as the run refuses it."""
+    from its config alone (no weights); a block longer than the model's context, or heads the
+    sequence degree cannot split, are refused in one line, as the run refuses them."""
     from finetune.models import choose_block_size, load_config, resolve_model
     from finetune.run_flags import ModelArguments
+    from finetune.sequence_parallel import check_heads
 
     model_args = ModelArguments(model=model, config_overrides=config_overrides)
     location = resolve_model(model) if model not in MODEL_LADDER else local_folder(model)
@@ -276,6 +277,8 @@ def shape_of(
         raise FinetuneError(
             f"{model} with --config_overrides {config_overrides}: {first_line(error)}"
         ) from None
+    if sequence_parallel > 1:
+        check_heads(config, sequence_parallel)
     return shape, choose_block_size(block_size, config)
 
 
@@ -294,7 +297,9 @@ def run_workload(
     """The model's shape and the Workload of these run flags, as the planner sees a run: the one
     place run flags become a Workload. `dtype` plans another precision than the flags' (`--precision
     auto` before the launch resolves it)."""
-    shape, block_size = shape_of(model_args.model, model_args.config_overrides, data_args.block_size)
+    shape, block_size = shape_of(
+        model_args.model, model_args.config_overrides, data_args.block_size, training_args.sequence_parallel
+    )
     return shape, Workload(
         micro_batch=training_args.per_device_train_batch_size,
         block_size=block_size,

@@ -41,6 +41,16 @@ def parallelism_config(degree: int) -> Any:
     )
 
 
+def check_strategy(strategy: Any, degree: int) -> None:
+    """Ulysses partitions the model's states with ZeRO-3: any other profile is refused in one line,
+    by `finetune run` before it launches and by every rank of a bare `accelerate launch`."""
+    if degree > 1 and not strategy.splits_sequences:
+        raise FinetuneError(
+            f"--sequence_parallel is for the zero3 profiles (DeepSpeed Ulysses); profile "
+            f"{strategy.name} ({strategy.kind}) trains every sample on one process"
+        )
+
+
 def check_heads(config: Any, degree: int) -> None:
     """Ulysses gives each rank whole attention heads: the heads must divide over the group, and the
     key/value heads of a grouped-query model divide over it or it over them (copied then)."""

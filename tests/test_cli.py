@@ -102,6 +102,18 @@ def test_an_unknown_run_flag_is_one_line_and_exit_2_before_anything_is_launched(
     assert not (tmp_path / "job.sbatch").exists()
 
 
+def test_a_sequence_degree_under_a_profile_that_cannot_split_is_refused_before_anything_is_launched(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(subprocess, "Popen", refuse_to_launch)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "--profile", "fsdp", "--model", "gpt2", "--sequence_parallel", "2",
+                  "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
+    assert len(errors) == 1 and "--sequence_parallel is for the zero3 profiles" in errors[0]
+
+
 @pytest.mark.parametrize("model_flags", [["--model", "gpt2-medium"], ["recipe.yaml"]], ids=["flag", "recipe"])
 def test_compare_runs_the_model_of_the_model_flag_or_of_the_recipe(model_flags, tmp_path, monkeypatch):
     write_recipe(tmp_path, "model: gpt2-medium\n")

@@ -586,11 +586,22 @@ def test_plan_without_a_gpu_plans_precision_auto_for_a_gpu_with_bf16(monkeypatch
     assert workload.dtype == "bf16"
 
 
-def test_plan_command_with_a_sequence_degree_plans_the_profiles_that_split_sequences(capsys):
-    flags = ["plan", "--model", "gpt2-medium", "--gpus", "4", "--gpu_memory", "80"]
+def test_plan_command_with_a_sequence_degree_plans_the_profiles_that_split_sequences(
+    tiny_llama_config_dir, capsys
+):
+    flags = ["plan", "--model", str(tiny_llama_config_dir), "--gpus", "4", "--gpu_memory", "80"]
     assert cli_main([*flags, "--sequence_parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "each sample's tokens split over 2" in out.splitlines()[0]
     table = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| profile")]
     profiles = [line.split("|")[1].strip() for line in table]
     assert "zero3" in profiles and all(load_strategy(name).splits_sequences for name in profiles)
+
+
+def test_plan_refuses_a_sequence_degree_for_a_model_ulysses_cannot_split_in_one_line(capsys):
+    """GPT-2's config names no key/value heads: planned as the run refuses it, not as a shape."""
+    with pytest.raises(SystemExit) as exit:
+        cli_main(["plan", "--model", "gpt2", "--sequence_parallel", "2", "--gpus", "2", "--gpu_memory", "80"])
+    assert exit.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "names num_key_value_heads" in error

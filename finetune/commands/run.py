@@ -32,6 +32,7 @@ from finetune.profiles import (
     load_profile,
     with_shipped_recipe,
 )
+from finetune.sequence_parallel import check_strategy
 
 ORPHANED_RANKS_WAIT_S = 600.0  # a checkpoint of a large model takes minutes to write
 
@@ -73,6 +74,7 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
     if options.profile == "auto":
         options.profile, reason = auto_profile(run_args, options.num_processes)
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
+    check_strategy(load_profile(options.profile).strategy, training_args.sequence_parallel)
     if options.doctor:
         code = launch(options, run_args, DOCTOR_SCRIPT)
         if code != 0:
