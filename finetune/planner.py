@@ -253,24 +253,30 @@ def describe_compilation(workload: Workload, strategies: list[Strategy]) -> str:
     return "torch.compile on" if workload.compiled else "torch.compile off"
 
 
+def model_config(model: str, config_overrides: str | None = None) -> Any:
+    """The model's config as a run reads it, overrides applied."""
+    from finetune.models import load_config, resolve_model
+    from finetune.run_flags import ModelArguments
+
+    location = resolve_model(model) if model not in MODEL_LADDER else local_folder(model)
+    if location is None:  # a GPT-2 size without its folder here: its shape is built in, no Hub needed
+        config = ladder_config(model)
+        if config_overrides:
+            config.update_from_string(config_overrides)
+        return config
+    return load_config(ModelArguments(model=model, config_overrides=config_overrides), location)
+
+
 def shape_of(
     model: str, config_overrides: str | None = None, block_size: int | None = None, sequence_parallel: int = 1
 ) -> tuple[ModelShape, int]:
     """The model's shape and the block size a run of it trains at (`block_size`, else its default),
     from its config alone (no weights); a block longer than the model's context, or heads the
     sequence degree cannot split, are refused in one line, as the run refuses them."""
-    from finetune.models import choose_block_size, load_config, resolve_model
-    from finetune.run_flags import ModelArguments
+    from finetune.models import choose_block_size
     from finetune.sequence_parallel import check_heads
 
-    model_args = ModelArguments(model=model, config_overrides=config_overrides)
-    location = resolve_model(model) if model not in MODEL_LADDER else local_folder(model)
-    if location is None:  # a GPT-2 size without its folder here: its shape is built in, no Hub needed
-        config = ladder_config(model)
-        if config_overrides:
-            config.update_from_string(config_overrides)
-    else:
-        config = load_config(model_args, location)
+    config = model_config(model, config_overrides)
     try:  # the model's own constructor checks its shape (heads dividing the width, and so on)
         shape = ModelShape.from_config(model, config)
     except ValueError as error:
@@ -487,6 +493,74 @@ def format_largest(workload: Workload, hardware: Hardware, calibration: Calibrat
         f"GiB; the ladder: {', '.join(MODEL_LADDER)} (block {workload.block_size}). A prediction, "
         "to be confirmed by a run."
     )
+    return "\n".join(lines)
+
+
+BLOCK_STEP = 1024  # blocks searched in whole multiples of this
+LONGEST_SEARCHED_BLOCK = 1 << 22  # tokens a sample: beyond what one GPU's activations hold at batch 1
+
+
+def longest_block(
+    strategy: Strategy,
+    shape: ModelShape,
+    workload: Workload,
+    hardware: Hardware,
+    calibration: Calibration,
+    context: int | None,
+) -> tuple[int, Estimate | None]:
+    """The longest block (a multiple of BLOCK_STEP, at most `context`) this profile is predicted to
+    fit at the workload's micro batch, with its estimate; (0, None) when not even BLOCK_STEP does.
+    Memory grows with the block, so the search halves the range."""
+
+    def at(steps: int) -> Estimate:
+        block = replace(workload, block_size=steps * BLOCK_STEP)
+        return estimate(strategy, shape, block, hardware.layout, calibration)
+
+    low, high = 0, min(context or LONGEST_SEARCHED_BLOCK, LONGEST_SEARCHED_BLOCK) // BLOCK_STEP
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if hardware.holds(at(middle)) else (low, middle - 1)
+    return low * BLOCK_STEP, at(low) if low else None
+
+
+def format_longest_block(
+    shape: ModelShape,
+    workload: Workload,
+    hardware: Hardware,
+    calibration: Calibration,
+    context: tuple[int, str] | None,
+) -> str:
+    """`finetune plan --longest_block`: per profile, the longest block of the model that fits."""
+    strategies = planned_strategies(None, hardware.layout)
+    degree = hardware.layout.sequence_parallel
+    split = f", each sample's tokens split over {degree} (--sequence_parallel)" if degree > 1 else ""
+    checkpointing = "gradient checkpointing, " if workload.gradient_checkpointing else ""
+    lines = [
+        f"finetune plan --longest_block: {shape.name}, {hardware.gpus} GPU(s) of {hardware.gpu_memory_gib:g} "
+        f"GiB, micro batch {workload.micro_batch}{split}, {workload.dtype}, {checkpointing}"
+        f"{describe_compilation(workload, strategies)}",
+        "",
+        "| profile | longest block | total / GPU at it | run.py flags |",
+        "|---|---|---|---|",
+    ]
+    for strategy in strategies:
+        block, e = longest_block(strategy, shape, workload, hardware, calibration, context and context[0])
+        if e is None:
+            lines.append(f"| {strategy.name} | none | | |")
+            continue
+        capped = " (the context)" if context and block == context[0] else ""
+        lines.append(f"| {strategy.name} | {block:,}{capped} | {e.total:.1f} | `--block_size {block}` |")
+    bound = (
+        f"up to the model's context ({context[0]:,} tokens, its config's {context[1]}; a rotary model's is "
+        "raised with --config_overrides max_position_embeddings=N)"
+        if context
+        else f"up to {LONGEST_SEARCHED_BLOCK:,}"
+    )
+    lines += [
+        "",
+        f"GiB; blocks searched in steps of {BLOCK_STEP} {bound}. A prediction, to be confirmed by a run "
+        "(bash benchmarks/run.sh long_context).",
+    ]
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ from finetune.memory_model import (
 )
 from finetune.pictures import plan_picture
 from finetune.planner import (
+    BLOCK_STEP,
     MODEL_LADDER,
     Hardware,
     choose_profile,
@@ -36,6 +37,7 @@ from finetune.planner import (
     largest_micro_batch,
     largest_micro_batch_for_share,
     largest_model,
+    longest_block,
     plan,
     planned_strategies,
     recommend,
@@ -605,3 +607,43 @@ def test_plan_refuses_a_sequence_degree_for_a_model_ulysses_cannot_split_in_one_
     assert exit.value.code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "names num_key_value_heads" in error
+
+
+def test_the_longest_block_fits_and_one_step_more_does_not(tiny_llama_config_dir, calibration):
+    shape, _ = shape_of(str(tiny_llama_config_dir))
+    workload, hardware = Workload(1, 1024, gradient_checkpointing=True), Hardware(ParallelLayout(2), 8)
+    block, found = longest_block(ZERO3, shape, workload, hardware, calibration, context=None)
+    assert block > 0 and block % BLOCK_STEP == 0 and hardware.holds(found)
+    longer = replace(workload, block_size=block + BLOCK_STEP)
+    assert not hardware.holds(estimate(ZERO3, shape, longer, hardware.layout, calibration))
+
+
+def test_the_longest_block_stops_at_the_models_context(calibration):
+    shape, _ = shape_of("gpt2-medium")
+    hardware = Hardware(ParallelLayout(2), 80)
+    block, _ = longest_block(ZERO3, shape, Workload(1, 1024), hardware, calibration, context=1024)
+    assert block == 1024
+
+
+def test_a_sequence_group_of_four_fits_a_block_at_least_three_times_longer(
+    tiny_llama_config_dir, calibration
+):
+    shape, _ = shape_of(str(tiny_llama_config_dir))
+    workload = Workload(1, 1024, gradient_checkpointing=True)
+    unsplit, _ = longest_block(ZERO3, shape, workload, Hardware(ParallelLayout(4), 8), calibration, None)
+    split, _ = longest_block(ZERO3, shape, workload, Hardware(ParallelLayout(4, 4), 8), calibration, None)
+    assert split >= 3 * unsplit
+
+
+def test_plan_longest_block_prints_a_row_per_profile_capped_by_the_context(capsys):
+    assert cli_main(["plan", "--longest_block", "--model", "gpt2", "--batch_size", "1", "--gpus", "2",
+                     "--gpu_memory", "80"]) == 0  # fmt: skip
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert rows and all("1,024 (the context)" in row for row in rows)
+
+
+def test_plan_refuses_largest_and_longest_block_together(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli_main(["plan", "--largest", "--longest_block", "--gpu_memory", "80"])
+    assert exit.value.code == 2
+    assert "ask one" in capsys.readouterr().err

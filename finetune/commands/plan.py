@@ -45,6 +45,13 @@ class PlanFlags:
             "ignored)"
         },
     )
+    longest_block: bool = field(
+        default=False,
+        metadata={
+            "help": "instead: the longest block of --model each profile is predicted to fit at --batch_size "
+            "(with --sequence_parallel N, split over N GPUs), up to the model's context"
+        },
+    )
     host_memory: PositiveFloat | None = field(
         default=None, metadata={"help": "GiB of host RAM per node, for --largest"}
     )
@@ -94,12 +101,25 @@ def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workloa
     return shape, workload, training_args.global_batch_size, training_args.sequence_parallel
 
 
+def planned_context(run_args: list[str]) -> tuple[int, str] | None:
+    """The model's context (its overrides applied) and the config key that sets it; None if it names
+    none."""
+    from finetune.models import context_key
+    from finetune.planner import model_config
+
+    model_args, _, _ = parse_run_flags(run_args)
+    config = model_config(model_args.model, model_args.config_overrides)
+    key = context_key(config)
+    return (getattr(config, key), key) if key else None
+
+
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     from finetune.memory_model import DEFAULT_MARGIN, Calibration
     from finetune.planner import (
         Hardware,
         format_global_batch,
         format_largest,
+        format_longest_block,
         format_plan,
         largest_micro_batch,
         plan,
@@ -114,8 +134,14 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     calibration = Calibration.measured()
     if options.margin is None:
         options.margin = DEFAULT_MARGIN
+    if options.largest and options.longest_block:
+        raise FinetuneError("--largest and --longest_block ask two questions: ask one")
     shape, workload, global_batch, sequence_parallel = planned_run(run_args, options.largest)
     layout = ParallelLayout(options.gpus, sequence_parallel)
+    if options.longest_block:
+        hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
+        print(format_longest_block(shape, workload, hardware, calibration, planned_context(run_args)))
+        return 0
     if options.largest:
         hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
         print(format_largest(workload, hardware, calibration))
