@@ -12,6 +12,7 @@ from finetune.cli import main as cli_main
 from finetune.commands.run import auto_profile
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
+from finetune.limits import BLOCK_STEP, largest_model, longest_block
 from finetune.memory_model import (
     GATED_MLP_ACTIVATION_SCALE,
     GIB,
@@ -29,15 +30,12 @@ from finetune.memory_model import (
 )
 from finetune.pictures import plan_picture
 from finetune.planner import (
-    BLOCK_STEP,
     MODEL_LADDER,
     Hardware,
     choose_profile,
     gpt2_shape,
     largest_micro_batch,
     largest_micro_batch_for_share,
-    largest_model,
-    longest_block,
     plan,
     planned_strategies,
     recommend,

@@ -114,12 +114,11 @@ def planned_context(run_args: list[str]) -> tuple[int, str] | None:
 
 
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
+    from finetune.limits import format_largest, format_longest_block
     from finetune.memory_model import DEFAULT_MARGIN, Calibration
     from finetune.planner import (
         Hardware,
         format_global_batch,
-        format_largest,
-        format_longest_block,
         format_plan,
         largest_micro_batch,
         plan,
