@@ -150,13 +150,19 @@ class FinetuneTrainer(Trainer):
         self._loss_sum_to_restore = True
         return trained
 
-    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+    def _run_epoch(self, **kwargs: Any) -> Any:
         """The loop has just set the sum to 0: the first epoch starts it from the checkpoint's, so the
-        losses are added in the uninterrupted run's order and its train_loss is matched to the bit."""
+        losses are added in the uninterrupted run's order and its train_loss is matched to the bit.
+        A --sequence_parallel run's Ulysses data loader also follows the epoch number and skips a
+        resumed epoch's trained batches (finetune/sequence_parallel.py)."""
         if self._loss_sum_to_restore:
             self._total_loss_scalar = self._loss_sum_before or 0.0
             self._loss_sum_to_restore = False
-        return super()._run_epoch(*args, **kwargs)
+        if self.launch.layout.sequence_parallel == 1:
+            return super()._run_epoch(**kwargs)
+        follow_epochs(kwargs["train_dataloader"]).set_epoch(kwargs["epoch"])
+        with skipping_split_batches():
+            return super()._run_epoch(**kwargs)
 
     def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
         """Resumed from a checkpoint without a loss sum, there is no train_loss: the Trainer's would
@@ -202,15 +208,6 @@ class FinetuneTrainer(Trainer):
         if self.launch.layout.sequence_parallel > 1:
             prepared = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in prepared.items()}
         return prepared
-
-    def _run_epoch(self, **kwargs: Any) -> Any:
-        """A --sequence_parallel run's epoch: its Ulysses data loader follows the epoch number and
-        skips a resumed epoch's trained batches (finetune/sequence_parallel.py)."""
-        if self.launch.layout.sequence_parallel == 1:
-            return super()._run_epoch(**kwargs)
-        follow_epochs(kwargs["train_dataloader"]).set_epoch(kwargs["epoch"])
-        with skipping_split_batches():
-            return super()._run_epoch(**kwargs)
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():

@@ -104,6 +104,7 @@ def test_a_split_run_resumed_mid_turn_continues_as_the_uninterrupted_run(tiny_ll
     for a, b in zip(after, resumed_after, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=EXACT), a["step"]
     assert resumed["eval_loss"] == pytest.approx(uninterrupted["eval_loss"], abs=EXACT)
+    assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], abs=EXACT)
     resumed_weights = load_file(stopped / "model.safetensors")
     for name, tensor in load_file(run / "model.safetensors").items():
         torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=EXACT, msg=name)
