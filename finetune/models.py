@@ -305,7 +305,7 @@ def drawn_on_the_accelerator(module: torch.nn.Module) -> Iterator[None]:
             tensor.data = home
 
 
-def gather_zero3_by_block(model: PreTrainedModel, adapters: bool) -> list[str]:
+def gather_zero3_by_block(model: PreTrainedModel, adapters: bool, deepcompile: bool) -> list[str]:
     """Under ZeRO-3, make each transformer block one DeepSpeed leaf module; the classes found so.
 
     The blocks are the model's `_no_split_modules`, the classes FSDP2's transformer-based wrap
@@ -319,14 +319,14 @@ def gather_zero3_by_block(model: PreTrainedModel, adapters: bool) -> list[str]:
     Not when adapters train on a frozen base (`adapters`): DeepSpeed 0.19.8 then left a frozen
     weight of a leaf block released in backward (a zero-size tensor in the adapters' backward, seen
     in 2-rank CPU runs of zero3_offload and GSM8K under zero3), so LoRA keeps the per-module hooks.
-    Nor under DeepCompile, which removes the module hooks and gathers inside its compiled graph.
+    Nor under DeepCompile (`deepcompile`, the strategy's), which removes the module hooks and gathers
+    inside its compiled graph.
     """
-    config = (deepspeed_config() or {}) if is_deepspeed_zero3_enabled() else {}
     if (
         adapters
-        or not config
-        or "leaf_module" in config.get("zero_optimization", {})
-        or (config.get("compile") or {}).get("deepcompile", False)
+        or deepcompile
+        or not is_deepspeed_zero3_enabled()
+        or "leaf_module" in deepspeed_config().get("zero_optimization", {})
     ):
         return []
     from deepspeed.utils import set_z3_leaf_modules

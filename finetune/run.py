@@ -184,7 +184,7 @@ def train_and_measure(
             "ones drawn around the mean of the others"
         )
     record.update({"embeddings_resized_to": rows})
-    leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft))
+    leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft), launch.strategy.deepcompile)
     compile_plan = CompilePlan.for_run(launch, training_args, leaf_blocks)
     if training_args.torch_compile and not compile_plan.compiled and training_args.process_index == 0:
         logger.warning(
