@@ -40,10 +40,14 @@ def largest_model(
     return found
 
 
-def format_largest(workload: Workload, hardware: Hardware, calibration: Calibration) -> str:
+def format_largest(
+    workload: Workload, hardware: Hardware, calibration: Calibration, profiles: list[str] | None = None
+) -> str:
+    """`finetune plan --largest`: per profile (`--profiles`, else every one that runs on the GPUs),
+    the largest model of the ladder that fits."""
     host = hardware.host_memory_gib
     host_note = f"host RAM {host:g} GiB per node" if host else "host RAM not limited"
-    strategies = planned_strategies(None, hardware.layout)
+    strategies = planned_strategies(profiles, hardware.layout)
     lines = [
         f"finetune plan --largest: {hardware.gpus} GPU(s) of {hardware.gpu_memory_gib:g} GiB, micro batch "
         f"{workload.micro_batch} x {workload.block_size} tokens, {workload.dtype}, "
@@ -105,9 +109,11 @@ def format_longest_block(
     hardware: Hardware,
     calibration: Calibration,
     context: tuple[int, str] | None,
+    profiles: list[str] | None = None,
 ) -> str:
-    """`finetune plan --longest_block`: per profile, the longest block of the model that fits."""
-    strategies = planned_strategies(None, hardware.layout)
+    """`finetune plan --longest_block`: per profile (`--profiles`, else every one that can run it),
+    the longest block of the model that fits."""
+    strategies = planned_strategies(profiles, hardware.layout)
     degree = hardware.layout.sequence_parallel
     split = f", each sample's tokens split over {degree} (--sequence_parallel)" if degree > 1 else ""
     checkpointing = "gradient checkpointing, " if workload.gradient_checkpointing else ""

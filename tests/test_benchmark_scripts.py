@@ -160,6 +160,31 @@ def test_a_resumed_runs_step_losses_are_compared_after_its_resume_point_only(tmp
     assert rows["stopped"][2] == "missing"
 
 
+def test_a_resume_between_two_logs_leaves_the_shortened_window_after_it_uncompared(tmp_path):
+    """Resumed from step 12, the run's step-15 log averages steps 13-15 against the straight run's
+    11-15: a difference of window, not of training; step 20's window (16-20) is compared."""
+    straight = [{"step": 10, "loss": 4.0}, {"step": 15, "loss": 3.0}, {"step": 20, "loss": 2.0}]
+    resumed = [{"step": 10, "loss": 4.0}, {"step": 15, "loss": 2.5}, {"step": 20, "loss": 2.2}]
+    store(tmp_path, "ddp.straight", loss_curve=straight, eval_loss=2.0, status="completed")
+    store(tmp_path, "ddp.resumed", loss_curve=resumed, eval_loss=2.0, resumed_from_step=12, status="done")
+    printed = tables.resume(tmp_path, ["ddp"]).splitlines()[2:]
+    rows = {row.split(" | ")[1]: row.strip("| ").split(" | ") for row in printed}
+    assert rows["resumed"][-1] == "1.0e-01"  # step 20 only: 2.2 vs 2.0
+
+
+def test_the_resume_steps_table_lists_each_loss_after_the_resume_and_marks_a_shortened_window(tmp_path):
+    straight = [{"step": 10, "loss": 4.0}, {"step": 15, "loss": 3.0}, {"step": 20, "loss": 2.0}]
+    store(tmp_path, "zero3.straight", loss_curve=straight)
+    store(tmp_path, "zero3.resumed", loss_curve=[*straight[:1], {"step": 15, "loss": 2.5}, straight[2]],
+          resumed_from_step=12)  # fmt: skip
+    store(tmp_path, "zero3.smaller", loss_curve=straight, resumed_from_step=10)
+    rows = [row.strip("| ").split(" | ") for row in tables.resume_steps(tmp_path, []).splitlines()[2:]]
+    assert rows == [
+        ["zero3", "15", "3.00000", "2.50000 (shorter window)", "3.00000"],
+        ["zero3", "20", "2.00000", "2.00000", "2.00000"],
+    ]
+
+
 def test_two_launchers_eval_loss_is_compared_with_one_launchers(tmp_path):
     store(tmp_path, "zero3.one-launcher", eval_loss=3.0, status="completed")
     store(tmp_path, "zero3.two-launchers", eval_loss=3.5, status="completed")

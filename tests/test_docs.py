@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEED_PAGE = ROOT / "docs" / "speed.md"
 PLANNER_PAGE = ROOT / "docs" / "planner.md"
 TROUBLESHOOTING_PAGE = ROOT / "docs" / "troubleshooting.md"
+RESUME_PAGE = ROOT / "docs" / "resume-export-eval-generate.md"
 README = ROOT / "README.md"
 TABLE_SCRIPT = "benchmarks/scripts/tables.py"
 GENERATED_TABLE = re.compile(rf"<!-- table: python {TABLE_SCRIPT} (\w+) (benchmarks/\S+) -->")
@@ -35,12 +36,12 @@ def generated_tables(page: Path) -> list[tuple[str, str, str]]:
     return tables
 
 
-PAGES = (SPEED_PAGE, README, PLANNER_PAGE, TROUBLESHOOTING_PAGE)
+PAGES = (SPEED_PAGE, README, PLANNER_PAGE, TROUBLESHOOTING_PAGE, RESUME_PAGE)
 TABLES = [table for page in PAGES for table in generated_tables(page)]
 
 
 def test_docs_speed_page_has_its_generated_tables():
-    assert len(generated_tables(SPEED_PAGE)) == 27
+    assert len(generated_tables(SPEED_PAGE)) == 29
 
 
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
@@ -51,6 +52,10 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200x2-2026-11-28/call3",
         "benchmarks/h200x2-2026-11-28/call1",
     ]
+
+
+def test_the_resume_page_shows_resume_on_half_the_gpus_generated():
+    assert [kind for kind, _, _ in generated_tables(RESUME_PAGE)] == ["resume", "resume_steps"]
 
 
 def test_readme_shows_the_doctor_instruction_and_lora_tables_generated():

@@ -477,6 +477,14 @@ def test_plan_largest_prints_a_row_per_profile_with_the_flags_to_run_it(capsys):
     assert out.count("\n| ") == 1 + len(planned_strategies(None, ParallelLayout(4)))
 
 
+@pytest.mark.parametrize("question", ["--largest", "--longest_block"])
+def test_plan_answers_largest_and_longest_block_for_the_profiles_named_only(capsys, question):
+    assert cli_main(["plan", question, "--profiles", "zero3,fsdp", "--gpus", "4", "--gpu_memory", "80",
+                     "--batch_size", "1"]) == 0  # fmt: skip
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| zero3", "| fsdp"]
+
+
 @pytest.mark.parametrize(
     ("flags", "checkpointing", "compiled"),
     [

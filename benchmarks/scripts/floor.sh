@@ -4,6 +4,8 @@
 # into $OUT/floor.tgz after each case (the device tool brings back 8 files; a call cut short keeps
 # what ended). usage: bash benchmarks/run.sh floor --out DIR MODEL BATCH STEPS CASE...
 # BATCH - gives no --batch_size (cases that plan it: fsdp:--global_batch_size,128; no plain/ cases).
+# MODEL a name in $FINETUNE_DATA_DIR trains --from_scratch; a folder of saved weights loads them (what
+# --peft cases need: benchmarks/scripts/save_initialised.py makes one).
 # A CASE is [ENV=VALUE+...][TOOL/]PROFILE[:flag,value,...][#tag]:
 #   TOOL  run (default): finetune/run.py through `python -m finetune.launch` (what `finetune run` starts)
 #         trace: benchmarks/scripts/rank_traces.py (every rank profiled, then trace_analysis.py's numbers)
@@ -32,7 +34,8 @@ for CASE in "$@"; do
   [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
   NAME=$(echo "${CASE}" | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80); NAME=${NAME%_}
   BATCH_FLAG="--batch_size $BATCH"; [ "$BATCH" = - ] && BATCH_FLAG=""  # -: the case's flags choose it
-  FLAGS="--model $MODEL --from_scratch --max_steps $STEPS $BATCH_FLAG --block_size ${BLOCK:-1024}
+  SOURCE="--from_scratch"; [ -d "$MODEL" ] && SOURCE=""
+  FLAGS="--model $MODEL $SOURCE --max_steps $STEPS $BATCH_FLAG --block_size ${BLOCK:-1024}
     --logging_steps ${LOGGING_STEPS:-10} --max_eval_samples 16 --save_strategy no --report_to none
     --disable_tqdm true --output_dir /tmp/floor/$NAME ${EXTRA_FLAGS:-}"
   rm -rf /tmp/floor/$NAME; mkdir -p "$OUT/$NAME" /tmp/floor/variants
@@ -50,7 +53,7 @@ for CASE in "$@"; do
           /tmp/traces/$NAME $FLAGS --max_steps 14 --logging_steps 50 $EXTRA) ;;
     plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
           --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \
-          $FINETUNE_DATA_DIR/$MODEL $BATCH $STEPS "$OUT/$NAME/plain.json") ;;
+          $([ -d "$MODEL" ] && echo "$MODEL" || echo "$FINETUNE_DATA_DIR/$MODEL") $BATCH $STEPS "$OUT/$NAME/plain.json") ;;
     *) echo "floor.sh: unknown tool '$TOOL' in $CASE" >&2; exit 2 ;;
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?

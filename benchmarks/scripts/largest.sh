@@ -4,7 +4,7 @@
 # micro batch 1 and gradient checkpointing (as the --largest plan assumes) for STEPS (default 4) steps,
 # and writes beside the run's summary and log the planner's prediction for the same shape.
 NPROC=$1 PROFILE=$2 NAME=$3 STEPS=${4:-4}
-FLAGS=$(python -c "from finetune.planner import run_flags; print(run_flags('$NAME'))")
+FLAGS=$(python -c "from finetune.limits import run_flags; print(run_flags('$NAME'))")
 BASE=$OUT/largest.$NPROC.$PROFILE.$NAME
 NVME=$([ "$PROFILE" = zero3_nvme ] && echo "--nvme_path /tmp/nvme_$NAME")
 python -m finetune plan ${FLAGS/--from_scratch/} --gpus $NPROC --batch_size 1 --gradient_checkpointing --profiles $PROFILE \

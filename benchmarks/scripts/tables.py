@@ -34,6 +34,7 @@ writes its table in place of the one below the marker.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import statistics
@@ -318,17 +319,28 @@ def losses(summary: Summary) -> dict[int, float]:
     return {point["step"]: point["loss"] for point in summary.get("loss_curve", [])}
 
 
+def window_starts(curve: dict[int, float]) -> dict[int, int]:
+    """For each logged step but the first, the logged step before it: its loss is the mean since."""
+    return {step: before for before, step in itertools.pairwise(sorted(curve))}
+
+
 def largest_relative_difference(run: Summary, straight: Summary) -> float | None:
-    """Over the logged steps both runs trained after the resume point (None if there are none)."""
+    """Over the logged steps both runs trained after the resume point (None if there are none). A
+    logged loss is the mean since the previous log, so a resume between two logs leaves the first
+    window after it shorter in the resumed run: only windows that start at or after the resume
+    point are compared."""
     start = run.get("resumed_from_step") or 0
     mine, theirs = losses(run), losses(straight)
-    steps = [step for step in mine if step > start and step in theirs]
+    window_start = window_starts(theirs)
+    steps = [step for step in mine if window_start.get(step, -1) >= start and step in theirs]
     if not steps:
         return None
     return max(abs(mine[step] - theirs[step]) / abs(theirs[step]) for step in steps)
 
 
 def resume(folder: Path, profiles: list[str]) -> str:
+    """Every profile the folder holds an uninterrupted run of, unless profiles are named."""
+    profiles = profiles or sorted(path.name.split(".")[0] for path in folder.glob("*.straight.json"))
     rows = []
     for profile in profiles:
         straight = read(folder / f"{profile}.straight.json")
@@ -353,6 +365,27 @@ def resume(folder: Path, profiles: list[str]) -> str:
             )  # fmt: skip
     columns = ["profile", "run", "status", "resumed from", "world size", "steps", "eval loss"]
     columns += ["eval loss vs uninterrupted", "largest step-loss difference"]
+    return markdown(columns, rows)
+
+
+def resume_steps(folder: Path, profiles: list[str]) -> str:
+    """Every logged loss from the resume point on, the uninterrupted run's beside the two resumed
+    ones (a window the resume cut short is marked, as it averages fewer steps)."""
+    profiles = profiles or sorted(path.name.split(".")[0] for path in folder.glob("*.straight.json"))
+    rows = []
+    for profile in profiles:
+        straight = losses(read(folder / f"{profile}.straight.json"))
+        resumed = {run: read(folder / f"{profile}.{run}.json") for run in ("resumed", "smaller")}
+        first = min((summary.get("resumed_from_step") or 0) for summary in resumed.values())
+        window_start = window_starts(straight)
+        for step in sorted(step for step in straight if step > first):
+            cells = [profile, str(step), f"{straight[step]:.5f}"]
+            for summary in resumed.values():
+                loss = losses(summary).get(step)
+                short = window_start.get(step, -1) < (summary.get("resumed_from_step") or 0)
+                cells.append("" if loss is None else f"{loss:.5f}" + (" (shorter window)" if short else ""))
+            rows.append(cells)
+    columns = ["profile", "step", "uninterrupted", "resumed on the same GPUs", "resumed on half the GPUs"]
     return markdown(columns, rows)
 
 
@@ -507,6 +540,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
     "resume": resume,
+    "resume_steps": resume_steps,
     "two_launchers": two_launchers,
 }
 

@@ -137,16 +137,17 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         raise FinetuneError("--largest and --longest_block ask two questions: ask one")
     shape, workload, global_batch, sequence_parallel = planned_run(run_args, options.largest)
     layout = ParallelLayout(options.gpus, sequence_parallel)
+    profiles = options.profiles.split(",") if options.profiles else None
     if options.longest_block:
         hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
-        print(format_longest_block(shape, workload, hardware, calibration, planned_context(run_args)))
+        context = planned_context(run_args)
+        print(format_longest_block(shape, workload, hardware, calibration, context, profiles))
         return 0
     if options.largest:
         hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
-        print(format_largest(workload, hardware, calibration))
+        print(format_largest(workload, hardware, calibration, profiles))
         return 0
     hardware = Hardware(layout, memory, gpus_per_node=options.gpus_per_node, margin=options.margin)
-    profiles = options.profiles.split(",") if options.profiles else None
     estimates = plan(shape, workload, layout, calibration, profiles)
     print(format_plan(shape, workload, estimates, hardware))
     if options.picture is not None:
