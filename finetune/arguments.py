@@ -39,7 +39,7 @@ from finetune.profiles import (
 )
 from finetune.quiet import DEEPSPEED_OP_LOADED, without_printed_lines
 from finetune.run_flags import DataArguments, ModelArguments
-from finetune.sequence_parallel import check_strategy, parallelism_config
+from finetune.sequence_parallel import check_device, check_strategy, parallelism_config
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
@@ -219,10 +219,11 @@ class FinetuneTrainingArguments(TrainingArguments):
     sequence_parallel: int = field(
         default=1,
         metadata={
-            "help": "zero3 profiles: split each sample's tokens over groups of N processes (DeepSpeed "
-            "Ulysses through accelerate's ParallelismConfig): activations per GPU shrink N-fold, so a block "
-            "N times longer fits. N divides the processes and the model's attention heads; the processes "
-            "/ N take their own samples (docs/long-context.md)."
+            "help": "zero3 and fsdp profiles: split each sample's tokens over groups of N processes "
+            "(DeepSpeed Ulysses under zero3, torch's ring attention on CUDA GPUs under fsdp, both through "
+            "accelerate's ParallelismConfig): activations per GPU shrink N-fold, so a block N times longer "
+            "fits. N divides the processes (and, for Ulysses, the attention heads); the processes / N take "
+            "their own samples (docs/long-context.md)."
         },
     )
     profile_memory: bool = field(
@@ -368,14 +369,14 @@ def _announce_first_builds(launch: Launch, deepspeed_config: dict[str, Any]) -> 
 
 
 def _apply_sequence_parallel(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
-    """`--sequence_parallel N` as the Trainer takes it: accelerate's ParallelismConfig with DeepSpeed's
-    Ulysses (ALST), whose data loader adapter splits each batch's tokens over the group and whose loss
-    (transformers' `deepspeed_sp_compute_loss`) weighs each rank's part by its trained tokens. Ulysses
-    partitions the model's states with ZeRO-3: refused in one line under any other profile."""
-    degree = launch.layout.sequence_parallel
+    """`--sequence_parallel N` as the Trainer takes it: accelerate's ParallelismConfig for the
+    profile's mechanism (finetune/sequence_parallel.py: DeepSpeed's Ulysses under ZeRO-3, torch's
+    ring attention under FSDP2); refused in one line under any other profile, and the ring off CUDA."""
+    degree, split = launch.layout.sequence_parallel, launch.strategy.sequence_split
     check_strategy(launch.strategy, degree)
+    check_device(split, degree, launch.on_gpu)
     if degree > 1:
-        training_args.parallelism_config = parallelism_config(degree)
+        training_args.parallelism_config = parallelism_config(degree, split, launch.world_size)
 
 
 def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch: Launch) -> None:

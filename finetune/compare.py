@@ -203,15 +203,16 @@ def run_profile(
     return Row(profile.name, classify(reason), reason)
 
 
-def default_profiles(run_args: list[str], sequence_parallel: int = 1) -> list[str]:
+def default_profiles(run_args: list[str], sequence_parallel: int = 1, on_gpu: bool = True) -> list[str]:
     """Every multi-process profile, fastest first; the NVMe one only when --nvme_path is given; with
-    --sequence_parallel, those that split sequences."""
+    --sequence_parallel, those that split sequences (ring attention only on GPUs)."""
+    splits = ("ulysses", "ring") if on_gpu else ("ulysses",)
     return [
         strategy.name
         for strategy in shipped_strategies()
         if strategy.multi_process
         and (not strategy.needs_nvme_path or "--nvme_path" in run_args)
-        and (strategy.splits_sequences or sequence_parallel == 1)
+        and (sequence_parallel == 1 or strategy.sequence_split in splits)
     ]
 
 

@@ -346,6 +346,12 @@ class Launch:
         return self.layout.world_size
 
     @property
+    def sequence_split(self) -> str | None:
+        """The mechanism splitting this run's samples over its groups ("ulysses", "ring"), None
+        when each sample stays on one process."""
+        return self.strategy.sequence_split if self.layout.sequence_parallel > 1 else None
+
+    @property
     def data_parallel_size(self) -> int:
         return self.layout.data_parallel_size
 

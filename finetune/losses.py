@@ -85,9 +85,12 @@ def causal_lm_loss(
     weight: torch.Tensor,
     labels: torch.Tensor,
     num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """ForCausalLMLoss from the last hidden states and the output embedding, without full logits.
 
+    `shift_labels`, when given, are the labels already shifted (each position's next token), as
+    a sequence split over ranks needs them: its slices are cut after the shift.
     Kept out of torch.compile's graph: compiled by inductor for CUDA this function gave every
     parameter a zero gradient, while the same code compiled for CPU and run eagerly on CUDA trains
     (found with benchmarks/scripts/grad_check.py; docs/speed.md). The model's layers
@@ -95,7 +98,9 @@ def causal_lm_loss(
     """
     device_type = hidden.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
-    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    shifted = shift_labels
+    if shifted is None:
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
     with torch.autocast(device_type, enabled=False):
         total = LinearCrossEntropy.apply(
             hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype), shifted.reshape(-1)
@@ -181,14 +186,17 @@ def use_chunked_loss(model: PreTrainedModel) -> PreTrainedModel:
         input_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        shift_labels: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
         if labels is None or not self.training:
-            if num_items_in_batch is not None:
-                kwargs["num_items_in_batch"] = num_items_in_batch
+            for name, value in (("num_items_in_batch", num_items_in_batch), ("shift_labels", shift_labels)):
+                if value is not None:
+                    kwargs[name] = value
             return own_forward(input_ids=input_ids, labels=labels, **kwargs)
         hidden = self.base_model(input_ids=input_ids, **kwargs).last_hidden_state
-        loss = causal_lm_loss(hidden, self.get_output_embeddings().weight, labels, num_items_in_batch)
+        weight = self.get_output_embeddings().weight
+        loss = causal_lm_loss(hidden, weight, labels, num_items_in_batch, shift_labels)
         return CausalLMOutputWithCrossAttentions(loss=loss)
 
     model.forward = types.MethodType(forward, model)

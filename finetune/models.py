@@ -109,24 +109,31 @@ def has_weights(folder: Path) -> bool:
     return any((folder / name).is_file() for name in WEIGHT_FILES)
 
 
-def check_attention_implementation(args: ModelArguments, config: PretrainedConfig) -> None:
-    """Refuse an attention kernel the model class cannot use before any data is built.
+def check_attention_implementation(args: ModelArguments, config: PretrainedConfig) -> PreTrainedModel | None:
+    """Refuse an attention kernel the model class cannot use before any data is built; returns the
+    model built on the meta device for further checks (None for remote code).
 
     transformers checks it only while building the model; the class is built here on the meta device
     (a fraction of a second, no memory, even for billions of parameters) and directly, not through
     `from_config`, which under ZeRO-3 would partition it. A model of remote code is checked when built.
     """
-    mapping = AutoModelForCausalLM._model_mapping
-    if type(config) not in mapping:
-        return
-    asked = copy.deepcopy(config)
-    asked._attn_implementation = args.attn_implementation
     try:
-        with torch.device("meta"), no_init_weights():
-            mapping[type(config)](asked)
+        return on_meta_device(config, args.attn_implementation)
     except (ValueError, ImportError) as error:
         reason = first_line(error).split(". ")[0].rstrip(".")
         raise FinetuneError(f"--attn_implementation {args.attn_implementation}: {reason}") from None
+
+
+def on_meta_device(config: PretrainedConfig, attn_implementation: str | None) -> PreTrainedModel | None:
+    """The model's class built on the meta device: its modules without memory, to check a run
+    against before any data is built; None for a model of remote code (checked when built)."""
+    mapping = AutoModelForCausalLM._model_mapping
+    if type(config) not in mapping:
+        return None
+    asked = copy.deepcopy(config)
+    asked._attn_implementation = attn_implementation
+    with torch.device("meta"), no_init_weights():
+        return mapping[type(config)](asked)
 
 
 def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -> PreTrainedModel:

@@ -85,9 +85,20 @@ class Strategy:
         return self.framework != "single"
 
     @property
+    def sequence_split(self) -> str | None:
+        """How `--sequence_parallel` splits each sample's tokens under this profile: "ulysses"
+        (DeepSpeed's Ulysses: attention heads over the group, ZeRO-3 partitioning the model), "ring"
+        (torch's context parallel through accelerate: keys and values passed round the group, FSDP2
+        sharding the model over it), or None where the profile keeps every sample on one process."""
+        if self.framework == "deepspeed" and self.zero_stage == 3:
+            return "ulysses"
+        if self.framework == "fsdp":
+            return "ring"
+        return None
+
+    @property
     def splits_sequences(self) -> bool:
-        """Takes `--sequence_parallel`: DeepSpeed's Ulysses partitions the model with ZeRO-3."""
-        return self.framework == "deepspeed" and self.zero_stage == 3
+        return self.sequence_split is not None
 
     @property
     def offloaded(self) -> dict[str, str]:

@@ -71,7 +71,7 @@ from finetune.models import (
 from finetune.outputs import claim_output_dir
 from finetune.launched import BatchGeometry, CompilePlan, Launch
 from finetune.resolved import resolve_run
-from finetune.sequence_parallel import check_heads, with_position_ids
+from finetune.sequence_parallel import check_data, check_model, padding_multiple, with_position_ids
 from finetune.reporting import GroupedTensorBoardCallback, run_scalars
 from finetune.run_folder import logging_dir
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
@@ -153,10 +153,10 @@ def train_and_measure(
     set_seed(training_args.seed)
     location = resolve_model(model_args.model)
     config = load_config(model_args, location)
-    check_attention_implementation(model_args, config)
-    degree = launch.layout.sequence_parallel
-    if degree > 1:
-        check_heads(config, degree)
+    meta_model = check_attention_implementation(model_args, config)
+    degree, split = launch.layout.sequence_parallel, launch.strategy.sequence_split
+    check_model(meta_model, config, degree, split, model_args.attn_implementation)
+    del meta_model
     block_size = choose_block_size(data_args.block_size, config)
     tokenizer = load_tokenizer(model_args, location)
     new_tokens = vocabulary_growth(model_args, config, tokenizer)  # before the data, which uses them
@@ -170,6 +170,7 @@ def train_and_measure(
         ),
     )
     record.update(data_fields(location, block_size, data.summary))
+    check_data(split, degree, data.summary.packing and data.summary.data_format != "text")
     startup.mark("data")
     if training_args.process_index == 0:
         for note in data.summary.notes:
@@ -238,7 +239,9 @@ def train_and_measure(
         train_dataset=data.train,
         eval_dataset=data.evaluation,
         processing_class=tokenizer,
-        data_collator=with_position_ids(data.collator, degree) if degree > 1 else data.collator,
+        data_collator=(
+            with_position_ids(data.collator, padding_multiple(split, degree)) if degree > 1 else data.collator
+        ),
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, collections, stop, startup, StepCountersOnTheirDevice(), watchdog]

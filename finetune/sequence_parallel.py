@@ -1,14 +1,20 @@
 """Sequence parallelism: each sample's tokens split over a group of processes (`--sequence_parallel N`).
 
-The mechanism is DeepSpeed's Ulysses (Arctic Long Sequence Training) as accelerate 1.15 and
-transformers 5.17 wire it: accelerate's `ParallelismConfig(sp_backend="deepspeed")` makes the
-groups, its data loader adapter gathers the group's batches and gives every rank its slice of each,
-with the labels shifted before the split (`shift_labels`), and transformers'
-`deepspeed_sp_compute_loss` weighs each rank's loss by its trained tokens. What is here is what
-those leave to the caller: the run's configuration, the checks a model and a batch must pass
-before anything loads (Ulysses raises them mid-training otherwise), and position ids on every batch,
-which Ulysses needs to put the tokens back in order after the split; and a resumed run's skip
-over the batches its checkpoint already trained, which the adapter lacks.
+Two mechanisms, one per kind of profile (`Strategy.sequence_split`), both as accelerate 1.15 and
+transformers 5.17 wire them. Under ZeRO-3, DeepSpeed's Ulysses (Arctic Long Sequence Training):
+accelerate's `ParallelismConfig(sp_backend="deepspeed")` makes the groups, its data loader adapter
+gathers the group's batches and gives every rank its slice of each, with the labels shifted before
+the split (`shift_labels`), and transformers' `deepspeed_sp_compute_loss` weighs each rank's loss by
+its trained tokens. Under FSDP2, torch's context parallelism (ring attention):
+`ParallelismConfig(cp_size=N)`, the Trainer shards each batch's tensors along the sequence inside
+`accelerator.maybe_context_parallel` and torch passes keys and values round the group inside
+attention; FSDP2 shards the model over the group too.
+
+What is here is what those leave to the caller: the run's configuration, the checks a model, a
+device and the data must pass before anything loads (the libraries raise them mid-training
+otherwise), position ids on every batch (Ulysses puts the tokens back in order by them; the ring
+shards them with the tokens), and a resumed run's skip over the batches its checkpoint already
+trained, which the Ulysses adapter lacks.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ from finetune.errors import FinetuneError
 ATTENTION = "sdpa"
 
 
-def parallelism_config(degree: int) -> Any:
-    """accelerate's ParallelismConfig for a Ulysses group of `degree` processes, for
-    TrainingArguments.parallelism_config; batches may change length (instruction data)."""
+def parallelism_config(degree: int, split: str, world_size: int) -> Any:
+    """accelerate's ParallelismConfig for groups of `degree` processes splitting each sample, for
+    TrainingArguments.parallelism_config. Ulysses: batches may change length (instruction data).
+    Ring: FSDP2 shards the model over the data-parallel ranks and the group together."""
     from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
+    if split == "ring":
+        return ParallelismConfig(dp_shard_size=world_size // degree, cp_size=degree, cp_backend="torch")
     return ParallelismConfig(
         sp_backend="deepspeed",
         sp_size=degree,
@@ -42,12 +51,54 @@ def parallelism_config(degree: int) -> Any:
 
 
 def check_strategy(strategy: Any, degree: int) -> None:
-    """Ulysses partitions the model's states with ZeRO-3: any other profile is refused in one line,
-    by `finetune run` before it launches and by every rank of a bare `accelerate launch`."""
+    """Only the profiles whose sharding a mechanism is built on split sequences: any other is refused
+    in one line, by `finetune run` before it launches and by every rank of a bare `accelerate launch`."""
     if degree > 1 and not strategy.splits_sequences:
         raise FinetuneError(
-            f"--sequence_parallel is for the zero3 profiles (DeepSpeed Ulysses); profile "
-            f"{strategy.name} ({strategy.kind}) trains every sample on one process"
+            f"--sequence_parallel is for the zero3 profiles (DeepSpeed Ulysses) and the fsdp profiles "
+            f"(torch context parallelism); profile {strategy.name} ({strategy.kind}) trains every sample "
+            "on one process"
+        )
+
+
+def check_device(split: str | None, degree: int, on_gpu: bool) -> None:
+    """torch's ring attention has kernels for CUDA's attention backends only (flash, efficient,
+    cuDNN); on CPU SDPA runs a kernel the ring does not dispatch, and the run would fail at its first
+    attention."""
+    if degree > 1 and split == "ring" and not on_gpu:
+        raise FinetuneError(
+            f"--sequence_parallel {degree} under an fsdp profile is torch's ring attention, which runs on "
+            "CUDA GPUs only; on CPU use a zero3 profile (DeepSpeed Ulysses)"
+        )
+
+
+def check_model(meta_model: Any, config: Any, degree: int, split: str | None, attention: str) -> None:
+    """What each mechanism needs of the model, checked on its config, its `--attn_implementation`
+    and its modules (built on the meta device; None for remote code, checked on the config alone).
+    The ring attends causally over the whole sequence, dropping the model's mask (accelerate's
+    hooks): a model with sliding-window or chunked layers would train unmasked."""
+    if degree == 1 or split is None:
+        return
+    if split == "ulysses":
+        check_heads(config, degree)
+        return
+    if attention != ATTENTION:
+        raise FinetuneError(
+            f"--sequence_parallel {degree} under an fsdp profile runs ring attention on {ATTENTION} only; "
+            f"--attn_implementation is {attention}"
+        )
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    if layer_types - {"full_attention"} or (not layer_types and getattr(config, "sliding_window", None)):
+        raise FinetuneError(
+            f"--sequence_parallel {degree} under an fsdp profile: ring attention is causal over the whole "
+            f"sequence and {type(config).__name__}'s layers attend within a window; use a zero3 profile"
+        )
+    names = [name for name, _ in meta_model.named_modules()] if meta_model is not None else None
+    if names is not None and not any(name.endswith("self_attn") for name in names):
+        raise FinetuneError(
+            f"--sequence_parallel {degree} under an fsdp profile: accelerate makes the attention of "
+            f"modules named self_attn (Llama-style) causal across the ring; {type(config).__name__} has none "
+            "(a zero3 profile splits it with Ulysses where its heads allow)"
         )
 
 
@@ -77,18 +128,36 @@ def check_heads(config: Any, degree: int) -> None:
         )
 
 
-def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], degree: int) -> Callable:
-    """`collate`, its batches also carrying each token's position and padded at the end to a length
-    the group divides. Ulysses splits the sequence and gathers it back inside attention by these
-    positions (packed blocks bring their own, restarting at each example); the padding is masked out
-    of attention and of the loss, and a causal model's real tokens never look at it."""
+def check_data(split: str | None, degree: int, packed_examples: bool) -> None:
+    """Packed instruction examples are kept apart by their restarting positions (finetune/packing.py),
+    which Ulysses honours and the ring's plain causal attention does not: refused in one line."""
+    if degree > 1 and split == "ring" and packed_examples:
+        raise FinetuneError(
+            f"--sequence_parallel {degree} under an fsdp profile: ring attention would let packed examples "
+            "attend to each other; use --no_packing, or a zero3 profile (Ulysses keeps them apart)"
+        )
+
+
+def padding_multiple(split: str, degree: int) -> int:
+    """The length every batch is padded to a multiple of: Ulysses splits it into `degree` equal
+    slices; the ring into 2 x `degree` chunks, each rank taking one from each end so that causal
+    attention's work is balanced (torch's load balancer)."""
+    return 2 * degree if split == "ring" else degree
+
+
+def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], multiple: int) -> Callable:
+    """`collate`, its batches also carrying each token's position and padded at the end to a
+    `multiple` (`padding_multiple`). Ulysses splits the sequence and gathers it back inside attention
+    by these positions (packed blocks bring their own, restarting at each example); the ring shards
+    them with the tokens. The padding is masked out of the loss, and a causal model's real tokens
+    never look at it."""
 
     def collate_with_positions(features: list[dict[str, Any]]) -> dict[str, Any]:
         batch = collate(features)
         rows, length = batch["input_ids"].shape
         if "position_ids" not in batch:
             batch["position_ids"] = torch.arange(length).expand(rows, length).clone()
-        missing = -length % degree
+        missing = -length % multiple
         if missing:
             fill = {"labels": IGNORE_INDEX, "attention_mask": 0, "input_ids": 0}
             for key, value in fill.items():

@@ -158,7 +158,7 @@ class FinetuneTrainer(Trainer):
         if self._loss_sum_to_restore:
             self._total_loss_scalar = self._loss_sum_before or 0.0
             self._loss_sum_to_restore = False
-        if self.launch.layout.sequence_parallel == 1:
+        if self.launch.sequence_split != "ulysses":
             return super()._run_epoch(**kwargs)
         follow_epochs(kwargs["train_dataloader"]).set_epoch(kwargs["epoch"])
         with skipping_split_batches():
@@ -205,9 +205,21 @@ class FinetuneTrainer(Trainer):
         `.cpu()`, a copy only from a GPU: on CPU ranks the slice of a batch of several rows stays a
         strided view, which the causal LM loss's `.view(-1)` refuses. Made contiguous here."""
         prepared = super()._prepare_inputs(inputs)
-        if self.launch.layout.sequence_parallel > 1:
+        if self.launch.sequence_split == "ulysses":
             prepared = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in prepared.items()}
         return prepared
+
+    def _prepare_context_parallel_inputs(
+        self, model: Any, inputs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """Under ring attention a training batch is cut into the group's chunks; an evaluation batch
+        runs whole on every rank of the group: the per-sample loss sums of evaluation
+        (`evaluation.loss_sums_per_sample`) shift each sample's labels by one inside the sample, which
+        the chunks would cut apart. Each group evaluates the same batches, so the weighted mean is
+        unchanged; the cost is the group's evaluation done `degree` times over."""
+        if not model.training:
+            return contextlib.nullcontext, inputs
+        return super()._prepare_context_parallel_inputs(model, inputs)
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():

@@ -168,7 +168,15 @@ def test_by_default_every_multi_process_profile_is_compared_fastest_first():
 
 
 def test_with_a_sequence_degree_the_profiles_that_split_sequences_are_compared():
-    assert default_profiles(["--sequence_parallel", "2"], sequence_parallel=2) == ["zero3", "zero3_offload"]
+    assert default_profiles(["--sequence_parallel", "2"], sequence_parallel=2) == [
+        "fsdp_grad_op", "zero3", "fsdp", "zero3_offload",
+    ]  # fmt: skip
+
+
+def test_without_gpus_a_sequence_degree_compares_the_ulysses_profiles_only():
+    """The FSDP profiles' ring attention runs on CUDA only: they would fail every run on CPU."""
+    flags = ["--sequence_parallel", "2"]
+    assert default_profiles(flags, sequence_parallel=2, on_gpu=False) == ["zero3", "zero3_offload"]
 
 
 def test_a_copied_profile_is_compared_beside_a_shipped_name_under_its_file_name(

@@ -70,4 +70,4 @@ def test_a_sequence_group_divides_a_ranks_activations_by_its_degree():
 def test_a_sequence_group_is_planned_under_the_profiles_that_split_sequences_only():
     names = [s.name for s in planned_strategies(None, ParallelLayout(4, sequence_parallel=2))]
     assert names and all(load_strategy(name).splits_sequences for name in names)
-    assert "zero3" in names and "fsdp" not in names
+    assert "zero3" in names and "fsdp" in names and "ddp" not in names

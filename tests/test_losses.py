@@ -67,6 +67,34 @@ def test_loss_and_gradients_equal_the_models_own(family, num_items_in_batch):
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_labels_shifted_before_a_split_give_the_models_own_loss_and_gradients():
+    """A sequence split over ranks brings its labels already shifted (`shift_labels`; a slice's last
+    one is the first token of the next slice): the chunked loss takes them as given, as the model's
+    own loss does, and not the labels shifted inside the slice."""
+    own = TINY_MODELS["llama"]()
+    chunked = use_chunked_loss(copy.deepcopy(own))
+    input_ids, labels = batch_with_ignored_labels()
+    shift_labels = torch.randint(0, VOCAB, labels.shape)
+    shift_labels[1, :4] = -100
+    results = []
+    for model in (own, chunked):
+        model.zero_grad()
+        output = model(input_ids=input_ids, labels=labels, shift_labels=shift_labels, num_items_in_batch=40)
+        output.loss.backward()
+        results.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    for name, grad in results[0].items():
+        torch.testing.assert_close(results[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_given_shift_labels_are_not_shifted_again():
+    torch.manual_seed(2)
+    hidden, weight = torch.randn(1, 6, 8), torch.randn(VOCAB, 8)
+    targets = torch.randint(0, VOCAB, (1, 6))
+    given = causal_lm_loss(hidden, weight, targets, shift_labels=targets)
+    logits = (hidden @ weight.T).reshape(-1, VOCAB)
+    torch.testing.assert_close(given, torch.nn.functional.cross_entropy(logits, targets.reshape(-1)))
+
+
 def test_training_forward_returns_no_logits():
     model = use_chunked_loss(TINY_MODELS["gpt2"]())
     input_ids, labels = batch_with_ignored_labels()

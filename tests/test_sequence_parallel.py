@@ -13,10 +13,19 @@ from finetune.callbacks import trained_tokens_in
 from finetune.errors import FinetuneError
 from finetune.launched import Launch
 from finetune.layout import ParallelLayout
+from finetune.models import on_meta_device
 from finetune.packing import packed_collator
 from finetune.profiles import load_strategy
 from finetune.resume import run_differences
-from finetune.sequence_parallel import check_heads, follow_epochs, with_position_ids
+from finetune.sequence_parallel import (
+    check_data,
+    check_device,
+    check_heads,
+    check_model,
+    follow_epochs,
+    padding_multiple,
+    with_position_ids,
+)
 
 
 def sequence_parallel_launch(profile: str, processes: int = 2, degree: int = 2) -> Launch:
@@ -34,13 +43,79 @@ def test_a_zero3_run_gets_a_ulysses_group_of_the_degree(output_flags):
     )
 
 
-@pytest.mark.parametrize("profile", ["ddp", "fsdp", "zero2"])
-def test_sequence_parallel_outside_zero3_is_refused_in_one_line(profile, output_flags):
+@pytest.mark.parametrize("profile", ["ddp", "zero1", "zero2"])
+def test_sequence_parallel_outside_zero3_and_fsdp_is_refused_in_one_line(profile, output_flags):
     _, _, training_args = parse_arguments([*output_flags, "--sequence_parallel", "2"])
     with pytest.raises(
         FinetuneError, match=rf"^--sequence_parallel is for the zero3 profiles .*profile {profile} "
     ):
         resolve_launch_settings(training_args, sequence_parallel_launch(profile))
+
+
+SPLITS = [("zero3", "ulysses"), ("zero3_offload", "ulysses"), ("fsdp", "ring"), ("fsdp_grad_op", "ring"),
+          ("ddp", None)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("profile", "split"), SPLITS)
+def test_zero3_splits_sequences_with_ulysses_and_fsdp2_with_ring_attention(profile, split):
+    assert load_strategy(profile).sequence_split == split
+
+
+def test_an_fsdp_run_on_gpus_gets_a_context_parallel_group_beside_its_sharding(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--sequence_parallel", "2"])
+    launch = Launch(load_strategy("fsdp"), ParallelLayout(4, 2), on_gpu=True)
+    resolve_launch_settings(training_args, launch)
+    config = training_args.parallelism_config
+    assert (config.cp_backend, config.cp_size, config.dp_shard_size, config.sp_size) == ("torch", 2, 2, 1)
+
+
+def test_ring_attention_on_cpu_is_refused_in_one_line(output_flags):
+    """torch's ring attention dispatches CUDA's attention kernels only."""
+    _, _, training_args = parse_arguments([*output_flags, "--sequence_parallel", "2"])
+    with pytest.raises(FinetuneError, match=r"^--sequence_parallel 2 under an fsdp profile .*CUDA GPUs only"):
+        resolve_launch_settings(training_args, sequence_parallel_launch("fsdp"))
+
+
+def test_ulysses_on_cpu_is_not_refused_for_its_device():
+    check_device("ulysses", 2, on_gpu=False)
+
+
+def test_ring_attention_refuses_an_attention_kernel_other_than_sdpa():
+    config = tiny_config("llama")
+    with pytest.raises(FinetuneError, match=r"ring attention on sdpa only; --attn_implementation is eager$"):
+        check_model(None, config, 2, "ring", "eager")
+
+
+def test_ring_attention_refuses_a_model_without_self_attn_modules(tmp_path):
+    """accelerate makes modules named self_attn causal across the ring; GPT-2's are named attn."""
+    config = tiny_config("gpt2")
+    meta_model = on_meta_device(config, "sdpa")
+    with pytest.raises(FinetuneError, match=r"modules named self_attn .*GPT2Config has none"):
+        check_model(meta_model, config, 2, "ring", "sdpa")
+
+
+def test_ring_attention_takes_a_llama_model_whatever_its_heads():
+    """Ring attention splits the sequence, not the heads: 2 heads over a group of 4 are fine."""
+    config = tiny_config("llama", num_attention_heads=2)
+    check_model(on_meta_device(config, "sdpa"), config, 4, "ring", "sdpa")
+
+
+def test_ring_attention_refuses_sliding_window_layers():
+    config = tiny_config("llama")
+    config.layer_types = ["full_attention", "sliding_attention"]
+    with pytest.raises(FinetuneError, match=r"attend within a window; use a zero3 profile$"):
+        check_model(None, config, 2, "ring", "sdpa")
+
+
+def test_ring_attention_refuses_packed_instruction_examples_and_ulysses_takes_them():
+    with pytest.raises(FinetuneError, match=r"let packed examples attend to each other; use --no_packing"):
+        check_data("ring", 2, packed_examples=True)
+    check_data("ulysses", 2, packed_examples=True)
+    check_data("ring", 2, packed_examples=False)
+
+
+def test_ring_batches_are_padded_to_two_chunks_a_rank_and_ulysses_to_one_slice():
+    assert (padding_multiple("ring", 2), padding_multiple("ulysses", 2)) == (4, 2)
 
 
 def test_a_degree_below_one_is_refused(output_flags):

@@ -1,5 +1,6 @@
-"""--sequence_parallel 2 on 2 gloo ranks (zero3, DeepSpeed Ulysses) trains exactly what one process
-trains unsplit: the same loss at every step and the same weights at the end, in fp32."""
+"""--sequence_parallel 2 trains exactly what one process trains unsplit: the same loss at every step
+and the same weights at the end, in fp32. On 2 gloo ranks under zero3 (DeepSpeed Ulysses); on 2 CUDA
+GPUs under fsdp (torch's ring attention, which has no CPU kernels: skipped without the GPUs)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from launching import launch
 from runs import copy_checkpoint
 
 pytestmark = pytest.mark.integration
+on_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="ring attention runs on 2 CUDA GPUs")
 
 STEPS = 4
 EXACT = 1e-5  # fp32: the split only reorders sums
@@ -30,10 +32,10 @@ def flags(model: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def unsplit_and_split(model: Path, tmp_path: Path, *extra: str) -> tuple[Path, Path]:
+def unsplit_and_split(model: Path, tmp_path: Path, *extra: str, profile: str = "zero3") -> tuple[Path, Path]:
     unsplit, split = tmp_path / "unsplit", tmp_path / "split"
-    launch(launched_with("zero3", num_processes=1), unsplit, flags(model, *extra))
-    launch(launched_with("zero3", num_processes=2), split, flags(model, *extra, "--sequence_parallel", "2"))
+    launch(launched_with(profile, num_processes=1), unsplit, flags(model, *extra))
+    launch(launched_with(profile, num_processes=2), split, flags(model, *extra, "--sequence_parallel", "2"))
     return unsplit, split
 
 
@@ -108,3 +110,28 @@ def test_a_split_run_resumed_mid_turn_continues_as_the_uninterrupted_run(tiny_ll
     resumed_weights = load_file(stopped / "model.safetensors")
     for name, tensor in load_file(run / "model.safetensors").items():
         torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=EXACT, msg=name)
+
+
+@on_two_gpus
+def test_ring_attention_trains_text_blocks_as_one_gpu_does(tiny_llama_config_dir, tmp_path):
+    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, "--block_size", "64", profile="fsdp")
+    assert_same_training(unsplit, split)
+
+
+@on_two_gpus
+def test_ring_attention_trains_padded_instruction_data_as_one_gpu_does(
+    tiny_llama_config_dir, data_dir, tmp_path
+):
+    """Examples padded at the end, then to 2 chunks a rank: causal attention never looks at the padding."""
+    extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "128", "--no_packing")
+    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra, profile="fsdp")
+    assert_same_training(unsplit, split)
+
+
+@on_two_gpus
+def test_ring_attention_counts_a_split_samples_tokens_once(tiny_llama_config_dir, tmp_path):
+    split = tmp_path / "split"
+    extra = ("--block_size", "64", "--sequence_parallel", "2")
+    launch(launched_with("fsdp", num_processes=2), split, flags(tiny_llama_config_dir, *extra))
+    summary = read_summary(split)
+    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(64)

@@ -57,9 +57,12 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     for variant in variants:
         _, _, training_args = parse_run_flags([*run_args, *variant_flags(variant)])
     sequence_parallel = training_args.sequence_parallel
-    profiles = (
-        options.profiles.split(",") if options.profiles else default_profiles(run_args, sequence_parallel)
-    )
+    if options.profiles:
+        profiles = options.profiles.split(",")
+    else:
+        import torch
+
+        profiles = default_profiles(run_args, sequence_parallel, torch.cuda.is_available())
     for name in profiles:
         load_profile(name)
     command_line = " ".join(["finetune", "compare", *sys.argv[2:]])

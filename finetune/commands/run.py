@@ -32,7 +32,7 @@ from finetune.profiles import (
     load_profile,
     with_shipped_recipe,
 )
-from finetune.sequence_parallel import check_strategy
+from finetune.sequence_parallel import check_device, check_strategy
 
 ORPHANED_RANKS_WAIT_S = 600.0  # a checkpoint of a large model takes minutes to write
 
@@ -74,7 +74,9 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
     if options.profile == "auto":
         options.profile, reason = auto_profile(run_args, options.num_processes)
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
-    check_strategy(load_profile(options.profile).strategy, training_args.sequence_parallel)
+    strategy, degree = load_profile(options.profile).strategy, training_args.sequence_parallel
+    check_strategy(strategy, degree)
+    check_device(strategy.sequence_split, degree, torch.cuda.is_available())  # runs here, on these GPUs
     if options.doctor:
         code = launch(options, run_args, DOCTOR_SCRIPT)
         if code != 0:
