@@ -16,7 +16,8 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   two_launchers NPROC PROFILE...       2 x NPROC processes from one launcher vs two (--num_machines 2)
   several_gpus CALL                    one device call's cases on a 4-GPU machine (scripts/several_gpus.sh)
   floor MODEL BATCH STEPS CASE...      all GPUs: run/trace/plain cases of a profile, levers as flags or env
-  long_context MODEL NPROC DEGREE BLOCK...  zero3: the longest block that trains unsplit and --sequence_parallel DEGREE
+  long_context MODEL NPROC DEGREE BLOCK...  the longest block that trains unsplit and --sequence_parallel DEGREE
+                                       (PROFILE=fsdp: ring attention; zero3, Ulysses, by default)
   calibrate NPROC MODELS PROFILES BATCHES [STEPS]  planner calibration rows beside the planner's predictions
   profile CASE...                      torch.profiler around steps 9-11 of run.py per PROFILE[:flags]
                                        (TOOL=memory_snapshot: what is alive at the first steps' memory peak)

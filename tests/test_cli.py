@@ -103,28 +103,23 @@ def test_an_unknown_run_flag_is_one_line_and_exit_2_before_anything_is_launched(
     assert not (tmp_path / "job.sbatch").exists()
 
 
-def test_ring_attention_without_gpus_is_refused_before_anything_is_launched(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("profile", "refusal"),
+    [("ddp", "and the fsdp profiles (torch context parallelism); profile ddp"),
+     ("fsdp", "ring attention, which runs on CUDA GPUs only")],
+    ids=["a profile that cannot split", "ring attention without GPUs"],
+)  # fmt: skip
+def test_a_sequence_degree_the_run_cannot_take_is_refused_before_anything_is_launched(
+    profile, refusal, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setattr(subprocess, "Popen", refuse_to_launch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as stopped:
-        cli.main(["run", "--profile", "fsdp", "--model", "gpt2", "--sequence_parallel", "2",
+        cli.main(["run", "--profile", profile, "--model", "gpt2", "--sequence_parallel", "2",
                   "--output_dir", str(tmp_path / "out")])  # fmt: skip
     assert stopped.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
-    assert len(errors) == 1 and "runs on CUDA GPUs only" in errors[0]
-
-
-def test_a_sequence_degree_under_a_profile_that_cannot_split_is_refused_before_anything_is_launched(
-    tmp_path, monkeypatch, capsys
-):
-    monkeypatch.setattr(subprocess, "Popen", refuse_to_launch)
-    with pytest.raises(SystemExit) as stopped:
-        cli.main(["run", "--profile", "ddp", "--model", "gpt2", "--sequence_parallel", "2",
-                  "--output_dir", str(tmp_path / "out")])  # fmt: skip
-    assert stopped.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
-    assert len(errors) == 1 and "--sequence_parallel is for the zero3 profiles" in errors[0]
-    assert "profile ddp" in errors[0]
+    assert len(errors) == 1 and refusal in errors[0]
 
 
 @pytest.mark.parametrize("model_flags", [["--model", "gpt2-medium"], ["recipe.yaml"]], ids=["flag", "recipe"])

@@ -68,11 +68,12 @@ def test_padded_instruction_data_trains_as_one_process_does(tiny_llama_config_di
     assert_same_training(unsplit, split)
 
 
-def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(tiny_llama_config_dir, tmp_path):
+@pytest.mark.parametrize("profile", ["zero3", pytest.param("fsdp", marks=on_two_gpus)])
+def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(profile, tiny_llama_config_dir, tmp_path):
     """Each rank counts the tokens of its slice: 64-token blocks are 64 tokens a sample, summed."""
     split = tmp_path / "split"
     extra = ("--block_size", "64", "--sequence_parallel", "2")
-    launch(launched_with("zero3", num_processes=2), split, flags(tiny_llama_config_dir, *extra))
+    launch(launched_with(profile, num_processes=2), split, flags(tiny_llama_config_dir, *extra))
     summary = read_summary(split)
     assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(64)
 
@@ -126,12 +127,3 @@ def test_ring_attention_trains_padded_instruction_data_as_one_gpu_does(
     extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "128", "--no_packing")
     unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra, profile="fsdp")
     assert_same_training(unsplit, split)
-
-
-@on_two_gpus
-def test_ring_attention_counts_a_split_samples_tokens_once(tiny_llama_config_dir, tmp_path):
-    split = tmp_path / "split"
-    extra = ("--block_size", "64", "--sequence_parallel", "2")
-    launch(launched_with("fsdp", num_processes=2), split, flags(tiny_llama_config_dir, *extra))
-    summary = read_summary(split)
-    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(64)
