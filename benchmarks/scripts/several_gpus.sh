@@ -127,6 +127,40 @@ case $CALL in
       python -c "import json,sys; s=json.load(open(sys.argv[1])); print({k: s.get(k) for k in ('status','world_size','tokens_per_second','trained_tokens_per_second','memory_peak_allocated_gib_max')})" "$ROOT/single/$HOW.json"
     done
     ;;
+  8)  # issue 38 target 4 and issue 39 target 3: LoRA beside full fine-tuning under the sharded profiles
+    # (saved random weights: --peft refuses --from_scratch), then zero3_nvme on all GPUs with doctor's row
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    python benchmarks/scripts/save_initialised.py gpt2-medium /tmp/gpt2-medium-init
+    RUN_TIMEOUT=100 phase lora 330 $ALL floor /tmp/gpt2-medium-init 8 20 fsdp fsdp:--peft,lora zero3 \
+      zero3:--peft,lora
+    mkdir -p "$ROOT/doctor" "$ROOT/nvme"
+    doctor zero3_nvme-$N $ALL zero3_nvme --nvme_path /tmp/nvme
+    timeout 150 python -m finetune run --profile zero3_nvme --num_processes $N --model gpt2 --from_scratch \
+      --nvme_path /tmp/nvme-run --max_steps 20 --max_eval_samples 16 --save_strategy no --report_to none \
+      --disable_tqdm true --output_dir /tmp/nvme-run-out > "$ROOT/nvme/zero3_nvme.log" 2>&1; echo "nvme rc $?"
+    cp /tmp/nvme-run-out/run_summary.json "$ROOT/nvme/zero3_nvme.json"
+    ;;
+  9)  # issue 39 target 4: `finetune plan --largest --gpus N` for zero3 and fsdp, each trained for 4 steps
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    GIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1/1024)}')
+    for P in zero3 fsdp; do
+      SHAPE=$(python -m finetune plan --largest --gpus $N --gpu_memory $GIB --batch_size 1 --gradient_checkpointing \
+        --profiles $P | awk -F' [|] ' -v p="| $P" '$1 == p {print $2}')
+      echo "== largest $P on $N x $GIB GiB: $SHAPE"
+      LARGEST_TIMEOUT=260 phase largest-$P 280 $ALL largest $N $P $SHAPE
+    done
+    ;;
+  10)  # issue 42: ring attention (--sequence_parallel under fsdp) on 2 GPUs: its equality tests, then a 1B
+    # Llama at 16k tokens unsplit and split, compiled (untried under the ring) and eager
+    mkdir -p "$ROOT/ring"
+    CUDA_VISIBLE_DEVICES=0,1 timeout 330 python -m pytest -q -n 0 -p no:cacheprovider \
+      tests/test_sequence_parallel_runs.py -k "ring or fsdp" > "$ROOT/ring/tests.log" 2>&1
+    echo "ring tests rc $?"; tail -n 15 "$ROOT/ring/tests.log"
+    SIZE=1b python benchmarks/scripts/make_llama.py /tmp/llama-1b > /dev/null
+    PROFILE=fsdp STEPS=6 RUN_TIMEOUT=120 phase ring-compiled 250 0,1 long_context /tmp/llama-1b 2 2 16384
+    PROFILE=fsdp STEPS=6 RUN_TIMEOUT=120 RUN_FLAGS="--torch_compile false" phase ring-eager 250 0,1 \
+      long_context /tmp/llama-1b 2 2 16384
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
