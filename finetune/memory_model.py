@@ -435,16 +435,24 @@ def activation_gib(
     return forward_activation_gib(shape, workload, layer_bytes, logit_bytes)
 
 
-def sequence_exchange_gib(shape: ModelShape, workload: Workload, layout: ParallelLayout) -> float:
-    """Ulysses' all-to-all buffers in one layer's attention, beside a rank's share of the activations
-    (which the sequence degree divides): the query, key and value sent and received, and the output
-    sent back, each a rank's tokens x the width in the training dtype. Counted from the mechanism,
-    not fitted: no sequence-parallel peak is measured yet."""
-    if layout.sequence_parallel == 1:
+def sequence_exchange_gib(
+    shape: ModelShape, workload: Workload, layout: ParallelLayout, split: str | None = "ulysses"
+) -> float:
+    """The buffers one layer's attention adds beside a rank's share of the activations (which the
+    sequence degree divides), in the training dtype. Ulysses (all-to-all): the query, key and value
+    sent and received and the output sent back, each a rank's tokens x the width. Ring attention as
+    accelerate configures it (torch's "allgather" rotation): the keys and values of the whole
+    sequence gathered, and in backward their gradients, at the full width (keys and values of a
+    grouped-query model are repeated to every head before attention). Counted from the mechanisms,
+    not fitted."""
+    if layout.sequence_parallel == 1 or split is None:
         return 0.0
+    width_bytes = shape.hidden * COMPUTE_BYTES[workload.dtype] / GIB
+    if split == "ring":
+        return 2 * 2 * workload.micro_batch * workload.block_size * width_bytes  # k, v and their gradients
     tokens = workload.micro_batch * workload.block_size / layout.sequence_parallel
     exchanged = 2 * 3 + 2  # q, k, v out and in; the output out and in
-    return exchanged * tokens * shape.hidden * COMPUTE_BYTES[workload.dtype] / GIB
+    return exchanged * tokens * width_bytes
 
 
 def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:
@@ -532,7 +540,7 @@ def estimate(
             + adapter_activation_gib(shape, workload, strategy)
         )
         / layout.sequence_parallel
-        + sequence_exchange_gib(shape, workload, layout),
+        + sequence_exchange_gib(shape, workload, layout, strategy.sequence_split),
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
     )

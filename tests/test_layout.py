@@ -67,6 +67,16 @@ def test_a_sequence_group_divides_a_ranks_activations_by_its_degree():
     assert split.activations == pytest.approx(unsplit.activations / 4 + exchange)
 
 
+def test_ring_attention_adds_the_gathered_keys_values_and_their_gradients_of_the_whole_sequence():
+    shape, workload, fsdp = gpt2_shape("gpt2-xl"), Workload(8, 1024), load_strategy("fsdp")
+    calibration = Calibration.measured()
+    unsplit = estimate(fsdp, shape, workload, ParallelLayout(4), calibration)
+    split = estimate(fsdp, shape, workload, ParallelLayout(4, sequence_parallel=4), calibration)
+    exchange = sequence_exchange_gib(shape, workload, ParallelLayout(4, sequence_parallel=4), "ring")
+    assert exchange == 4 * (8 * 1024) * 1600 * 2 / GIB  # bf16: k and v gathered, then their gradients
+    assert split.activations == pytest.approx(unsplit.activations / 4 + exchange)
+
+
 def test_a_sequence_group_is_planned_under_the_profiles_that_split_sequences_only():
     names = [s.name for s in planned_strategies(None, ParallelLayout(4, sequence_parallel=2))]
     assert names and all(load_strategy(name).splits_sequences for name in names)
