@@ -154,7 +154,7 @@ def train_and_measure(
     location = resolve_model(model_args.model)
     config = load_config(model_args, location)
     meta_model = check_attention_implementation(model_args, config)
-    degree, split = launch.layout.sequence_parallel, launch.strategy.sequence_split
+    degree, split = launch.layout.sequence_parallel, launch.sequence_split
     check_model(meta_model, config, degree, split, model_args.attn_implementation)
     del meta_model
     block_size = choose_block_size(data_args.block_size, config)
