@@ -138,11 +138,18 @@ def check_data(split: str | None, degree: int, packed_examples: bool) -> None:
         )
 
 
+# The memory-efficient attention kernel (fp32, or where flash does not apply) pads its logsumexp to a
+# multiple of 32 rows, and torch's ring merge does not trim it: a chunk of 16 tokens failed on 2 GPUs
+# ("size of tensor a (32) must match ... (16)").
+RING_CHUNK_MULTIPLE = 32
+
+
 def padding_multiple(split: str, degree: int) -> int:
     """The length every batch is padded to a multiple of: Ulysses splits it into `degree` equal
     slices; the ring into 2 x `degree` chunks, each rank taking one from each end so that causal
-    attention's work is balanced (torch's load balancer)."""
-    return 2 * degree if split == "ring" else degree
+    attention's work is balanced (torch's load balancer), each chunk a multiple of
+    `RING_CHUNK_MULTIPLE` tokens."""
+    return 2 * degree * RING_CHUNK_MULTIPLE if split == "ring" else degree
 
 
 def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], multiple: int) -> Callable:

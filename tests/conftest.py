@@ -25,14 +25,17 @@ import os
 import shutil
 from pathlib import Path
 
-SHARED_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+# A FINETUNE_DATA_DIR set outside wins (the GPU machine's staged copy lies elsewhere); else ../shared/data.
+SHARED_DATA_DIR = Path(
+    os.environ.get("FINETUNE_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data"
+)
 
 # huggingface_hub, datasets and transformers read HF_HUB_OFFLINE when they are imported, so it must be
 # set before any test module imports them. FINETUNE_DATA_DIR gets a session-wide default too, for
 # module-scoped fixtures and subprocesses, which run outside the function-scoped autouse fixture below
 # (that fixture re-asserts both for every test).
 os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ.setdefault("FINETUNE_DATA_DIR", str(SHARED_DATA_DIR))
+os.environ["FINETUNE_DATA_DIR"] = str(SHARED_DATA_DIR)
 
 import pytest  # noqa: E402
 from huggingface_hub import constants as hub_constants  # noqa: E402

@@ -114,8 +114,8 @@ def test_ring_attention_refuses_packed_instruction_examples_and_ulysses_takes_th
     check_data("ring", 2, packed_examples=False)
 
 
-def test_ring_batches_are_padded_to_two_chunks_a_rank_and_ulysses_to_one_slice():
-    assert (padding_multiple("ring", 2), padding_multiple("ulysses", 2)) == (4, 2)
+def test_ring_batches_are_padded_to_two_chunks_a_rank_of_32_tokens_each_and_ulysses_to_one_slice():
+    assert (padding_multiple("ring", 2), padding_multiple("ulysses", 2)) == (128, 2)
 
 
 def test_a_degree_below_one_is_refused(output_flags):
