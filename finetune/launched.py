@@ -275,7 +275,7 @@ class CompilePlan:
     @classmethod
     def for_run(cls, launch: Launch, training_args: Any, zero3_leaf_blocks: list[str]) -> CompilePlan:
         """The plan for this run's flags (the compile default already applied) on its strategy; ZeRO-3
-        without leaf blocks (adapters, a DeepSpeed JSON's own leaf_module) runs eager."""
+        without leaf blocks (a DeepSpeed JSON's own leaf_module, DeepCompile aside) runs eager."""
         if not training_args.torch_compile:
             return cls()
         mode = compile_mode(training_args)

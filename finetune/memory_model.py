@@ -398,10 +398,10 @@ def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) 
     through LayerNorm (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's kind."""
     compiled = compiled_for(strategy, workload)
     if framework_of(strategy, workload.dtype) == "deepspeed":
-        # ZeRO-3 compiles only the leaf blocks of full fine-tuning (run.py): with --peft it runs eager.
-        # Its compiled kind was fitted on GPT-2 shapes; a gated-MLP model's compiled ZeRO-3 peak was
-        # above what it predicts and within bf16's, which such models keep.
-        zero3_blocks = strategy.zero_stage == 3 and compiled and not shape.gated_mlp and workload.peft is None
+        # ZeRO-3 compiles its leaf blocks (run.py), adapters' too. Its compiled kind was fitted on full
+        # fine-tuning of GPT-2 shapes; a gated-MLP model's compiled ZeRO-3 peak was above what it
+        # predicts and within bf16's, which such models keep.
+        zero3_blocks = strategy.zero_stage == 3 and compiled and not shape.gated_mlp
         return "zero3_compiled" if zero3_blocks and workload.loss_compiled else "bf16"
     if compiled:
         by_blocks = strategy.framework == "fsdp" and workload.loss_compiled

@@ -323,15 +323,15 @@ def gather_zero3_by_block(model: PreTrainedModel, adapters: bool, deepcompile: b
     its own `zero_optimization.leaf_module` is followed as written (an empty list of classes: hooks
     per module, DeepSpeed's default).
 
-    Not when adapters train on a frozen base (`adapters`): DeepSpeed 0.19.8 then left a frozen
-    weight of a leaf block released in backward (a zero-size tensor in the adapters' backward, seen
-    in 2-rank CPU runs of zero3_offload and GSM8K under zero3), so LoRA keeps the per-module hooks.
-    Nor under DeepCompile (`deepcompile`, the strategy's), which removes the module hooks and gathers
+    With adapters on a frozen base (`adapters`) the embeddings' output is made to require grad:
+    DeepSpeed reduces a leaf block's gradients in a full backward hook, which torch fires as soon as
+    the output's gradient arrives when no input requires grad, so the first block's adapters were
+    reduced before their gradients existed (DeepSpeed 0.19.8: a zero-size gradient, then a shape error).
+    Not under DeepCompile (`deepcompile`, the strategy's), which removes the module hooks and gathers
     inside its compiled graph.
     """
     if (
-        adapters
-        or deepcompile
+        deepcompile
         or not is_deepspeed_zero3_enabled()
         or "leaf_module" in deepspeed_config().get("zero_optimization", {})
     ):
@@ -341,9 +341,12 @@ def gather_zero3_by_block(model: PreTrainedModel, adapters: bool, deepcompile: b
     blocks = list(model._no_split_modules or [])
     if not blocks:
         return []
-    return sorted(
+    found = sorted(
         {type(module).__name__ for module in set_z3_leaf_modules(model, blocks, raise_if_not_found=False)}
     )
+    if found and adapters:
+        model.enable_input_require_grads()
+    return found
 
 
 def compile_zero3_blocks(model: PreTrainedModel, block_classes: list[str], mode: str | None) -> int:

@@ -87,9 +87,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     ),
     "zero3_leaf_modules": (
         "list?",
-        "ZeRO-3 full fine-tuning: the block classes gathered and reduced as one DeepSpeed leaf module "
-        "each (the model's _no_split_modules, unless the DeepSpeed JSON names its own leaf_module); "
-        "None otherwise",
+        "ZeRO-3 (full fine-tuning or adapters): the block classes gathered and reduced as one DeepSpeed "
+        "leaf module each (the model's _no_split_modules, unless the DeepSpeed JSON names its own "
+        "leaf_module); None otherwise",
     ),
     "zero3_compiled_blocks": (
         "int?",

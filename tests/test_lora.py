@@ -360,7 +360,7 @@ def test_lora_trains_only_the_adapters_on_two_ranks(profile, base_dir, corpus, t
     summary = read_summary(output_dir)
     losses = [point["loss"] for point in summary["loss_curve"]]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
-    assert summary["zero3_leaf_modules"] is None, "adapters keep ZeRO-3's hooks per module"
+    assert summary["zero3_leaf_modules"] == (["GPT2Block"] if profile.startswith("zero3") else None)
     model = add_adapters(AutoModelForCausalLM.from_pretrained(base_dir), lora_flags(), "fp32")
     assert summary["trainable_parameters"] == trainable_parameters(model)
     saved = load_file(output_dir / "adapter_model.safetensors")
@@ -386,6 +386,30 @@ def test_lora_on_gsm8k_trains_the_answers_packed_on_two_zero3_ranks(base_dir, da
     losses = [point["loss"] for point in summary["loss_curve"]]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
     assert summary["trainable_parameters"] < summary["parameters"] / 10
+
+
+@pytest.mark.integration
+def test_lora_under_zero3_gathers_by_block_and_trains_as_hooks_per_module_do(base_dir, corpus, tmp_path):
+    """Each block one DeepSpeed leaf with adapters on a frozen base: torch fires a block's full
+    backward hook early when its input needs no gradient (the first block, after frozen embeddings),
+    and DeepSpeed then reduced that block's adapters before their gradients existed."""
+    per_block, per_module = tmp_path / "per_block", tmp_path / "per_module"
+    flags = run_flags(base_dir, corpus, per_block, "--save_strategy", "no", "--precision", "fp32")
+    launch(accelerate_launch("zero3"), per_block, flags[: flags.index("--output_dir")])
+    config = json.loads((PROJECT_ROOT / "ds_configs" / "zero3.json").read_text())
+    config["zero_optimization"]["leaf_module"] = {"classes": []}
+    (tmp_path / "per_module.json").write_text(json.dumps(config))
+    command = accelerate_launch("zero3")
+    script = command.index("finetune/run.py")
+    command[script:script] = ["--deepspeed_config_file", str(tmp_path / "per_module.json")]
+    launch(command, per_module, flags[: flags.index("--output_dir")])
+    by_block, by_module = read_summary(per_block), read_summary(per_module)
+    assert (by_block["zero3_leaf_modules"], by_module["zero3_leaf_modules"]) == (["GPT2Block"], None)
+    assert [p["loss"] for p in by_block["loss_curve"]] == pytest.approx(
+        [p["loss"] for p in by_module["loss_curve"]], rel=1e-5
+    )
+    assert by_block["eval_loss"] == pytest.approx(by_module["eval_loss"], rel=1e-5)
+    assert by_block["eval_loss"] < by_block["loss_curve"][0]["loss"]
 
 
 @pytest.fixture
