@@ -28,7 +28,7 @@ from pathlib import Path
 # A FINETUNE_DATA_DIR set outside wins (the GPU machine's staged copy lies elsewhere); else ../shared/data.
 SHARED_DATA_DIR = Path(
     os.environ.get("FINETUNE_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data"
-)
+).resolve()  # absolute: every test runs in its own working directory
 
 # huggingface_hub, datasets and transformers read HF_HUB_OFFLINE when they are imported, so it must be
 # set before any test module imports them. FINETUNE_DATA_DIR gets a session-wide default too, for
