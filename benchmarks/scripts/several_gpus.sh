@@ -161,6 +161,27 @@ case $CALL in
     PROFILE=fsdp STEPS=6 RUN_TIMEOUT=120 RUN_FLAGS="--torch_compile false" phase ring-eager 250 0,1 \
       long_context /tmp/llama-1b 2 2 16384
     ;;
+  11)  # issue 38 target 4: LoRA against full fine-tuning where model states dominate (gpt2-xl with gradient
+    # checkpointing), then gpt2-medium's ZeRO-3 LoRA with leaf blocks (adapters gathered by block since 2026-11-28c)
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
+    RUN_TIMEOUT=130 phase lora-xl 500 $ALL floor /tmp/gpt2-xl-init 8 20 fsdp:--gradient_checkpointing,true \
+      fsdp:--peft,lora,--gradient_checkpointing,true zero3:--gradient_checkpointing,true \
+      zero3:--peft,lora,--gradient_checkpointing,true
+    ;;
+  12)  # issue 39 targets 3 and 4: zero3_nvme completed on all GPUs; the zero3 --largest shape for 20 steps
+    N=$(nvidia-smi -L | wc -l)
+    mkdir -p "$ROOT/nvme"
+    timeout 300 python -m finetune run --profile zero3_nvme --num_processes $N --model gpt2 --from_scratch \
+      --nvme_path /tmp/nvme-run --max_steps 10 --logging_steps 5 --max_eval_samples 8 --save_strategy no \
+      --report_to none --disable_tqdm true --output_dir /tmp/nvme-run-out > "$ROOT/nvme/zero3_nvme.log" 2>&1
+    echo "nvme rc $?"; cp /tmp/nvme-run-out/run_summary.json "$ROOT/nvme/zero3_nvme.json"
+    LARGEST_TIMEOUT=250 phase largest-zero3 260 $(seq -s, 0 $((N - 1))) largest $N zero3 gpt-30b 20
+    ;;
+  13)  # issue 38: is ZeRO-3's floor its gradient path? ZeRO-1/2 (no weight sharding) beside ddp and zero3
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    RUN_TIMEOUT=100 phase zero-stages 560 $ALL floor gpt2-medium 8 20 ddp zero1 zero2 zero3 'zero2#r2' 'zero3#r2'
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
