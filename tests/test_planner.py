@@ -590,7 +590,7 @@ def test_plan_without_a_gpu_plans_precision_auto_for_a_gpu_with_bf16(monkeypatch
     from finetune.commands.plan import planned_run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    _, workload, _, _ = planned_run(["--model", "gpt2"], largest=False)
+    workload = planned_run(["--model", "gpt2"], largest=False).workload
     assert workload.dtype == "bf16"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from finetune.commands.shared import (
     Fraction,
@@ -84,13 +84,31 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
 
 
-def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workload, int | None, int]:
-    """The model's shape, the Workload, the global batch and the sequence degree the run flags
-    describe, made by the planner's one reading of run flags (`planner.run_workload`), as
-    `--global_batch_size` and `--profile auto` make them; `--precision auto` planned for the visible
-    GPU, else one with bf16."""
+class PlannedRun(NamedTuple):
+    """What the run flags describe, read once: the model's shape and config, the Workload, the
+    global batch and the sequence degree."""
+
+    shape: ModelShape
+    workload: Workload
+    global_batch: int | None
+    sequence_parallel: int
+    config: Any
+
+    def context(self) -> tuple[int, str] | None:
+        """The model's context (its overrides applied) and the config key that sets it; None if it
+        names none."""
+        from finetune.models import context_key
+
+        key = context_key(self.config)
+        return (getattr(self.config, key), key) if key else None
+
+
+def planned_run(run_args: list[str], largest: bool) -> PlannedRun:
+    """The run the flags describe, made by the planner's one reading of run flags
+    (`planner.run_workload`), as `--global_batch_size` and `--profile auto` make them; `--precision
+    auto` planned for the visible GPU, else one with bf16."""
     from finetune.launched import precision_on, visible_gpu_supports_bf16
-    from finetune.planner import LADDER_BLOCK_SIZE, run_workload
+    from finetune.planner import LADDER_BLOCK_SIZE, model_config, run_workload
 
     model_args, data_args, training_args = parse_run_flags(run_args)
     if largest and data_args.block_size is None:  # the ladder's shapes, at their context
@@ -98,19 +116,9 @@ def planned_run(run_args: list[str], largest: bool) -> tuple[ModelShape, Workloa
     bf16 = visible_gpu_supports_bf16()
     bf16 = True if bf16 is None else bf16  # planned here for a GPU elsewhere: one with bf16
     shape, workload = run_workload(model_args, data_args, training_args, precision_on(training_args, bf16))
-    return shape, workload, training_args.global_batch_size, training_args.sequence_parallel
-
-
-def planned_context(run_args: list[str]) -> tuple[int, str] | None:
-    """The model's context (its overrides applied) and the config key that sets it; None if it names
-    none."""
-    from finetune.models import context_key
-    from finetune.planner import model_config
-
-    model_args, _, _ = parse_run_flags(run_args)
     config = model_config(model_args.model, model_args.config_overrides)
-    key = context_key(config)
-    return (getattr(config, key), key) if key else None
+    global_batch, degree = training_args.global_batch_size, training_args.sequence_parallel
+    return PlannedRun(shape, workload, global_batch, degree, config)
 
 
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
@@ -135,13 +143,13 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         options.margin = DEFAULT_MARGIN
     if options.largest and options.longest_block:
         raise FinetuneError("--largest and --longest_block ask two questions: ask one")
-    shape, workload, global_batch, sequence_parallel = planned_run(run_args, options.largest)
-    layout = ParallelLayout(options.gpus, sequence_parallel)
+    run = planned_run(run_args, options.largest)
+    shape, workload, global_batch = run.shape, run.workload, run.global_batch
+    layout = ParallelLayout(options.gpus, run.sequence_parallel)
     profiles = options.profiles.split(",") if options.profiles else None
     if options.longest_block:
         hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
-        context = planned_context(run_args)
-        print(format_longest_block(shape, workload, hardware, calibration, context, profiles))
+        print(format_longest_block(shape, workload, hardware, calibration, run.context(), profiles))
         return 0
     if options.largest:
         hardware = Hardware(layout, memory, options.host_memory, options.gpus_per_node, options.margin)
