@@ -59,7 +59,7 @@ from finetune.models import tied_parameter_names
 from finetune.outputs import share_from_main
 from finetune.resume import run_identity
 from finetune.run_folder import STAGING_DIR, checkpoint_dir
-from finetune.sequence_parallel import follow_epochs, skipping_split_batches
+from finetune.sequence_parallel import follow_epochs, next_token_labels, skipping_split_batches
 from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
 
@@ -216,9 +216,15 @@ class FinetuneTrainer(Trainer):
         runs whole on every rank of the group: the per-sample loss sums of evaluation
         (`evaluation.loss_sums_per_sample`) shift each sample's labels by one inside the sample, which
         the chunks would cut apart. Each group evaluates the same batches, so the weighted mean is
-        unchanged; the cost is the group's evaluation done `degree` times over."""
+        unchanged; the cost is the group's evaluation done `degree` times over. A training batch's
+        labels are shifted here, before the cut, as transformers does where they are missing, with a
+        warning from every rank."""
         if not model.training:
             return contextlib.nullcontext, inputs
+        parallelism = getattr(self.accelerator, "parallelism_config", None)
+        ring = parallelism is not None and parallelism.cp_enabled and parallelism.cp_backend == "torch"
+        if ring and "labels" in inputs and "shift_labels" not in inputs:
+            inputs = {**inputs, "shift_labels": next_token_labels(inputs["labels"])}
         return super()._prepare_context_parallel_inputs(model, inputs)
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
