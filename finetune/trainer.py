@@ -209,23 +209,38 @@ class FinetuneTrainer(Trainer):
             prepared = {k: v.contiguous() if torch.is_tensor(v) else v for k, v in prepared.items()}
         return prepared
 
+    def splits_by_ring(self) -> bool:
+        """Whether training batches are cut over ring-attention groups (torch context parallelism)."""
+        parallelism = getattr(self.accelerator, "parallelism_config", None)
+        return parallelism is not None and parallelism.cp_enabled and parallelism.cp_backend == "torch"
+
     def _prepare_context_parallel_inputs(
         self, model: Any, inputs: dict[str, Any]
     ) -> tuple[Any, dict[str, Any]]:
         """Under ring attention a training batch is cut into the group's chunks; an evaluation batch
-        runs whole on every rank of the group: the per-sample loss sums of evaluation
+        runs whole on its rank: the per-sample loss sums of evaluation
         (`evaluation.loss_sums_per_sample`) shift each sample's labels by one inside the sample, which
-        the chunks would cut apart. Each group evaluates the same batches, so the weighted mean is
-        unchanged; the cost is the group's evaluation done `degree` times over. A training batch's
-        labels are shifted here, before the cut, as transformers does where they are missing, with a
-        warning from every rank."""
+        the chunks would cut apart. A training batch's labels are shifted here, before the cut, as
+        transformers does where they are missing, with a warning from every rank."""
         if not model.training:
             return contextlib.nullcontext, inputs
-        parallelism = getattr(self.accelerator, "parallelism_config", None)
-        ring = parallelism is not None and parallelism.cp_enabled and parallelism.cp_backend == "torch"
-        if ring and "labels" in inputs and "shift_labels" not in inputs:
+        if self.splits_by_ring() and "labels" in inputs and "shift_labels" not in inputs:
             inputs = {**inputs, "shift_labels": next_token_labels(inputs["labels"])}
         return super()._prepare_context_parallel_inputs(model, inputs)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """Under ring attention, evaluation batches are dealt over every rank, not over the
+        data-parallel groups as accelerate deals the training batches: they run whole on each rank,
+        so no group evaluates the same batch N times over, and `gather_for_metrics`, which gathers
+        from every rank, trims the last batch's padding by a remainder counted over those same
+        ranks (counted over the groups, it would keep one group's samples twice and drop another's)."""
+        if not self.splits_by_ring():
+            return super().get_eval_dataloader(eval_dataset)
+        self.accelerator._prepare_device_mesh = lambda: None  # accelerate then deals over every rank
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            del self.accelerator._prepare_device_mesh
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():

@@ -74,3 +74,20 @@ def test_a_new_cuda_graph_step_is_marked_before_each_forward_only_when_graphs_ar
     trainer.training_step(trainer.model, batch)
     trainer.prediction_step(trainer.model, batch, prediction_loss_only=True)
     assert len(calls) == marks
+
+
+def test_ring_attention_deals_evaluation_batches_over_every_rank_and_training_batches_over_groups(
+    trainer_for, monkeypatch
+):
+    """accelerate deals batches by its device mesh (the ring's groups share theirs); evaluation runs
+    whole on each rank, so its loader is prepared without the mesh, and training's still with it."""
+    trainer = trainer_for(torch_compile=False)
+    monkeypatch.setattr(FinetuneTrainer, "splits_by_ring", lambda self: True)
+
+    def dealt_by_groups(self):
+        raise AssertionError("dealt over the device mesh's groups")
+
+    monkeypatch.setattr(type(trainer.accelerator), "_prepare_device_mesh", dealt_by_groups)
+    assert sum(len(b["input_ids"]) for b in trainer.get_eval_dataloader()) == 10
+    with pytest.raises(AssertionError, match="device mesh's groups"):
+        trainer.get_train_dataloader()
