@@ -85,22 +85,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 class PlannedRun(NamedTuple):
-    """What the run flags describe, read once: the model's shape and config, the Workload, the
-    global batch and the sequence degree."""
+    """What the run flags describe, read once: the model's shape, the Workload, the global batch,
+    the sequence degree and the model flags."""
 
     shape: ModelShape
     workload: Workload
     global_batch: int | None
     sequence_parallel: int
-    config: Any
+    model_args: Any
 
     def context(self) -> tuple[int, str] | None:
         """The model's context (its overrides applied) and the config key that sets it; None if it
         names none."""
         from finetune.models import context_key
+        from finetune.planner import model_config
 
-        key = context_key(self.config)
-        return (getattr(self.config, key), key) if key else None
+        config = model_config(self.model_args.model, self.model_args.config_overrides)
+        key = context_key(config)
+        return (getattr(config, key), key) if key else None
 
 
 def planned_run(run_args: list[str], largest: bool) -> PlannedRun:
@@ -108,7 +110,7 @@ def planned_run(run_args: list[str], largest: bool) -> PlannedRun:
     (`planner.run_workload`), as `--global_batch_size` and `--profile auto` make them; `--precision
     auto` planned for the visible GPU, else one with bf16."""
     from finetune.launched import precision_on, visible_gpu_supports_bf16
-    from finetune.planner import LADDER_BLOCK_SIZE, model_config, run_workload
+    from finetune.planner import LADDER_BLOCK_SIZE, run_workload
 
     model_args, data_args, training_args = parse_run_flags(run_args)
     if largest and data_args.block_size is None:  # the ladder's shapes, at their context
@@ -116,9 +118,8 @@ def planned_run(run_args: list[str], largest: bool) -> PlannedRun:
     bf16 = visible_gpu_supports_bf16()
     bf16 = True if bf16 is None else bf16  # planned here for a GPU elsewhere: one with bf16
     shape, workload = run_workload(model_args, data_args, training_args, precision_on(training_args, bf16))
-    config = model_config(model_args.model, model_args.config_overrides)
     global_batch, degree = training_args.global_batch_size, training_args.sequence_parallel
-    return PlannedRun(shape, workload, global_batch, degree, config)
+    return PlannedRun(shape, workload, global_batch, degree, model_args)
 
 
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
