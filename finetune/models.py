@@ -148,7 +148,10 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
         accelerators = [torch.accelerator.current_device_index()] if torch.accelerator.is_available() else []
         with torch.random.fork_rng(devices=accelerators), no_init_weights():
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **common)
-        initialize_weights(model)
+        if weights_come_from_rank_zero():
+            model.tie_weights()  # what initialize_weights does besides drawing
+        else:
+            initialize_weights(model)
         return name_causal_lm_loss(model)
     folder = Path(location)
     if folder.is_dir() and not has_weights(folder):
@@ -168,6 +171,19 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
             f"cannot load weights of model '{args.model}' from {location}: {first_line(error)}"
         ) from None
     return name_causal_lm_loss(model)
+
+
+def weights_come_from_rank_zero() -> bool:
+    """Whether this process's weights will be rank 0's, broadcast: FSDP2 with
+    `fsdp_cpu_ram_efficient_loading` (the FSDP profiles), where accelerate shards the model on the meta
+    device and fills every rank's shards from rank 0's full weights. The other ranks then leave their
+    weights undrawn (allocated, never written: pages the host does not fill): drawn on every rank, a
+    from-scratch gpt-30b took 4 x 113 GiB of host memory and 302 s to its first step on four H200
+    (docs/planner.md). Not the meta device: accelerate maps the optimizer's parameters to the shards
+    by their storage, which meta tensors do not have."""
+    from transformers.integrations import is_fsdp_enabled
+
+    return is_fsdp_enabled() and torch.distributed.get_rank() != 0
 
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder of adapters, not of a model
