@@ -182,6 +182,10 @@ case $CALL in
     ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     RUN_TIMEOUT=100 phase zero-stages 560 $ALL floor gpt2-medium 8 20 ddp zero1 zero2 zero3 'zero2#r2' 'zero3#r2'
     ;;
+  14)  # issue 39 target 4, fsdp: the --largest shape for 20 steps, its host memory with only rank 0 drawing
+    N=$(nvidia-smi -L | wc -l)
+    LARGEST_TIMEOUT=520 phase largest-fsdp 540 $(seq -s, 0 $((N - 1))) largest $N fsdp gpt-30b 20
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
