@@ -22,8 +22,14 @@ ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per trainable parameter
 CHECKPOINT_BYTES_PER_PARAMETER = 2 + 4 + ADAM_STATE_BYTES
 
 
+def existing_folder(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists: a run that saves nothing until it is
+    stopped has not made its output folder yet, and its disk is that folder's."""
+    return next(p for p in (path.resolve(), *path.resolve().parents) if p.exists())
+
+
 def free_bytes(path: Path) -> int:
-    return shutil.disk_usage(path).free
+    return shutil.disk_usage(existing_folder(path)).free
 
 
 def gib(size: float) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,12 +114,16 @@ def build_lock_check(launch: Launch) -> Check:
 def disk_check(model_args, training_args) -> Check:
     """Free space in output_dir against the checkpoints the run keeps (save_total_limit, and the one
     being written before the oldest is rotated out)."""
-    from finetune.disk_space import CHECKPOINT_BYTES_PER_PARAMETER, checkpoints_at_once
+    from finetune.disk_space import (
+        CHECKPOINT_BYTES_PER_PARAMETER,
+        checkpoints_at_once,
+        existing_folder,
+        free_bytes,
+    )
     from finetune.planner import shape_of
 
-    folder = Path(training_args.output_dir)
-    existing = next(p for p in (folder.resolve(), *folder.resolve().parents) if p.exists())
-    free = shutil.disk_usage(existing).free
+    existing = existing_folder(Path(training_args.output_dir))
+    free = free_bytes(existing)
     if training_args.save_strategy == "no":
         return Check("disk", f"{free / 2**30:.1f} GiB free", "no checkpoints saved", True)
     shape, _ = shape_of(model_args.model, model_args.config_overrides)

@@ -162,3 +162,10 @@ def test_the_expected_size_is_the_newest_checkpoints(tmp_path):
     (checkpoint / "model.safetensors").write_bytes(b"x" * 1000)
     write_manifest(checkpoint, 3, "run")
     assert disk_space.expected_checkpoint_bytes(tmp_path, torch.nn.Linear(1000, 1000)) == 1000
+
+
+def test_a_save_into_an_output_folder_not_made_yet_counts_the_disk_it_will_be_on(tmp_path):
+    """A run stopped before it saved anything has no output folder yet; its stop-time save must
+    still be checked, not fail on the missing folder."""
+    not_made = tmp_path / "runs" / "first"
+    assert disk_space.room_problem(not_made, torch.nn.Linear(10, 10), step=3) is None
