@@ -79,6 +79,7 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
         lora_rank=arguments.get("lora_rank", Workload.lora_rank),  # the run flags' defaults, once
         lora_dropout=arguments.get("lora_dropout", Workload.lora_dropout),
         accumulation=summary["gradient_accumulation_steps"] or 1,
+        chunked_loss=bool(arguments.get("chunked_loss")),
     )
     layout = ParallelLayout(summary["world_size"], summary.get("sequence_parallel_size") or 1)
     return estimate(strategy, shape, workload, layout, Calibration.measured()).total

@@ -33,33 +33,33 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   layer as it is created. Host RAM per GPU is the larger of the two.
 
 Activations per GPU are `L·b·T·H·c_layer + b·T·V·(c_logits + 4)` bytes for L layers of width H,
-micro batch b, block T and vocabulary V (SDPA attention keeps no T-by-T scores). c_logits = 10:
-the bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 log-softmax (4);
-the 4 is the fp32 gradient of the logits, alive at the start of backward, the peak. These are the
-eager loss's bytes, which the eager kinds and `compiled` (the whole model compiled: ddp, zero1,
-zero2) count. c_layer is fitted to measured full fine-tuning peaks (finetune/calibration.json,
-least squares), separately for the ways a layer's activations are held (CALIBRATION_KINDS):
-`autocast` (eager torch
-autocast over fp32 weights or adapters: GPT-2's LayerNorm and tanh-GELU then run in fp32, a third
-more than bf16; a model without LayerNorm, such as an RMSNorm Llama, keeps bf16's), `bf16` (eager,
-weights held in bf16 without autocast: DeepSpeed, and FSDP2's mixed precision) and `compiled`
-(inductor fuses elementwise chains and keeps far fewer intermediates: docs/planner.md);
-framework buffers and allocator slack are in it too. Two more kinds compile the blocks one by one
-and the loss beside them (run.py's `--compile_loss`): `fsdp_compiled` (FSDP2 in bf16, no autocast)
-and `zero3_compiled` (ZeRO-3's leaf blocks' forwards). Their compiled loss keeps fewer bytes a logit
-than the eager loss's 14, so for them the bytes per logit are fitted with c_layer (two unknowns:
-rows of models with different layers-to-vocabulary ratios); counted as eager they were predicted
-well above their measured peaks (docs/planner.md). A model with a gated MLP (Llama,
-Qwen, Mistral: gate and up projections, RMSNorm) keeps less per b·T·H than GPT-2 at the same c_layer: eager,
+micro batch b, block T and vocabulary V (SDPA attention keeps no T-by-T scores). c_logits = 10: the
+bf16 logits (2 bytes), their fp32 copy for the loss (4) and the saved fp32 log-softmax (4); the 4 is
+the fp32 gradient of the logits, alive at the start of backward, the peak. These are the eager
+loss's bytes, which the eager kinds count. c_layer is fitted to measured full fine-tuning peaks
+(finetune/calibration.json, least squares), separately for the ways a layer's activations are held
+(CALIBRATION_KINDS): `autocast` (eager torch autocast over fp32 weights or adapters: GPT-2's
+LayerNorm and tanh-GELU then run in fp32, a third more than bf16; a model without LayerNorm, such as
+an RMSNorm Llama, keeps bf16's), `bf16` (eager, weights held in bf16 without autocast: DeepSpeed,
+and FSDP2's mixed precision) and `compiled` (inductor fuses elementwise chains and keeps far fewer
+intermediates: docs/planner.md); framework buffers and allocator slack are in it too. Two more kinds
+compile the blocks one by one and the loss beside them (run.py's `--compile_loss`): `fsdp_compiled`
+(FSDP2 in bf16, no autocast) and `zero3_compiled` (ZeRO-3's leaf blocks' forwards). Their compiled
+loss keeps fewer bytes a logit than the eager loss's 14, and so does `compiled`'s, traced with the
+whole model, so for the three the bytes per logit are fitted with c_layer (two unknowns: rows of
+models with different layers-to-vocabulary ratios); counted as eager they were predicted well above
+their measured peaks, most at long blocks, where the logits are most of a checkpointed step
+(docs/planner.md). `--chunked_loss` keeps one chunk of logits whatever the block
+(`chunked_loss_bytes`, counted). A model with a gated MLP (Llama, Qwen, Mistral: gate and up
+projections, RMSNorm) keeps less per b·T·H than GPT-2 at the same c_layer: eager,
 GATED_MLP_ACTIVATION_SCALE, what the CPU census of autograd's saved tensors counted
-(docs/planner.md; one shape, intermediate 2.75·H); compiled,
-`Calibration.compiled_gated_mlp_scale`, fitted to the compiled Llama peaks measured on GPUs (inductor
-fuses GPT-2's GELU chain away, less of SwiGLU's and RMSNorm's, so the census' eager ratio was too
-low: a micro batch it called fitting ran out of memory, docs/planner.md). A workload
-compiles as run.py compiles its strategy by default (`Strategy.compiled_by_default`: offload
-eager, the rest compiled); `--torch_compile` overrides it. With gradient checkpointing
-each layer keeps only its fp32 input (4 bytes per b·T·H) and one layer's activations are live at
-a time.
+(docs/planner.md; one shape, intermediate 2.75·H); compiled, `Calibration.compiled_gated_mlp_scale`,
+fitted to the compiled Llama peaks measured on GPUs (inductor fuses GPT-2's GELU chain away, less of
+SwiGLU's and RMSNorm's, so the census' eager ratio was too low: a micro batch it called fitting ran
+out of memory, docs/planner.md). A workload compiles as run.py compiles its strategy by default
+(`Strategy.compiled_by_default`: offload eager, the rest compiled); `--torch_compile` overrides it.
+With gradient checkpointing each layer keeps only its fp32 input (4 bytes per b·T·H) and one layer's
+activations are live at a time.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,7 @@ from transformers.utils import logging
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
 from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
+from finetune.losses import CHUNK_LOGITS, VOCAB_ALIGNMENT
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,
@@ -90,13 +91,19 @@ CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
 LOGIT_BYTES = 10
 LOGIT_GRADIENT_BYTES = 4
 CHECKPOINTED_LAYER_BYTES = 4
+# --chunked_loss (finetune/losses.py) holds one chunk of CHUNK_LOGITS logits at a time: its bf16
+# product, the fp32 copy, the fp32 softmax-gradient and that gradient padded in bf16; the output
+# weight's gradient in fp32 for the whole step; the hidden states' gradient, one value per token and
+# width in the training dtype, kept from forward for backward
+CHUNK_BYTES_PER_LOGIT = 2 + 4 + 4 + 2
+CHUNKED_WEIGHT_GRADIENT_BYTES = 4
 # The model's measured constants, each with why and where it was measured, are data: calibration.json.
 MEASURED = {
     name: entry["value"] for name, entry in json.loads(CALIBRATION_FILE.read_text())["constants"].items()
 }
 DEFAULT_MARGIN = MEASURED["margin"]  # share of GPU memory a plan keeps free: the model's own error
 CALIBRATION_KINDS = ("autocast", "bf16", "compiled", "fsdp_compiled", "zero3_compiled")
-COMPILED_LOSS_KINDS = ("fsdp_compiled", "zero3_compiled")  # their bytes per logit are fitted
+COMPILED_LOSS_KINDS = ("compiled", "fsdp_compiled", "zero3_compiled")  # their bytes per logit are fitted
 MAX_MICRO_BATCH = 4096
 GATED_MLP_ACTIVATION_SCALE = MEASURED["gated_mlp_activation_scale"]
 ADAPTER_INPUT_BYTES = MEASURED["adapter_input_bytes"]
@@ -185,6 +192,7 @@ class Workload:
     # the loss compiled beside compiled blocks, as run.py does (--compile_loss); False: runs from
     # before it did, kept in calibration.json as they ran
     loss_compiled: bool = True
+    chunked_loss: bool = False  # --chunked_loss where it applies (not ZeRO-3: chunked_loss_problem)
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,7 @@ class Measurement:
             row.get("lora_dropout", DEFAULT_LORA_DROPOUT),
             row.get("gradient_accumulation_steps", 1),
             row.get("loss_compiled", True),
+            row.get("chunked_loss", False),
         )
         return cls(
             shape,
@@ -310,12 +319,17 @@ class Calibration:
         for c_layer of the eager-loss kinds on full fine-tuning of models without a gated MLP (their
         logits counted at the eager loss's bytes), c_layer and the bytes per logit together for the
         compiled-loss kinds, then the compiled gated-MLP scale on compiled full fine-tuning of models
-        with one.
+        with one, their logits at their kind's bytes.
 
         The rest check out of sample: eager gated-MLP rows the census' scale, --peft rows the adapter
         accounting.
         """
-        full = [m for m in measurements if m.workload.peft is None]
+        # checkpointing's and the chunked loss's terms are counted, not fitted: their rows check them
+        full = [
+            m
+            for m, w in ((m, m.workload) for m in measurements)
+            if w.peft is None and not (w.gradient_checkpointing or w.chunked_loss)
+        ]
         eager_loss = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0))  # logits at the eager loss's bytes
         states_only = cls(eager_loss.layer_bytes, logit_bytes=dict.fromkeys(CALIBRATION_KINDS, 0.0))
 
@@ -325,10 +339,12 @@ class Calibration:
         def residual(m: Measurement, calibration: Calibration) -> float:
             return m.peak_allocated_gib - estimate_for(m, calibration).total
 
-        def through_origin(rows: list[Measurement], layer_bytes: dict[str, float]) -> float:
+        def through_origin(
+            rows: list[Measurement], layer_bytes: dict[str, float], logits: Calibration = eager_loss
+        ) -> float:
             """The factor on `layer_bytes` (per kind) that fits the rows' residuals best, their logits
-            at the eager loss's bytes."""
-            residuals = [residual(m, eager_loss) for m in rows]
+            counted at `logits`' bytes."""
+            residuals = [residual(m, logits) for m in rows]
             units = [layer_gib_per_byte(m.shape, m.workload) * layer_bytes[kind_of(m)] for m in rows]
             return sum(r * u for r, u in zip(residuals, units, strict=True)) / sum(u * u for u in units)
 
@@ -349,7 +365,8 @@ class Calibration:
         gated = [m for m in full if m.shape.gated_mlp and kind_of(m) == "compiled"]
         if not gated:
             raise ValueError("no compiled gated-MLP measurement to calibrate activations with")
-        return cls(layer_bytes, through_origin(gated, layer_bytes), logit_bytes)
+        logits = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0), logit_bytes=logit_bytes)
+        return cls(layer_bytes, through_origin(gated, layer_bytes, logits), logit_bytes)
 
     @classmethod
     def measured(cls) -> Calibration:
@@ -411,6 +428,21 @@ def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) 
     return "autocast" if shape.layer_norm else "bf16"
 
 
+def loss_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
+    """Whose bytes per logit the loss keeps: the layers' kind's, but ZeRO-3 compiles its loss beside
+    its compiled blocks for a gated-MLP model too, whose layers keep bf16's kind (a 1B Llama's
+    checkpointed long blocks on one GPU were predicted 2.1x their peak with the eager loss's bytes)."""
+    kind = calibration_kind(strategy, workload, shape)
+    if (
+        kind == "bf16"
+        and strategy.zero_stage == 3
+        and compiled_for(strategy, workload)
+        and workload.loss_compiled
+    ):
+        return "zero3_compiled" if framework_of(strategy, workload.dtype) == "deepspeed" else kind
+    return kind
+
+
 def forward_activation_gib(
     shape: ModelShape, workload: Workload, layer_bytes: float, logit_bytes: float = LOGIT_BYTES
 ) -> float:
@@ -421,7 +453,23 @@ def forward_activation_gib(
         layers = shape.layers * tokens * shape.hidden * CHECKPOINTED_LAYER_BYTES + per_layer
     else:
         layers = shape.layers * per_layer
+    if workload.chunked_loss:
+        return (layers + chunked_loss_bytes(shape, workload)) / GIB
     return (layers + tokens * shape.vocab * logit_bytes) / GIB
+
+
+def chunked_loss_bytes(shape: ModelShape, workload: Workload) -> float:
+    """What --chunked_loss holds in place of the logits, counted from finetune/losses.py (not fitted):
+    one chunk's buffers, the output weight's fp32 gradient and the hidden states' gradient; a block
+    of any length keeps the same chunk, which is what lets long blocks fit."""
+    tokens = workload.micro_batch * workload.block_size
+    padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
+    chunk_logits = min(tokens, max(1, CHUNK_LOGITS // padded_vocab)) * padded_vocab
+    return (
+        chunk_logits * CHUNK_BYTES_PER_LOGIT
+        + padded_vocab * shape.hidden * CHUNKED_WEIGHT_GRADIENT_BYTES
+        + tokens * shape.hidden * COMPUTE_BYTES[workload.dtype]
+    )
 
 
 def activation_gib(
@@ -526,21 +574,40 @@ def estimate(
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
     states["gradients"] += accumulated_gradient_gib(framework, shape, workload)
+    if workload.chunked_loss and framework == "deepspeed" and strategy.zero_stage == 3:
+        workload = replace(workload, chunked_loss=False)  # the model's own loss: chunked_loss_problem
     kind = calibration_kind(strategy, workload, shape)
     layer_bytes = calibration.layer_bytes_for(kind, shape)
-    logit_bytes = calibration.logit_bytes_for(kind)
+    logit_bytes = calibration.logit_bytes_for(loss_kind(strategy, workload, shape))
+    activations = (
+        activation_gib(shape, workload, layer_bytes, logit_bytes)
+        + adapter_activation_gib(shape, workload, strategy)
+    ) / layout.sequence_parallel + sequence_exchange_gib(shape, workload, layout, strategy.sequence_split)
+    if peaks_before_gradients(strategy, workload, activations, states["gradients"]):
+        states["gradients"] = 0.0
     return Estimate(
         strategy=strategy,
         layout=layout,
         parameters=states["parameters"],
         gradients=states["gradients"],
         optimizer=states["optimizer"],
-        activations=(
-            activation_gib(shape, workload, layer_bytes, logit_bytes)
-            + adapter_activation_gib(shape, workload, strategy)
-        )
-        / layout.sequence_parallel
-        + sequence_exchange_gib(shape, workload, layout, strategy.sequence_split),
+        activations=activations,
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
+    )
+
+
+def peaks_before_gradients(
+    strategy: Strategy, workload: Workload, activations: float, gradients: float
+) -> bool:
+    """Whether the step peaks before any gradient exists: a checkpointed backward frees each layer's
+    saved input as that layer's gradients appear, so where the activations outweigh the gradients
+    the peak is its start. Counted for the single profile, whose gradients torch allocates in
+    backward (the 1B Llama's long blocks on one GPU: calibration.json's long_blocks); DDP's buckets
+    and the sharded frameworks' buffers are not measured so."""
+    return (
+        strategy.framework == "single"
+        and workload.gradient_checkpointing
+        and workload.accumulation == 1
+        and activations >= gradients
     )

@@ -316,6 +316,7 @@ def run_workload(
         lora_rank=model_args.lora_rank,
         lora_dropout=model_args.lora_dropout,
         accumulation=training_args.gradient_accumulation_steps,
+        chunked_loss=training_args.chunked_loss,
     )
 
 

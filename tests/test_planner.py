@@ -79,9 +79,10 @@ def test_gpt2_xl_on_four_80_gib_gpus_matches_the_hand_calculation(gpt2_xl, calib
     def activations(kind: str, logit_bytes: float = logits / (tokens * 50257)) -> float:
         return (48 * tokens * 1600 * calibration.layer_bytes[kind] + tokens * 50257 * logit_bytes) / GIB
 
-    compiled_loss = {kind: calibration.logit_bytes[kind] for kind in ("fsdp_compiled", "zero3_compiled")}
+    compiled_loss = calibration.logit_bytes
     expected = {  # (parameters, gradients, optimizer) in bytes per GPU, then activations in GiB
-        "ddp": (4 * psi, 4 * psi, 8 * psi, activations("compiled")),  # compiled whole, as run.py does
+        # compiled whole, as run.py does, the loss in the same graph
+        "ddp": (4 * psi, 4 * psi, 8 * psi, activations("compiled", compiled_loss["compiled"])),
         "zero1": (2 * psi, 2 * psi, 12 * psi / 4, activations("bf16")),
         "zero2": (2 * psi, 2 * psi / 4, 12 * psi / 4, activations("bf16")),
         # ZeRO-3's leaf blocks and FSDP2's blocks compiled one by one, each with its loss compiled
@@ -284,11 +285,12 @@ def test_a_compiled_gated_mlp_model_keeps_the_scale_fitted_to_compiled_llama_pea
     llama = replace(shape_of("gpt2-medium")[0], layer_norm=False, gated_mlp=True)
     compiled = Workload(8, 1024, compiled=True)
     scale = calibration.compiled_gated_mlp_scale
-    expected = activation_gib(llama, compiled, calibration.layer_bytes["compiled"] * scale)
+    expected = activation_gib(
+        llama, compiled, calibration.layer_bytes["compiled"] * scale, calibration.logit_bytes["compiled"]
+    )
     assert estimate(
         load_strategy("single"), llama, compiled, ParallelLayout(1), calibration
     ).activations == pytest.approx(expected)
-    assert scale != pytest.approx(GATED_MLP_ACTIVATION_SCALE, abs=0.02)
 
 
 def test_no_run_that_ran_out_of_gpu_memory_is_predicted_to_fit(calibration):
@@ -622,6 +624,65 @@ def test_the_longest_block_fits_and_one_step_more_does_not(tiny_llama_config_dir
     assert block > 0 and block % BLOCK_STEP == 0 and hardware.holds(found)
     longer = replace(workload, block_size=block + BLOCK_STEP)
     assert not hardware.holds(estimate(ZERO3, shape, longer, hardware.layout, calibration))
+
+
+def test_long_blocks_with_the_chunked_loss_are_predicted_within_15_percent(calibration):
+    """Checkpointing's and the chunked loss's terms are counted, not fitted: these one-GPU peaks of a
+    1B Llama at blocks up to 163,840 tokens check them."""
+    chunked = [m for m in read_measurements(section="long_blocks") if m.workload.chunked_loss]
+    assert len(chunked) >= 2
+    for measurement in chunked:
+        predicted = estimate_for(measurement, calibration).total
+        assert predicted == pytest.approx(measurement.peak_allocated_gib, rel=0.15), measurement
+
+
+def test_long_blocks_with_the_models_own_loss_are_never_under_predicted(calibration):
+    """The compiled loss's bytes per logit are fitted on blocks of 1024, where the layers outweigh the
+    logits; at long checkpointed blocks the logits are most of the step and the prediction is above
+    the peak (docs/planner.md has by how much): --longest_block errs short, never into an
+    out-of-memory."""
+    own_loss = [m for m in read_measurements(section="long_blocks") if not m.workload.chunked_loss]
+    assert len(own_loss) >= 2
+    for measurement in own_loss:
+        assert estimate_for(measurement, calibration).total >= measurement.peak_allocated_gib, measurement
+
+
+def test_the_chunked_loss_holds_one_chunk_whatever_the_block(calibration):
+    shape, _ = shape_of("gpt2-medium")
+    single = load_strategy("single")
+    own, chunked = Workload(1, 8192), Workload(1, 8192, chunked_loss=True)
+    longer = replace(chunked, block_size=16384)
+
+    def activations(workload: Workload) -> float:
+        return estimate(single, shape, workload, ParallelLayout(1), calibration).activations
+
+    assert activations(chunked) < activations(own)
+    # doubling the block doubles the layers' activations and the hidden states' gradient only
+    assert activations(longer) - activations(chunked) < activations(chunked)
+
+
+def test_the_chunked_loss_is_not_counted_under_zero3_which_keeps_the_models_own(calibration):
+    shape, _ = shape_of("gpt2-medium")
+    own, chunked = Workload(1, 8192), Workload(1, 8192, chunked_loss=True)
+    assert estimate(ZERO3, shape, chunked, ParallelLayout(2), calibration).total == pytest.approx(
+        estimate(ZERO3, shape, own, ParallelLayout(2), calibration).total
+    )
+
+
+def test_plan_longest_block_is_longer_with_the_chunked_loss(tiny_llama_config_dir, capsys):
+    flags = ["plan", "--longest_block", "--model", str(tiny_llama_config_dir), "--from_scratch",
+             "--config_overrides", "max_position_embeddings=1048576", "--batch_size", "1",
+             "--gradient_checkpointing", "true", "--gpus", "1", "--gpu_memory", "2",
+             "--profiles", "single"]  # fmt: skip
+
+    def longest() -> int:
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| single"))
+        return int(row.split("|")[2].replace(",", ""))
+
+    assert cli_main(flags) == 0
+    own = longest()
+    assert cli_main([*flags, "--chunked_loss", "true"]) == 0
+    assert longest() > own
 
 
 def test_the_longest_block_stops_at_the_models_context(calibration):

@@ -281,6 +281,31 @@ def peaks(folder: Path) -> str:
     return markdown(columns, rows)
 
 
+def long_blocks(folder: Path) -> str:
+    """long_context.sh's cases (one folder per set, calibration_rows.py --floor's rows beside them):
+    each block's peak beside the planner's prediction, with its speed."""
+    from finetune.memory_model import Calibration, Measurement, estimate_for
+    from finetune.profiles import load_profile
+
+    calibration = Calibration.measured()
+    rows = []
+    for each in sorted(path for path in folder.iterdir() if (path / "calibration_rows.json").exists()):
+        for values in json.loads((each / "calibration_rows.json").read_text()):
+            measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
+            predicted = estimate_for(measurement, calibration).total
+            measured = values["peak_allocated_gib"]
+            case = values["command"].rsplit("/", 1)[1]
+            summary = json.loads((each / case / "run_summary.json").read_text())
+            loss = "chunked" if values.get("chunked_loss") else "the model's own"
+            rows.append(
+                [values["model"], values["profile"], f"{values['block_size']:,}", loss,
+                 f"{summary['tokens_per_second_per_device']:,.0f}", f"{summary['mfu']:.1%}",
+                 f"{measured:.2f}", f"{predicted:.2f}", f"{predicted / measured:.2f}"]
+            )  # fmt: skip
+    columns = ["model", "profile", "block", "loss", "tokens/s", "MFU", "measured GiB", "predicted GiB"]
+    return markdown([*columns, "predicted/measured"], rows)
+
+
 # doctor -------------------------------------------------------------------------------------------
 COLLECTIVE_ROW = re.compile(r"(all-reduce|all-gather) (\d+) MiB")
 
@@ -532,6 +557,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "several_gpus": several_gpus,
     "instruction_lora": instruction_lora,
     "peaks": peaks,
+    "long_blocks": long_blocks,
     "doctor": doctor,
     "floor": floor,
     "floor_repeats": floor_repeats,
