@@ -154,9 +154,9 @@ class FinetuneTrainingArguments(TrainingArguments):
     chunked_loss: bool = field(
         default=False,
         metadata={
-            "help": "Compute the training loss a chunk of tokens at a time, never holding the full "
-            "logits (finetune/losses.py): less memory, same loss; GPT-2 and Llama-style models, not "
-            "under ZeRO-3. Runs outside the compiled graph."
+            "help": "Compute the loss a chunk of tokens at a time, in training and evaluation, never "
+            "holding the full logits (finetune/losses.py): less memory, same loss, what long blocks "
+            "need; GPT-2 and Llama-style models, not under ZeRO-3. Runs outside the compiled graph."
         },
     )
     fp8: bool = field(

@@ -43,10 +43,14 @@ def loss_sums_per_sample(
 ) -> torch.Tensor:
     """[batch, 2]: each sample's summed next-token loss and its number of predicted tokens.
 
-    One sample at a time, so the float32 copy of the logits is one sample's, not the batch's.
+    One sample at a time, so the float32 copy of the logits is one sample's, not the batch's. A
+    model evaluating through the chunked loss (losses.use_chunked_loss) returns these already, in
+    place of [batch, tokens, vocabulary] logits: passed through.
     """
     if isinstance(logits, tuple):
         logits = logits[0]
+    if logits.dim() == 2:
+        return logits
     targets = labels[:, 1:]
     sums = torch.stack(
         [

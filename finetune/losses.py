@@ -111,6 +111,29 @@ def causal_lm_loss(
     return total / divisor
 
 
+@torch.no_grad()
+def chunked_loss_sums(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[batch, 2]: each sample's summed next-token loss and its number of predicted tokens, as
+    evaluation.loss_sums_per_sample counts them from logits, computed a chunk of tokens at a time
+    without gradients, so evaluating a long block holds one chunk of logits and not the block's
+    (its fp32 copy alone is 4 bytes per token and vocabulary entry)."""
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    weight = weight.to(dtype)
+    chunk = max(1, CHUNK_LOGITS // (weight.shape[0] * hidden.shape[0]))  # tokens of each sample
+    sums = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
+    with torch.autocast(device_type, enabled=False):
+        for start in range(0, hidden.shape[1], chunk):
+            logits = (hidden[:, start : start + chunk].to(dtype) @ weight.T).float()
+            targets = shifted[:, start : start + chunk]
+            valid = targets != IGNORE_INDEX
+            target_logits = logits.gather(2, torch.where(valid, targets, 0)[..., None]).squeeze(2)
+            sums += ((torch.logsumexp(logits, dim=-1) - target_logits) * valid).sum(dim=1).double()
+    counts = (shifted != IGNORE_INDEX).sum(dim=1).double()
+    return torch.stack([sums, counts], dim=1)
+
+
 def compile_loss(model: PreTrainedModel) -> None:
     """Compile the model's loss function (transformers' ForCausalLMLoss), which a model compiled
     block by block runs eager.
@@ -174,10 +197,13 @@ def chunked_loss_problem(model: PreTrainedModel) -> str | None:
 
 
 def use_chunked_loss(model: PreTrainedModel) -> PreTrainedModel:
-    """Train through causal_lm_loss; evaluation and calls without labels keep the model's forward.
+    """Train through causal_lm_loss and evaluate through chunked_loss_sums; calls without labels
+    (generation) and evaluation of a split sequence (`shift_labels`) keep the model's forward.
 
     The model computes its hidden states as usual (so wrappers that hook its modules still see
-    them run); only the output layer and the loss are replaced, and no logits are returned.
+    them run); only the output layer and the loss are replaced. Training returns no logits;
+    evaluation returns each sample's loss sum and token count as its "logits", the [batch, 2]
+    that evaluation.loss_sums_per_sample makes of full logits, which it passes through.
     """
     own_forward = model.forward
 
@@ -189,13 +215,17 @@ def use_chunked_loss(model: PreTrainedModel) -> PreTrainedModel:
         shift_labels: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
-        if labels is None or not self.training:
+        if labels is None or (not self.training and shift_labels is not None):
             for name, value in (("num_items_in_batch", num_items_in_batch), ("shift_labels", shift_labels)):
                 if value is not None:
                     kwargs[name] = value
             return own_forward(input_ids=input_ids, labels=labels, **kwargs)
         hidden = self.base_model(input_ids=input_ids, **kwargs).last_hidden_state
         weight = self.get_output_embeddings().weight
+        if not self.training:
+            sums = chunked_loss_sums(hidden, weight, labels)
+            loss = (sums[:, 0].sum() / sums[:, 1].sum()).to(torch.float32)
+            return CausalLMOutputWithCrossAttentions(loss=loss, logits=sums)
         loss = causal_lm_loss(hidden, weight, labels, num_items_in_batch, shift_labels)
         return CausalLMOutputWithCrossAttentions(loss=loss)
 

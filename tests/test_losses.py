@@ -8,6 +8,7 @@ from tiny_configs import tiny_config
 from transformers import AutoModelForCausalLM
 
 import finetune.losses
+from finetune.evaluation import loss_sums_per_sample
 from finetune.losses import (
     align_output_matmul,
     causal_lm_loss,
@@ -101,10 +102,30 @@ def test_training_forward_returns_no_logits():
     assert model(input_ids=input_ids, labels=labels).logits is None
 
 
-def test_evaluation_keeps_the_models_forward_with_logits():
-    model = use_chunked_loss(TINY_MODELS["gpt2"]()).eval()
+@pytest.mark.parametrize("family", sorted(TINY_MODELS))
+def test_evaluation_gives_the_loss_and_per_sample_sums_the_models_logits_give(family):
+    """Evaluation never holds the block's logits either: the metric's per-sample loss sums and token
+    counts come from the chunks, and pass through loss_sums_per_sample unchanged."""
+    own = TINY_MODELS[family]().eval()
+    chunked = use_chunked_loss(copy.deepcopy(own)).eval()
     input_ids, labels = batch_with_ignored_labels()
-    assert model(input_ids=input_ids, labels=labels).logits.shape == (3, 20, VOCAB)
+    with torch.no_grad():
+        expected, output = (
+            own(input_ids=input_ids, labels=labels),
+            chunked(input_ids=input_ids, labels=labels),
+        )
+    assert output.logits.shape == (3, 2)  # the sums, not [batch, tokens, vocabulary]
+    torch.testing.assert_close(output.loss, expected.loss, rtol=1e-6, atol=1e-6)
+    sums = loss_sums_per_sample(output.logits, labels)
+    torch.testing.assert_close(sums, loss_sums_per_sample(expected.logits, labels), rtol=1e-6, atol=1e-6)
+
+
+def test_evaluation_of_a_split_sequence_and_generation_keep_the_models_logits():
+    model = use_chunked_loss(TINY_MODELS["llama"]()).eval()
+    input_ids, labels = batch_with_ignored_labels()
+    assert model(input_ids=input_ids).logits.shape == (3, 20, VOCAB)
+    split = model(input_ids=input_ids, labels=labels, shift_labels=labels)
+    assert split.logits.shape == (3, 20, VOCAB)
 
 
 def test_bf16_autocast_loss_is_close_to_the_fp32_loss():
