@@ -50,7 +50,7 @@ whole model, so for the three the bytes per logit are fitted with c_layer (two u
 models with different layers-to-vocabulary ratios); counted as eager they were predicted well above
 their measured peaks, most at long blocks, where the logits are most of a checkpointed step
 (docs/planner.md). `--chunked_loss` keeps one chunk of logits whatever the block
-(`chunked_loss_bytes`, counted). A model with a gated MLP (Llama, Qwen, Mistral: gate and up
+(`chunked_loss_buffer_gib`, counted). A model with a gated MLP (Llama, Qwen, Mistral: gate and up
 projections, RMSNorm) keeps less per b·T·H than GPT-2 at the same c_layer: eager,
 GATED_MLP_ACTIVATION_SCALE, what the CPU census of autograd's saved tensors counted
 (docs/planner.md; one shape, intermediate 2.75·H); compiled, `Calibration.compiled_gated_mlp_scale`,
@@ -453,23 +453,22 @@ def forward_activation_gib(
         layers = shape.layers * tokens * shape.hidden * CHECKPOINTED_LAYER_BYTES + per_layer
     else:
         layers = shape.layers * per_layer
-    if workload.chunked_loss:
-        return (layers + chunked_loss_bytes(shape, workload)) / GIB
+    if workload.chunked_loss:  # the hidden states' gradient, kept from forward; chunked_loss_buffer_gib
+        return (layers + tokens * shape.hidden * COMPUTE_BYTES[workload.dtype]) / GIB
     return (layers + tokens * shape.vocab * logit_bytes) / GIB
 
 
-def chunked_loss_bytes(shape: ModelShape, workload: Workload) -> float:
-    """What --chunked_loss holds in place of the logits, counted from finetune/losses.py (not fitted):
-    one chunk's buffers, the output weight's fp32 gradient and the hidden states' gradient; a block
-    of any length keeps the same chunk, which is what lets long blocks fit."""
-    tokens = workload.micro_batch * workload.block_size
+def chunked_loss_buffer_gib(shape: ModelShape, workload: Workload, layout: ParallelLayout) -> float:
+    """What --chunked_loss holds beside a rank's tokens, counted from finetune/losses.py (not fitted):
+    one chunk's buffers and the output weight's fp32 gradient, the same for a block of any length
+    and on every rank of a sequence group, which is what lets long blocks fit."""
+    if not workload.chunked_loss:
+        return 0.0
+    tokens = workload.micro_batch * workload.block_size / layout.sequence_parallel
     padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
     chunk_logits = min(tokens, max(1, CHUNK_LOGITS // padded_vocab)) * padded_vocab
-    return (
-        chunk_logits * CHUNK_BYTES_PER_LOGIT
-        + padded_vocab * shape.hidden * CHUNKED_WEIGHT_GRADIENT_BYTES
-        + tokens * shape.hidden * COMPUTE_BYTES[workload.dtype]
-    )
+    weight_gradient = padded_vocab * shape.hidden * CHUNKED_WEIGHT_GRADIENT_BYTES
+    return (chunk_logits * CHUNK_BYTES_PER_LOGIT + weight_gradient) / GIB
 
 
 def activation_gib(
@@ -582,7 +581,10 @@ def estimate(
     activations = (
         activation_gib(shape, workload, layer_bytes, logit_bytes)
         + adapter_activation_gib(shape, workload, strategy)
-    ) / layout.sequence_parallel + sequence_exchange_gib(shape, workload, layout, strategy.sequence_split)
+    ) / layout.sequence_parallel + (
+        sequence_exchange_gib(shape, workload, layout, strategy.sequence_split)
+        + chunked_loss_buffer_gib(shape, workload, layout)
+    )
     if peaks_before_gradients(strategy, workload, activations, states["gradients"]):
         states["gradients"] = 0.0
     return Estimate(

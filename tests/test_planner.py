@@ -21,12 +21,14 @@ from finetune.memory_model import (
     Workload,
     activation_gib,
     calibration_kind,
+    chunked_loss_buffer_gib,
     compiled_for,
     estimate,
     estimate_for,
     forward_activation_gib,
     out_of_memory_runs,
     read_measurements,
+    sequence_exchange_gib,
 )
 from finetune.pictures import plan_picture
 from finetune.planner import (
@@ -666,6 +668,21 @@ def test_the_chunked_loss_is_not_counted_under_zero3_which_keeps_the_models_own(
     own, chunked = Workload(1, 8192), Workload(1, 8192, chunked_loss=True)
     assert estimate(ZERO3, shape, chunked, ParallelLayout(2), calibration).total == pytest.approx(
         estimate(ZERO3, shape, own, ParallelLayout(2), calibration).total
+    )
+
+
+def test_every_rank_of_a_sequence_group_holds_the_chunked_loss_buffers_whole(
+    tiny_llama_config_dir, calibration
+):
+    """The degree divides a rank's tokens, not the chunk or the output weight's gradient."""
+    shape, _ = shape_of(str(tiny_llama_config_dir))
+    fsdp, chunked = load_strategy("fsdp"), Workload(1, 65536, gradient_checkpointing=True, chunked_loss=True)
+    whole, split = ParallelLayout(4), ParallelLayout(4, 4)
+    buffers = chunked_loss_buffer_gib(shape, chunked, split)
+    assert buffers == pytest.approx(chunked_loss_buffer_gib(shape, chunked, whole)) and buffers > 0
+    unsplit_tokens = estimate(fsdp, shape, chunked, whole, calibration).activations - buffers
+    assert estimate(fsdp, shape, chunked, split, calibration).activations == pytest.approx(
+        unsplit_tokens / 4 + buffers + sequence_exchange_gib(shape, chunked, split, "ring")
     )
 
 
