@@ -156,7 +156,8 @@ class FinetuneTrainingArguments(TrainingArguments):
         metadata={
             "help": "Compute the loss a chunk of tokens at a time, in training and evaluation, never "
             "holding the full logits (finetune/losses.py): less memory, same loss, what long blocks "
-            "need; GPT-2 and Llama-style models, not under ZeRO-3. Runs outside the compiled graph."
+            "need; GPT-2 and Llama-style models; under ZeRO-3 in evaluation only. Runs outside the "
+            "compiled graph."
         },
     )
     fp8: bool = field(

@@ -16,7 +16,7 @@ from transformers.utils import logging
 
 from finetune.adapters import adapter_flags, add_adapters
 from finetune.errors import FinetuneError
-from finetune.losses import align_output_matmul, chunked_loss_problem, use_chunked_loss
+from finetune.losses import align_output_matmul, chunked_loss_problem, model_loss_problem, use_chunked_loss
 
 logger = logging.get_logger("finetune")
 
@@ -33,12 +33,14 @@ class Converter:
 
 def chunked_loss(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict]:
     """A model whose loss cannot be chunked keeps its own, with a warning (not an error: the flag is
-    a speed lever)."""
+    a memory lever); under ZeRO-3 alone, evaluation is still chunked (it gathers the weight)."""
     problem = chunked_loss_problem(model)
-    if problem is None:
-        use_chunked_loss(model)
-    elif training_args.process_index == 0:
-        logger.warning(f"finetune: chunked loss off: {problem}; the model's own loss is used")
+    evaluation = problem is not None and model_loss_problem(model) is None
+    if problem is None or evaluation:
+        use_chunked_loss(model, in_training=problem is None)
+    if problem is not None and training_args.process_index == 0:
+        where = "in training" if evaluation else "off"
+        logger.warning(f"finetune: chunked loss {where}: {problem}; the model's own loss is used there")
     return model, {}
 
 

@@ -14,6 +14,7 @@ equal up to floating-point summation order.
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Any
 
@@ -181,13 +182,19 @@ def align_output_matmul(model: PreTrainedModel) -> bool:
 
 
 def chunked_loss_problem(model: PreTrainedModel) -> str | None:
-    """Why the chunked loss cannot replace this model's own, or None when it can.
+    """Why the chunked loss cannot replace this model's own in training, or None when it can.
 
-    ZeRO-3 gathers a sharded weight only inside its own module's forward; the chunked loss reads
-    the output weight outside it.
+    ZeRO-3 gathers a sharded weight only inside its own module's forward, and reduces its gradient
+    from there; the chunked loss reads the output weight outside it. Evaluation, which needs no
+    gradient, gathers the weight itself (`model_loss_problem` is its only condition).
     """
     if is_deepspeed_zero3_enabled():
         return "ZeRO-3 shards the output layer's weight"
+    return model_loss_problem(model)
+
+
+def model_loss_problem(model: PreTrainedModel) -> str | None:
+    """Why this model's loss cannot be computed from its hidden states and output weight, or None."""
     if model.config.model_type not in CHUNKED_LOSS_MODEL_TYPES:
         return f"model type {model.config.model_type} is not one of {', '.join(CHUNKED_LOSS_MODEL_TYPES)}"
     head = model.get_output_embeddings()
@@ -196,9 +203,19 @@ def chunked_loss_problem(model: PreTrainedModel) -> str | None:
     return None
 
 
-def use_chunked_loss(model: PreTrainedModel) -> PreTrainedModel:
-    """Train through causal_lm_loss and evaluate through chunked_loss_sums; calls without labels
-    (generation) and evaluation of a split sequence (`shift_labels`) keep the model's forward.
+def gathered(weight: torch.nn.Parameter) -> contextlib.AbstractContextManager:
+    """The whole weight for reading, where ZeRO-3 partitions it (every rank must enter)."""
+    if not is_deepspeed_zero3_enabled():
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([weight])
+
+
+def use_chunked_loss(model: PreTrainedModel, in_training: bool = True) -> PreTrainedModel:
+    """Train through causal_lm_loss (unless not `in_training`) and evaluate through
+    chunked_loss_sums; calls without labels (generation) and evaluation of a split sequence
+    (`shift_labels`) keep the model's forward.
 
     The model computes its hidden states as usual (so wrappers that hook its modules still see
     them run); only the output layer and the loss are replaced. Training returns no logits;
@@ -215,7 +232,9 @@ def use_chunked_loss(model: PreTrainedModel) -> PreTrainedModel:
         shift_labels: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
-        if labels is None or (not self.training and shift_labels is not None):
+        # the model's own loss: in training where not chunked there, in evaluation of a split sequence
+        own = in_training is False if self.training else shift_labels is not None
+        if labels is None or own:
             for name, value in (("num_items_in_batch", num_items_in_batch), ("shift_labels", shift_labels)):
                 if value is not None:
                     kwargs[name] = value
@@ -223,7 +242,8 @@ def use_chunked_loss(model: PreTrainedModel) -> PreTrainedModel:
         hidden = self.base_model(input_ids=input_ids, **kwargs).last_hidden_state
         weight = self.get_output_embeddings().weight
         if not self.training:
-            sums = chunked_loss_sums(hidden, weight, labels)
+            with gathered(weight):
+                sums = chunked_loss_sums(hidden, weight, labels)
             loss = (sums[:, 0].sum() / sums[:, 1].sum()).to(torch.float32)
             return CausalLMOutputWithCrossAttentions(loss=loss, logits=sums)
         loss = causal_lm_loss(hidden, weight, labels, num_items_in_batch, shift_labels)

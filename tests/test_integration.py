@@ -128,10 +128,11 @@ def test_tensorboard_log_holds_the_runs_measurements(finished_run):
     assert events.Scalars("train/loss")[-1].step == MAX_STEPS
 
 
-@pytest.mark.parametrize("finished_run", ["zero2"], indirect=True)
+@pytest.mark.parametrize("finished_run", ["zero2", "zero3"], indirect=True)
 def test_chunked_loss_trains_like_the_models_own_loss(finished_run, tmp_path):
     """Same losses and evaluation with --chunked_loss, under DeepSpeed's own backward (the chunks'
-    custom backward under the others is checked in-process by tests/test_losses.py)."""
+    custom backward under the others is checked in-process by tests/test_losses.py); under ZeRO-3
+    training keeps the model's loss and evaluation gathers the partitioned output weight."""
     profile, output_dir = finished_run
     launch(accelerate_launch(profile), tmp_path, [*FLAGS, *NO_CHECKPOINTS, "--chunked_loss", "true"])
     own, chunked = read_summary(output_dir), read_summary(tmp_path)

@@ -1,6 +1,7 @@
 """The chunked loss is the model's own loss: same value and same gradients, without full logits."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -168,6 +169,27 @@ def test_zero3_keeps_the_models_own_loss():
         unset_hf_deepspeed_config()
         del zero3
     assert chunked_loss_problem(model) is None
+
+
+def test_under_zero3_training_keeps_the_models_loss_and_evaluation_is_chunked():
+    """ZeRO-3 reduces the output weight's gradient from its own module's forward: training keeps the
+    model's loss; evaluation needs no gradient and gathers the weight itself (a no-op on a weight
+    ZeRO-3 does not partition, as here; the 2-rank run in tests/test_integration.py gathers it)."""
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    from finetune.converters import chunked_loss
+
+    model = TINY_MODELS["gpt2"]()  # built before, or transformers would build it partitioned
+    zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    try:
+        model, _ = chunked_loss(model, None, SimpleNamespace(process_index=0), "fp32")
+        input_ids, labels = batch_with_ignored_labels()
+        assert model(input_ids=input_ids, labels=labels).logits.shape == (3, 20, VOCAB)
+        with torch.no_grad():
+            assert model.eval()(input_ids=input_ids, labels=labels).logits.shape == (3, 2)
+    finally:
+        unset_hf_deepspeed_config()
+        del zero3
 
 
 def test_a_compiled_model_computes_the_chunked_loss_outside_the_graph(monkeypatch):
