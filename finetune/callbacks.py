@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
@@ -28,6 +28,9 @@ from finetune.flops import PeakFlops, mfu
 from finetune.layout import ParallelLayout
 
 GIB = 2**30  # the unit memory is measured, logged and planned in
+
+
+T = TypeVar("T")
 
 
 def gather_from_ranks(value: Any) -> list[Any]:
@@ -172,6 +175,21 @@ class MemoryCallback(TrainerCallback):
         for index, rank in enumerate(self.ranks):
             lines += [f"  rank {index}, {name}: {readings(values)}" for name, values in rank["phases"]]
         return "\n".join(lines)
+
+    def evaluation_peak(
+        self, evaluate: Callable[[], T], reset: Callable[[], None] | None = None
+    ) -> tuple[T, dict]:
+        """`evaluate()`'s result, and its GPU peak of allocated tensors, max over ranks, as the summary
+        field memory_eval_peak_allocated_gib_max (None without CUDA): a long block's evaluation holds
+        its full logits where training may not (--chunked_loss), so it can be the run's peak. Read
+        after training's peak is recorded; the CUDA peak counters restart for it. Collective."""
+        if reset is None and torch.cuda.is_available():
+            reset = torch.cuda.reset_peak_memory_stats
+        if reset is not None:
+            reset()
+        result = evaluate()
+        peaks = [peak for peak in gather_from_ranks(self.read().get("peak_allocated")) if peak is not None]
+        return result, {"memory_eval_peak_allocated_gib_max": max(peaks) if peaks else None}
 
     def per_rank(self) -> list[dict[str, float]]:
         return [{f"{key}_gib": value for key, value in rank["end"].items()} for rank in self.ranks]

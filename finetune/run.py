@@ -288,7 +288,8 @@ def train_and_measure(
         )
     if training_args.profile_memory and training_args.process_index == 0:
         print(memory.report())
-    record.update(evaluation_fields(trainer.evaluate(), "eval"))
+    evaluated, evaluation_memory = memory.evaluation_peak(trainer.evaluate)
+    record.update({**evaluation_fields(evaluated, "eval"), **evaluation_memory})
     if data.test is not None:
         record.update(evaluation_fields(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
     trainer.log(run_scalars(record.fields))

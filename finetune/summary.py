@@ -228,6 +228,10 @@ FIELDS: dict[str, tuple[str, str]] = {
     ),
     "memory_peak_reserved_gib_mean": ("float?", "the same, mean over ranks"),
     "memory_peak_reserved_rank": ("int?", "the rank with the highest reserved peak"),
+    "memory_eval_peak_allocated_gib_max": (
+        "float?",
+        "GPU peak of allocated tensors during the final evaluation, max over ranks",
+    ),
     "memory_allocated_gib_max": ("float?", "GPU memory allocated at the end of training, max over ranks"),
     "memory_reserved_gib_max": ("float?", "GPU memory reserved at the end of training, max over ranks"),
     "memory_host_peak_rss_gib_max": (

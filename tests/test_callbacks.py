@@ -312,3 +312,26 @@ def test_each_rank_records_its_slowest_steps_by_step_number(events):
     callback.on_train_end(args, state, control)
     assert callback.ranks[0]["slowest_steps"][:2] == [[4, 4.0], [6, 2.0]]
     assert len(callback.ranks[0]["slowest_steps"]) == 5  # the warm-up step is not measured
+
+
+def test_the_final_evaluation_has_its_own_gpu_peak_read_after_the_counters_restart():
+    """Training's peak is recorded first; the evaluation's is the allocator's peak since the reset."""
+    order = []
+    readings = {"peak_allocated": 7.0}
+    callback = MemoryCallback(read=lambda: dict(readings))
+
+    def evaluate():
+        order.append("evaluate")
+        readings["peak_allocated"] = 9.5
+        return {"eval_token_loss": 1.0}
+
+    metrics, fields = callback.evaluation_peak(evaluate, reset=lambda: order.append("reset"))
+    assert order == ["reset", "evaluate"]
+    assert metrics == {"eval_token_loss": 1.0}
+    assert fields == {"memory_eval_peak_allocated_gib_max": 9.5}
+
+
+def test_a_cpu_run_has_no_evaluation_gpu_peak():
+    callback = MemoryCallback(read=lambda: {"host_rss": 0.5, "host_peak_rss": 0.75})
+    _, fields = callback.evaluation_peak(lambda: {}, reset=lambda: None)
+    assert fields == {"memory_eval_peak_allocated_gib_max": None}
