@@ -24,9 +24,8 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from finetune.data_formats import IGNORE_INDEX
+from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT
 
-CHUNK_LOGITS = 2**26  # logits per chunk: 256 MiB in fp32
-VOCAB_ALIGNMENT = 64  # a vocabulary padded to this keeps every matmul on aligned, fast kernels
 CHUNKED_LOSS_MODEL_TYPES = ("gpt2", "llama")
 
 

@@ -78,7 +78,7 @@ from transformers.utils import logging
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
 from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
-from finetune.losses import CHUNK_LOGITS, VOCAB_ALIGNMENT
+from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,

@@ -70,7 +70,8 @@ def test_an_op_build_past_its_time_limit_fails_with_how_to_build_it_ahead(monkey
 RUN = SimpleNamespace(model="gpt2", config_overrides="n_layer=2,n_embd=64,n_head=2", peft=None, lora_rank=16,
                       lora_dropout=0.0, block_size=64, per_device_train_batch_size=2,
                       gradient_accumulation_steps=1, sequence_parallel=1, bf16=False, fp16=False,
-                      gradient_checkpointing=False, torch_compile=False, nvme_path=None)  # fmt: skip
+                      gradient_checkpointing=False, torch_compile=False, chunked_loss=False,
+                      nvme_path=None)  # fmt: skip
 
 
 def test_an_offload_profile_checks_host_ram_and_fails_when_it_is_short(monkeypatch):
