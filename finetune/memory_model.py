@@ -192,7 +192,7 @@ class Workload:
     # the loss compiled beside compiled blocks, as run.py does (--compile_loss); False: runs from
     # before it did, kept in calibration.json as they ran
     loss_compiled: bool = True
-    chunked_loss: bool = False  # --chunked_loss where it applies (not ZeRO-3: chunked_loss_problem)
+    chunked_loss: bool = False  # as asked; under ZeRO-3 `estimate` counts the model's own loss
 
 
 @dataclass(frozen=True)
@@ -433,14 +433,10 @@ def loss_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
     its compiled blocks for a gated-MLP model too, whose layers keep bf16's kind (a 1B Llama's
     checkpointed long blocks on one GPU were predicted 2.1x their peak with the eager loss's bytes)."""
     kind = calibration_kind(strategy, workload, shape)
-    if (
-        kind == "bf16"
-        and strategy.zero_stage == 3
-        and compiled_for(strategy, workload)
-        and workload.loss_compiled
-    ):
-        return "zero3_compiled" if framework_of(strategy, workload.dtype) == "deepspeed" else kind
-    return kind
+    zero3_loss_compiled = (
+        strategy.zero_stage == 3 and compiled_for(strategy, workload) and workload.loss_compiled
+    )
+    return "zero3_compiled" if kind == "bf16" and zero3_loss_compiled else kind
 
 
 def forward_activation_gib(
