@@ -79,6 +79,17 @@ def _chunk_loss_and_grad(
     return loss, grad_padded
 
 
+def compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype the matmuls run in: autocast's where it is on, else the hidden states' own."""
+    device_type = hidden.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+
+
+def next_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """Each position's label for the next token, the last ignored: the model's own shift."""
+    return torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+
+
 @torch.compiler.disable
 def causal_lm_loss(
     hidden: torch.Tensor,
@@ -96,12 +107,9 @@ def causal_lm_loss(
     (found with benchmarks/scripts/grad_check.py; docs/speed.md). The model's layers
     before it stay compiled.
     """
-    device_type = hidden.device.type
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
-    shifted = shift_labels
-    if shifted is None:
-        shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
-    with torch.autocast(device_type, enabled=False):
+    dtype = compute_dtype(hidden)
+    shifted = next_tokens(labels) if shift_labels is None else shift_labels
+    with torch.autocast(hidden.device.type, enabled=False):
         total = LinearCrossEntropy.apply(
             hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype), shifted.reshape(-1)
         )
@@ -117,13 +125,12 @@ def chunked_loss_sums(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
     evaluation.loss_sums_per_sample counts them from logits, computed a chunk of tokens at a time
     without gradients, so evaluating a long block holds one chunk of logits and not the block's
     (its fp32 copy alone is 4 bytes per token and vocabulary entry)."""
-    device_type = hidden.device.type
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
-    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    dtype = compute_dtype(hidden)
+    shifted = next_tokens(labels)
     weight = weight.to(dtype)
     chunk = max(1, CHUNK_LOGITS // (weight.shape[0] * hidden.shape[0]))  # tokens of each sample
     sums = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
-    with torch.autocast(device_type, enabled=False):
+    with torch.autocast(hidden.device.type, enabled=False):
         for start in range(0, hidden.shape[1], chunk):
             logits = (hidden[:, start : start + chunk].to(dtype) @ weight.T).float()
             targets = shifted[:, start : start + chunk]

@@ -257,21 +257,27 @@ def instruction_lora(folder: Path) -> str:
 
 
 # peaks --------------------------------------------------------------------------------------------
+def predicted_peak(values: dict, calibration: Any) -> float:
+    """What the planner predicts for a calibration row (calibration.json's form)."""
+    from finetune.memory_model import Measurement, estimate_for
+    from finetune.profiles import load_profile
+
+    measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
+    return estimate_for(measurement, calibration).total
+
+
 def peaks(folder: Path) -> str:
-    # imported here: the planner and transformers are needed by this kind alone
+    # imported here: the planner and transformers are needed by the peak kinds alone
     from calibration_rows import measured_rows
 
-    from finetune.memory_model import Calibration, Measurement, estimate_for
-    from finetune.profiles import load_profile
+    from finetune.memory_model import Calibration
 
     calibration = Calibration.measured()
     rows = []
     for each in [folder, *sorted(path for path in folder.iterdir() if path.is_dir())]:
         floor_call = each / "calibration_rows.json"  # calibration_rows.py --floor's, beside the cases
         for values in json.loads(floor_call.read_text()) if floor_call.exists() else measured_rows(each):
-            measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
-            predicted = estimate_for(measurement, calibration).total
-            measured = values["peak_allocated_gib"]
+            measured, predicted = values["peak_allocated_gib"], predicted_peak(values, calibration)
             rows.append(
                 [values["model"], values["profile"], values["gpus"], values["micro_batch"], f"{measured:.2f}",
                  f"{predicted:.2f}", f"{predicted / measured:.2f}"]
@@ -284,16 +290,13 @@ def peaks(folder: Path) -> str:
 def long_blocks(folder: Path) -> str:
     """long_context.sh's cases (one folder per set, calibration_rows.py --floor's rows beside them):
     each block's peak beside the planner's prediction, with its speed."""
-    from finetune.memory_model import Calibration, Measurement, estimate_for
-    from finetune.profiles import load_profile
+    from finetune.memory_model import Calibration
 
     calibration = Calibration.measured()
     rows = []
     for each in sorted(path for path in folder.iterdir() if (path / "calibration_rows.json").exists()):
         for values in json.loads((each / "calibration_rows.json").read_text()):
-            measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
-            predicted = estimate_for(measurement, calibration).total
-            measured = values["peak_allocated_gib"]
+            measured, predicted = values["peak_allocated_gib"], predicted_peak(values, calibration)
             case = values["command"].rsplit("/", 1)[1]
             summary = json.loads((each / case / "run_summary.json").read_text())
             loss = "chunked" if values.get("chunked_loss") else "the model's own"
