@@ -410,11 +410,14 @@ def compiled_for(strategy: Strategy, workload: Workload) -> bool:
 
 
 def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
-    """How the layers' activations are held (CALIBRATION_KINDS): ZeRO-1/2 count as bf16 also when
-    compiled (no compiled peaks measured; eager is the larger). Autocast keeps more than bf16 only
-    through LayerNorm (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's kind."""
+    """How the layers' activations are held (CALIBRATION_KINDS): ZeRO-1/2 compiled as ddp's whole
+    model is (accelerate hands the engine to DeepSpeed's compile of the whole module; their compiled
+    peaks on one GPU are calibration rows). Autocast keeps more than bf16 only through LayerNorm
+    (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's kind."""
     compiled = compiled_for(strategy, workload)
     if framework_of(strategy, workload.dtype) == "deepspeed":
+        if strategy.zero_stage in (1, 2) and compiled:
+            return "compiled"
         # ZeRO-3 compiles its leaf blocks (run.py), adapters' too. Its compiled kind was fitted on full
         # fine-tuning of GPT-2 shapes; a gated-MLP model's compiled ZeRO-3 peak was above what it
         # predicts and within bf16's, which such models keep.
@@ -546,6 +549,22 @@ def accumulated_gradient_gib(framework: str, shape: ModelShape, workload: Worklo
     return trained_parameters(shape, workload) * STATE_BYTES["torch"]["gradients"] / GIB
 
 
+def reduce_buffer_gib(strategy: Strategy, shape: ModelShape, workload: Workload, logit_bytes: float) -> float:
+    """What ZeRO-1/2's gradient reduce buffers (`profiles.reduce_buffers`, in the training dtype) add
+    to the peak. DeepSpeed allocates them whole, whatever the model's size, when the first parameter
+    gradient arrives: after the output layer's backward, which has freed the logits and their
+    gradient; so they raise the peak only by what they exceed those by (gpt2-medium at micro batch 8
+    peaked alike with buckets of 1M and 500M values: docs/speed.md)."""
+    if not strategy.reduce_buffers:
+        return 0.0
+    values = strategy.reduce_bucket_values or shape.hidden * shape.hidden  # "auto": transformers' fill
+    buffers = strategy.reduce_buffers * values * COMPUTE_BYTES[workload.dtype]
+    logits = (
+        0 if workload.chunked_loss else workload.micro_batch * workload.block_size * shape.vocab * logit_bytes
+    )
+    return max(0.0, buffers - logits) / GIB
+
+
 def estimate(
     strategy: Strategy,
     shape: ModelShape,
@@ -583,6 +602,7 @@ def estimate(
     )
     if peaks_before_gradients(strategy, workload, activations, states["gradients"]):
         states["gradients"] = 0.0
+    states["gradients"] += reduce_buffer_gib(strategy, shape, workload, logit_bytes)
     return Estimate(
         strategy=strategy,
         layout=layout,

@@ -50,6 +50,7 @@ def with_shipped_recipe(run_args: list[str]) -> list[str]:
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
 NVME_PLACEHOLDER = "auto"
 OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
+DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default reduce_bucket_size, in values
 
 
 STATES = ("optimizer", "gradients", "parameters")  # in the order ZeRO's stages shard them
@@ -79,6 +80,11 @@ class Strategy:
     # the DeepSpeed JSON's "compile": {"deepcompile": true}: DeepSpeed compiles the whole model and
     # schedules ZeRO-3's gathers in the graph instead of in per-module hooks
     deepcompile: bool = False
+    # ZeRO-1/2's gradient reduce buffers (DeepSpeed allocates them whole at a backward's first gradient):
+    # how many (two with overlap_comm, none without contiguous_gradients) and their size in values,
+    # None where the JSON says "auto" (transformers then fills hidden_size squared)
+    reduce_buffers: int = 0
+    reduce_bucket_values: int | None = None
 
     @property
     def multi_process(self) -> bool:
@@ -200,10 +206,32 @@ def derive_strategy(
         nvme = needs_nvme_path(config)
         sharded = frozenset(STATES[:stage])
         deepcompile = bool((config.get("compile") or {}).get("deepcompile", False))
+        buffers, bucket = reduce_buffers(zero) if stage in (1, 2) else (0, None)
         return Strategy(
-            name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description, deepcompile
+            name,
+            "deepspeed",
+            sharded,
+            optimizer,
+            parameters,
+            stage,
+            None,
+            nvme,
+            description,
+            deepcompile,
+            buffers,
+            bucket,
         )
     return Strategy(name, "ddp" if distributed_type == "MULTI_GPU" else "single", description=description)
+
+
+def reduce_buffers(zero: dict[str, Any]) -> tuple[int, int | None]:
+    """ZeRO-1/2's gradient reduce buffers as DeepSpeed's stage_1_and_2.py allocates them: one of
+    reduce_bucket_size values with contiguous_gradients (its default), a second with overlap_comm."""
+    if not zero.get("contiguous_gradients", True):
+        return 0, None
+    count = 2 if zero.get("overlap_comm", False) else 1
+    size = zero.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET_SIZE)
+    return count, None if size == "auto" else int(float(size))
 
 
 def fastest_first(strategies: list[Strategy]) -> list[Strategy]:

@@ -344,3 +344,16 @@ def test_a_zero_key_deepspeed_refuses_is_one_line_at_load(tmp_path, zero, proble
 def test_every_shipped_deepspeed_json_passes_deepspeeds_own_check():
     for name in ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"):
         load_profile(name)
+
+
+def test_zero12_gradient_reduce_buffers_are_read_from_the_deepspeed_json(tmp_path):
+    shipped = load_strategy("zero2")
+    assert (shipped.reduce_buffers, shipped.reduce_bucket_values) == (2, 500_000_000)
+    (tmp_path / "auto").mkdir()
+    path, _ = write_deepspeed_profile(tmp_path / "auto", {"stage": 1, "reduce_bucket_size": "auto"})
+    auto = load_strategy(path)
+    assert (auto.reduce_buffers, auto.reduce_bucket_values) == (1, None)  # overlap_comm is off by default
+    (tmp_path / "scattered").mkdir()
+    path, _ = write_deepspeed_profile(tmp_path / "scattered", {"stage": 2, "contiguous_gradients": False})
+    assert load_strategy(path).reduce_buffers == 0
+    assert load_strategy("zero3").reduce_buffers == 0

@@ -178,9 +178,11 @@ case $CALL in
     echo "nvme rc $?"; cp /tmp/nvme-run-out/run_summary.json "$ROOT/nvme/zero3_nvme.json"
     LARGEST_TIMEOUT=250 phase largest-zero3 260 $(seq -s, 0 $((N - 1))) largest $N zero3 gpt-30b 20
     ;;
-  13)  # issue 38: is ZeRO-3's floor its gradient path? ZeRO-1/2 (no weight sharding) beside ddp and zero3
+  13)  # issue 38: ZeRO-1/2 with DeepSpeed's 500M-value reduce buckets (1.53x "auto"'s hidden² on one
+       # H200) beside the old "auto", ddp and zero3: does it hold where the reduction could overlap?
     ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    RUN_TIMEOUT=100 phase zero-stages 560 $ALL floor gpt2-medium 8 20 ddp zero1 zero2 zero3 'zero2#r2' 'zero3#r2'
+    RUN_TIMEOUT=100 phase zero-stages 560 $ALL floor gpt2-medium 8 20 ddp zero2 \
+      'zero2~ds.zero_optimization.reduce_bucket_size="auto"' zero1 zero3 'zero2#r2'
     ;;
   14)  # issue 39 target 4, fsdp: the --largest shape for 20 steps, its host memory with only rank 0 drawing
     N=$(nvidia-smi -L | wc -l)
