@@ -152,12 +152,6 @@ def padding_multiple(split: str, degree: int) -> int:
     return 2 * degree * RING_CHUNK_MULTIPLE if split == "ring" else degree
 
 
-def next_token_labels(labels: torch.Tensor) -> torch.Tensor:
-    """Each position's label for the next token (the last one ignored): labels shifted before a
-    sequence is cut, so that no chunk needs its neighbour's first token."""
-    return torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].contiguous()
-
-
 def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], multiple: int) -> Callable:
     """`collate`, its batches also carrying each token's position and padded at the end to a
     `multiple` (`padding_multiple`). Ulysses splits the sequence and gathers it back inside attention

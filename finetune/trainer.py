@@ -55,11 +55,12 @@ from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, chec
 from finetune.errors import FinetuneError
 from finetune.fsdp_units import blocks_per_unit
 from finetune.launched import CompilePlan, Launch
+from finetune.losses import next_tokens
 from finetune.models import tied_parameter_names
 from finetune.outputs import share_from_main
 from finetune.resume import run_identity
 from finetune.run_folder import STAGING_DIR, checkpoint_dir
-from finetune.sequence_parallel import follow_epochs, next_token_labels, skipping_split_batches
+from finetune.sequence_parallel import follow_epochs, skipping_split_batches
 from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
 
@@ -225,7 +226,8 @@ class FinetuneTrainer(Trainer):
         if not model.training:
             return contextlib.nullcontext, inputs
         if self.splits_by_ring() and "labels" in inputs and "shift_labels" not in inputs:
-            inputs = {**inputs, "shift_labels": next_token_labels(inputs["labels"])}
+            # contiguous: the ring slices the shifted labels along the sequence
+            inputs = {**inputs, "shift_labels": next_tokens(inputs["labels"]).contiguous()}
         return super()._prepare_context_parallel_inputs(model, inputs)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:

@@ -15,6 +15,7 @@ from finetune.losses import (
     causal_lm_loss,
     chunked_loss_problem,
     compile_loss,
+    next_tokens,
     use_chunked_loss,
 )
 
@@ -258,3 +259,9 @@ def test_compiled_loss_under_adapters_replaces_the_base_models_loss():
     assert adapted.get_base_model().loss_function is not own_loss
     input_ids, labels = batch_with_ignored_labels()
     assert torch.isfinite(adapted(input_ids=input_ids, labels=labels).loss)
+
+
+def test_labels_are_shifted_to_the_next_token_with_the_last_ignored():
+    labels = torch.tensor([[5, 6, 7, -100], [1, 2, 3, 4]])
+    expected = torch.tensor([[6, 7, -100, -100], [2, 3, 4, -100]])
+    assert torch.equal(next_tokens(labels), expected)

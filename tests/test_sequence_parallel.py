@@ -23,7 +23,6 @@ from finetune.sequence_parallel import (
     check_heads,
     check_model,
     follow_epochs,
-    next_token_labels,
     padding_multiple,
     with_position_ids,
 )
@@ -117,12 +116,6 @@ def test_ring_attention_refuses_packed_instruction_examples_and_ulysses_takes_th
 
 def test_ring_batches_are_padded_to_two_chunks_a_rank_of_32_tokens_each_and_ulysses_to_one_slice():
     assert (padding_multiple("ring", 2), padding_multiple("ulysses", 2)) == (128, 2)
-
-
-def test_labels_are_shifted_to_the_next_token_with_the_last_ignored():
-    labels = torch.tensor([[5, 6, 7, -100], [1, 2, 3, 4]])
-    expected = torch.tensor([[6, 7, -100, -100], [2, 3, 4, -100]])
-    assert torch.equal(next_token_labels(labels), expected)
 
 
 def test_a_degree_below_one_is_refused(output_flags):

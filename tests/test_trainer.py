@@ -91,3 +91,14 @@ def test_ring_attention_deals_evaluation_batches_over_every_rank_and_training_ba
     assert sum(len(b["input_ids"]) for b in trainer.get_eval_dataloader()) == 10
     with pytest.raises(AssertionError, match="device mesh's groups"):
         trainer.get_train_dataloader()
+
+
+def test_ring_attention_training_batches_carry_their_labels_shifted_before_the_cut(trainer_for, monkeypatch):
+    trainer = trainer_for(torch_compile=False)
+    monkeypatch.setattr(FinetuneTrainer, "splits_by_ring", lambda self: True)
+    labels = torch.tensor([[5, 6, 7, 8]])
+    batch = {"input_ids": labels, "labels": labels}
+    _, prepared = trainer._prepare_context_parallel_inputs(trainer.model.train(), batch)
+    assert torch.equal(prepared["shift_labels"], torch.tensor([[6, 7, 8, -100]]))
+    _, prepared = trainer._prepare_context_parallel_inputs(trainer.model.eval(), batch)
+    assert "shift_labels" not in prepared  # evaluation runs each sample whole and shifts it itself
