@@ -46,6 +46,7 @@ def test_docs_speed_page_has_its_generated_tables():
 
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
     assert [folder for _, folder, _ in generated_tables(PLANNER_PAGE)] == [
+        "benchmarks/h200x4-2026-11-28c/call1",
         "benchmarks/h100x4-2026-11-26/call1",
         "benchmarks/h100x2-2026-11-26",
         "benchmarks/h100x4-2026-11-27b",

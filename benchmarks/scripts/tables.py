@@ -278,8 +278,9 @@ def peaks(folder: Path) -> str:
         floor_call = each / "calibration_rows.json"  # calibration_rows.py --floor's, beside the cases
         for values in json.loads(floor_call.read_text()) if floor_call.exists() else measured_rows(each):
             measured, predicted = values["peak_allocated_gib"], predicted_peak(values, calibration)
+            profile = values["profile"] + (f" --peft {values['peft']}" if values.get("peft") else "")
             rows.append(
-                [values["model"], values["profile"], values["gpus"], values["micro_batch"], f"{measured:.2f}",
+                [values["model"], profile, values["gpus"], values["micro_batch"], f"{measured:.2f}",
                  f"{predicted:.2f}", f"{predicted / measured:.2f}"]
             )  # fmt: skip
     columns = ["model", "profile", "GPUs", "micro batch", "measured GiB", "predicted GiB"]
