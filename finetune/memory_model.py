@@ -442,6 +442,14 @@ def loss_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
     return "zero3_compiled" if kind == "bf16" and zero3_loss_compiled else kind
 
 
+def logits_bytes(shape: ModelShape, workload: Workload, logit_bytes: float) -> float:
+    """What the loss holds of the logits, at `logit_bytes` a logit: none with --chunked_loss, whose
+    one chunk chunked_loss_buffer_gib counts."""
+    if workload.chunked_loss:
+        return 0.0
+    return workload.micro_batch * workload.block_size * shape.vocab * logit_bytes
+
+
 def forward_activation_gib(
     shape: ModelShape, workload: Workload, layer_bytes: float, logit_bytes: float = LOGIT_BYTES
 ) -> float:
@@ -454,7 +462,7 @@ def forward_activation_gib(
         layers = shape.layers * per_layer
     if workload.chunked_loss:  # the hidden states' gradient, kept from forward; chunked_loss_buffer_gib
         return (layers + tokens * shape.hidden * COMPUTE_BYTES[workload.dtype]) / GIB
-    return (layers + tokens * shape.vocab * logit_bytes) / GIB
+    return (layers + logits_bytes(shape, workload, logit_bytes)) / GIB
 
 
 def chunked_loss_buffer_gib(shape: ModelShape, workload: Workload, layout: ParallelLayout) -> float:
@@ -559,10 +567,7 @@ def reduce_buffer_gib(strategy: Strategy, shape: ModelShape, workload: Workload,
         return 0.0
     values = strategy.reduce_bucket_values or shape.hidden * shape.hidden  # "auto": transformers' fill
     buffers = strategy.reduce_buffers * values * COMPUTE_BYTES[workload.dtype]
-    logits = (
-        0 if workload.chunked_loss else workload.micro_batch * workload.block_size * shape.vocab * logit_bytes
-    )
-    return max(0.0, buffers - logits) / GIB
+    return max(0.0, buffers - logits_bytes(shape, workload, logit_bytes)) / GIB
 
 
 def estimate(

@@ -208,19 +208,9 @@ def derive_strategy(
         deepcompile = bool((config.get("compile") or {}).get("deepcompile", False))
         buffers, bucket = reduce_buffers(zero) if stage in (1, 2) else (0, None)
         return Strategy(
-            name,
-            "deepspeed",
-            sharded,
-            optimizer,
-            parameters,
-            stage,
-            None,
-            nvme,
-            description,
-            deepcompile,
-            buffers,
-            bucket,
-        )
+            name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description, deepcompile,
+            reduce_buffers=buffers, reduce_bucket_values=bucket,
+        )  # fmt: skip
     return Strategy(name, "ddp" if distributed_type == "MULTI_GPU" else "single", description=description)
 
 
