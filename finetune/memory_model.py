@@ -236,7 +236,7 @@ class Measurement:
             shape,
             workload,
             strategy,
-            ParallelLayout(row["gpus"]),
+            ParallelLayout(row["gpus"], row.get("sequence_parallel", 1)),
             row["peak_allocated_gib"],
             row.get("forward_activations_gib"),
         )

@@ -648,6 +648,15 @@ def test_long_blocks_with_the_models_own_loss_are_never_under_predicted(calibrat
         assert estimate_for(measurement, calibration).total >= measurement.peak_allocated_gib, measurement
 
 
+def test_a_split_long_block_row_is_predicted_with_its_sequence_degree(calibration):
+    """The ring's 2-GPU rows: each rank holds half the sample's activations plus the ring's buffers."""
+    rows = [m for m in read_measurements(section="long_blocks") if m.layout.sequence_parallel > 1]
+    assert rows
+    for split in rows:
+        unsplit = replace(split, layout=ParallelLayout(split.layout.world_size))
+        assert estimate_for(split, calibration).total < estimate_for(unsplit, calibration).total
+
+
 def test_the_chunked_loss_holds_one_chunk_whatever_the_block(calibration):
     shape, _ = shape_of("gpt2-medium")
     single = load_strategy("single")

@@ -346,6 +346,12 @@ def test_every_shipped_deepspeed_json_passes_deepspeeds_own_check():
         load_profile(name)
 
 
+def test_shipped_zero12_profiles_reduce_in_deepspeeds_own_buckets_not_hidden_squared():
+    """transformers' "auto" (hidden²) reduced each weight matrix alone: 1.2-2x slower (docs/speed.md)."""
+    for name in ("zero1", "zero2", "zero2_offload"):
+        assert load_strategy(name).reduce_bucket_values == 500_000_000, name
+
+
 def test_zero12_gradient_reduce_buffers_are_read_from_the_deepspeed_json(tmp_path):
     shipped = load_strategy("zero2")
     assert (shipped.reduce_buffers, shipped.reduce_bucket_values) == (2, 500_000_000)

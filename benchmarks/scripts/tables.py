@@ -288,6 +288,10 @@ def peaks(folder: Path) -> str:
     return markdown(columns, rows)
 
 
+# a row's case folder: "case long_single/NAME" (written by hand) or "case NAME: ..." (calibration_rows.py)
+LONG_BLOCK_CASE = re.compile(r"case (?:\S+/)?([^/:\s]+)")
+
+
 def long_blocks(folder: Path) -> str:
     """long_context.sh's cases (one folder per set, calibration_rows.py --floor's rows beside them):
     each block's peak beside the planner's prediction, with its speed."""
@@ -298,16 +302,17 @@ def long_blocks(folder: Path) -> str:
     for each in sorted(path for path in folder.iterdir() if (path / "calibration_rows.json").exists()):
         for values in json.loads((each / "calibration_rows.json").read_text()):
             measured, predicted = values["peak_allocated_gib"], predicted_peak(values, calibration)
-            case = values["command"].rsplit("/", 1)[1]
+            case = LONG_BLOCK_CASE.search(values["command"])[1]
             summary = json.loads((each / case / "run_summary.json").read_text())
             loss = "chunked" if values.get("chunked_loss") else "the model's own"
             rows.append(
-                [values["model"], values["profile"], f"{values['block_size']:,}", loss,
+                [values["model"], values["profile"], values.get("sequence_parallel", 1),
+                 "yes" if values.get("compiled") else "no", f"{values['block_size']:,}", loss,
                  f"{summary['tokens_per_second_per_device']:,.0f}", f"{summary['mfu']:.1%}",
                  f"{measured:.2f}", f"{predicted:.2f}", f"{predicted / measured:.2f}"]
             )  # fmt: skip
-    columns = ["model", "profile", "block", "loss", "tokens/s", "MFU", "measured GiB", "predicted GiB"]
-    return markdown([*columns, "predicted/measured"], rows)
+    columns = ["model", "profile", "split over", "compiled", "block", "loss", "tokens/s per GPU", "MFU"]
+    return markdown([*columns, "measured GiB", "predicted GiB", "predicted/measured"], rows)
 
 
 # doctor -------------------------------------------------------------------------------------------
