@@ -27,14 +27,17 @@ Model = Any  # a PreTrainedModel, or the PeftModel around one
 class Converter:
     name: str
     asked: Callable[[Any, Any], bool]  # (model_args, training_args)
-    apply: Callable[[Model, Any, Any, str], tuple[Model, dict[str, Any]]]  # (..., compute dtype)
+    # (model, model_args, training_args, launch, compute dtype)
+    apply: Callable[[Model, Any, Any, Any, str], tuple[Model, dict[str, Any]]]
     refusal: Callable[[Any, Any, Any], str | None] = lambda model_args, training_args, launch: None
 
 
-def chunked_loss(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict]:
+def chunked_loss(
+    model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
+) -> tuple[Model, dict]:
     """A model whose loss cannot be chunked keeps its own, with a warning (not an error: the flag is
     a memory lever); under ZeRO-3 alone, evaluation is still chunked (it gathers the weight)."""
-    problem = chunked_loss_problem(model)
+    problem = chunked_loss_problem(model, launch.strategy)
     evaluation = problem is not None and model_loss_problem(model) is None
     if problem is None or evaluation:
         use_chunked_loss(model, in_training=problem is None)
@@ -45,13 +48,13 @@ def chunked_loss(model: Model, model_args: Any, training_args: Any, dtype: str) 
 
 
 def aligned_output_matmul(
-    model: Model, model_args: Any, training_args: Any, dtype: str
+    model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
 ) -> tuple[Model, dict]:
     align_output_matmul(model)
     return model, {}
 
 
-def float8(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict]:
+def float8(model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str) -> tuple[Model, dict]:
     from finetune.fp8 import convert_to_float8  # imports torchao, which only --fp8 needs
 
     return model, {"fp8_layers": convert_to_float8(model)}
@@ -68,7 +71,9 @@ def float8_refusal(model_args: Any, training_args: Any, launch: Any) -> str | No
     return None
 
 
-def adapters(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict]:
+def adapters(
+    model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
+) -> tuple[Model, dict]:
     return add_adapters(model, adapter_flags(model_args), dtype), {}
 
 
@@ -91,12 +96,14 @@ def refuse_incompatible(model_args: Any, training_args: Any, launch: Any = None)
                 raise FinetuneError(problem)
 
 
-def convert(model: Model, model_args: Any, training_args: Any, dtype: str) -> tuple[Model, dict[str, Any]]:
+def convert(
+    model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
+) -> tuple[Model, dict[str, Any]]:
     """Every converter the run asks for, in order; the summary fields they set (fp8_layers: None when
     not asked)."""
     fields: dict[str, Any] = {"fp8_layers": None}
     for converter in CONVERTERS:
         if converter.asked(model_args, training_args):
-            model, set_fields = converter.apply(model, model_args, training_args, dtype)
+            model, set_fields = converter.apply(model, model_args, training_args, launch, dtype)
             fields.update(set_fields)
     return model, fields

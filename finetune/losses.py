@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
@@ -25,6 +25,9 @@ from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from finetune.data_formats import IGNORE_INDEX
 from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT
+
+if TYPE_CHECKING:
+    from finetune.profiles import Strategy
 
 CHUNKED_LOSS_MODEL_TYPES = ("gpt2", "llama")
 
@@ -187,14 +190,14 @@ def align_output_matmul(model: PreTrainedModel) -> bool:
     return True
 
 
-def chunked_loss_problem(model: PreTrainedModel) -> str | None:
+def chunked_loss_problem(model: PreTrainedModel, strategy: Strategy) -> str | None:
     """Why the chunked loss cannot replace this model's own in training, or None when it can.
 
-    ZeRO-3 gathers a sharded weight only inside its own module's forward, and reduces its gradient
-    from there; the chunked loss reads the output weight outside it. Evaluation, which needs no
-    gradient, gathers the weight itself (`model_loss_problem` is its only condition).
+    The chunked loss reads the output weight outside its module's forward, where ZeRO-3 has it
+    sharded (`Strategy.gathers_weights_only_in_forward`). Evaluation, which needs no gradient,
+    gathers the weight itself (`model_loss_problem` is its only condition).
     """
-    if is_deepspeed_zero3_enabled():
+    if strategy.gathers_weights_only_in_forward:
         return "ZeRO-3 shards the output layer's weight"
     return model_loss_problem(model)
 

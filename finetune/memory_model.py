@@ -593,8 +593,8 @@ def estimate(
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
     states["gradients"] += accumulated_gradient_gib(framework, shape, workload)
-    if workload.chunked_loss and framework == "deepspeed" and strategy.zero_stage == 3:
-        workload = replace(workload, chunked_loss=False)  # the model's own loss: chunked_loss_problem
+    if workload.chunked_loss and strategy.gathers_weights_only_in_forward:
+        workload = replace(workload, chunked_loss=False)  # trains the model's own loss there
     kind = calibration_kind(strategy, workload, shape)
     layer_bytes = calibration.layer_bytes_for(kind, shape)
     logit_bytes = calibration.logit_bytes_for(loss_kind(strategy, workload, shape))

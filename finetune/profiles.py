@@ -91,6 +91,13 @@ class Strategy:
         return self.framework != "single"
 
     @property
+    def gathers_weights_only_in_forward(self) -> bool:
+        """ZeRO-3: a sharded weight is whole only inside its own module's forward, and its gradient is
+        reduced from there, so a loss that reads the output weight outside it cannot train (the
+        chunked loss: finetune/losses.py; the planner counts the model's own loss there)."""
+        return self.framework == "deepspeed" and self.zero_stage == 3
+
+    @property
     def sequence_split(self) -> str | None:
         """How `--sequence_parallel` splits each sample's tokens under this profile: "ulysses"
         (DeepSpeed's Ulysses: attention heads over the group, ZeRO-3 partitioning the model), "ring"

@@ -198,7 +198,7 @@ def train_and_measure(
         {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
     )
     use_the_tokenizers_pad_token(model, tokenizer)
-    model, converted = convert(model, model_args, training_args, dtype)
+    model, converted = convert(model, model_args, training_args, launch, dtype)
     record.update(converted)
     memory.mark_phase("model loaded")
     startup.mark("model")

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import finetune.losses
 from finetune.evaluation import loss_sums_per_sample
+from finetune.launched import Launch
 from finetune.losses import (
     align_output_matmul,
     causal_lm_loss,
@@ -18,6 +19,7 @@ from finetune.losses import (
     next_tokens,
     use_chunked_loss,
 )
+from finetune.profiles import load_strategy
 
 VOCAB = 1000  # not a multiple of the 64 the output weight is padded to
 
@@ -155,21 +157,16 @@ def test_models_outside_the_tested_families_keep_their_own_loss():
             word_embed_proj_dim=16,
         )
     )
-    assert "model type opt" in chunked_loss_problem(model)
-    assert chunked_loss_problem(TINY_MODELS["gpt2"]()) is None
+    assert "model type opt" in chunked_loss_problem(model, load_strategy("ddp"))
+    assert chunked_loss_problem(TINY_MODELS["gpt2"](), load_strategy("ddp")) is None
 
 
-def test_zero3_keeps_the_models_own_loss():
-    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
-
+def test_every_zero3_profile_keeps_the_models_own_loss_in_training():
     model = TINY_MODELS["gpt2"]()
-    zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
-    try:
-        assert "ZeRO-3" in chunked_loss_problem(model)
-    finally:
-        unset_hf_deepspeed_config()
-        del zero3
-    assert chunked_loss_problem(model) is None
+    for name in ("zero3", "zero3_offload", "zero3_nvme"):
+        assert "ZeRO-3" in chunked_loss_problem(model, load_strategy(name)), name
+    for name in ("single", "ddp", "zero1", "zero2", "fsdp", "fsdp_grad_op"):
+        assert chunked_loss_problem(model, load_strategy(name)) is None, name
 
 
 def test_under_zero3_training_keeps_the_models_loss_and_evaluation_is_chunked():
@@ -183,7 +180,8 @@ def test_under_zero3_training_keeps_the_models_loss_and_evaluation_is_chunked():
     model = TINY_MODELS["gpt2"]()  # built before, or transformers would build it partitioned
     zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
     try:
-        model, _ = chunked_loss(model, None, SimpleNamespace(process_index=0), "fp32")
+        launch = Launch(load_strategy("zero3"))
+        model, _ = chunked_loss(model, None, SimpleNamespace(process_index=0), launch, "fp32")
         input_ids, labels = batch_with_ignored_labels()
         assert model(input_ids=input_ids, labels=labels).logits.shape == (3, 20, VOCAB)
         with torch.no_grad():
