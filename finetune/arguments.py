@@ -217,16 +217,6 @@ class FinetuneTrainingArguments(TrainingArguments):
             f"{FSDP_BLOCKS_PER_UNIT} under the FSDP profiles (docs/speed.md), 1 under the others."
         },
     )
-    optimizer_on_local_shards: bool | None = field(
-        default=None,
-        metadata={
-            "help": "FSDP profiles with torch's AdamW (--optim adamw_torch_fused, the default, or "
-            "adamw_torch): step each rank's local shard of every parameter with the same kernel, not "
-            "through DTensor's dispatch, whose host work per parameter is a large part of a small model's "
-            "sharded step; the same values to the bit (finetune/shard_optimizer.py). Default: on under the "
-            "FSDP profiles."
-        },
-    )
     sequence_parallel: int = field(
         default=1,
         metadata={
@@ -344,7 +334,6 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
     _apply_fsdp_blocks_per_unit(training_args, launch)
-    _apply_optimizer_on_local_shards(training_args, launch)
     _apply_sequence_parallel(training_args, launch)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
@@ -400,27 +389,6 @@ def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch
         raise FinetuneError(
             f"--fsdp_blocks_per_unit is for the FSDP profiles; profile {launch.strategy.name} "
             f"({launch.strategy.framework}) has no FSDP units"
-        )
-
-
-# the Trainer's --optim values that build torch's AdamW, which finetune/shard_optimizer.py steps
-TORCH_ADAMW_OPTIMS = frozenset({"adamw_torch_fused", "adamw_torch"})
-
-
-def _apply_optimizer_on_local_shards(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
-    """On by default where there are shards and torch's AdamW steps them; refused in one line where
-    asked for without either."""
-    fsdp = launch.strategy.framework == "fsdp"
-    optim = str(getattr(training_args.optim, "value", training_args.optim))  # a name, or OptimizerNames
-    torch_adamw = optim in TORCH_ADAMW_OPTIMS
-    if training_args.optimizer_on_local_shards is None:
-        training_args.optimizer_on_local_shards = fsdp and torch_adamw
-    elif training_args.optimizer_on_local_shards and not (fsdp and torch_adamw):
-        has = f"profile {launch.strategy.name} ({launch.strategy.framework})" if not fsdp else ""
-        has = has or f"--optim {optim}"
-        raise FinetuneError(
-            "--optimizer_on_local_shards steps torch's AdamW (--optim adamw_torch_fused or adamw_torch) "
-            f"on FSDP shards; this run has {has}"
         )
 
 

@@ -61,7 +61,6 @@ from finetune.outputs import share_from_main
 from finetune.resume import run_identity
 from finetune.run_folder import STAGING_DIR, checkpoint_dir
 from finetune.sequence_parallel import follow_epochs, skipping_split_batches
-from finetune.shard_optimizer import LocalShardAdamW
 from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
 
@@ -178,15 +177,6 @@ class FinetuneTrainer(Trainer):
         """accelerate prepares the model here: FSDP2 units of --fsdp_blocks_per_unit blocks."""
         with blocks_per_unit(self.model, getattr(self.args, "fsdp_blocks_per_unit", None) or 1):
             return super()._prepare_for_training(*args, **kwargs)
-
-    @staticmethod
-    def get_optimizer_cls_and_kwargs(args: Any, model: Any = None) -> tuple[Any, dict[str, Any]]:
-        """torch's AdamW stepped on local shards under --optimizer_on_local_shards
-        (finetune/shard_optimizer.py)."""
-        optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
-        if getattr(args, "optimizer_on_local_shards", False) and optimizer_cls is torch.optim.AdamW:
-            optimizer_cls = LocalShardAdamW
-        return optimizer_cls, kwargs
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """A resumed checkpoint lacks the tied weights it stores once (GPT-2's lm_head): no warning on

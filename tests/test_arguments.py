@@ -279,30 +279,3 @@ def test_blocks_per_fsdp_unit_defaults_to_four_under_the_fsdp_profiles(output_fl
     _, _, training_args = parse_arguments(output_flags)
     resolve_and_set_up(training_args, Launch(load_strategy("fsdp")))
     assert training_args.fsdp_blocks_per_unit == FSDP_BLOCKS_PER_UNIT == 4
-
-
-def test_adamw_steps_local_shards_by_default_under_the_fsdp_profiles_only(output_flags):
-    _, _, fsdp_args = parse_arguments(output_flags)
-    resolve_and_set_up(fsdp_args, Launch(load_strategy("fsdp")))
-    _, _, ddp_args = parse_arguments(output_flags)
-    resolve_and_set_up(ddp_args, Launch.from_environment())
-    assert (fsdp_args.optimizer_on_local_shards, ddp_args.optimizer_on_local_shards) == (True, False)
-
-
-def test_adamw_on_local_shards_is_refused_where_there_are_no_fsdp_shards(output_flags):
-    _, _, training_args = parse_arguments([*output_flags, "--optimizer_on_local_shards", "true"])
-    with pytest.raises(FinetuneError, match=r"on FSDP shards; this run has profile single"):
-        resolve_and_set_up(training_args, Launch.from_environment())
-
-
-def test_adamw_on_local_shards_is_refused_with_another_optimizer(output_flags):
-    flags = [*output_flags, "--optimizer_on_local_shards", "true", "--optim", "adafactor"]
-    _, _, training_args = parse_arguments(flags)
-    with pytest.raises(FinetuneError, match=r"this run has --optim adafactor$"):
-        resolve_and_set_up(training_args, Launch(load_strategy("fsdp")))
-
-
-def test_another_optimizer_under_fsdp_keeps_its_own_step(output_flags):
-    _, _, training_args = parse_arguments([*output_flags, "--optim", "adafactor"])
-    resolve_and_set_up(training_args, Launch(load_strategy("fsdp")))
-    assert training_args.optimizer_on_local_shards is False
