@@ -301,6 +301,20 @@ def test_collectives_are_paired_across_ranks_by_end_time_and_the_last_to_arrive_
     assert numbers["ranks"][0]["gpu_nccl_ms"] == 0.995
 
 
+def test_python_self_time_is_named_with_its_caller():
+    """Tensor.to's own time under two callers, the callers' own time with their callees taken out."""
+    calls = [("step", 0, 100), ("send_to_device", 10, 30), ("to", 12, 22), ("clip", 50, 90), ("to", 60, 64)]
+    events = [{"tid": 1, "name": name, "ts": start, "dur": end - start} for name, start, end in calls]
+    assert trace_analysis.self_times(events, by_caller=True) == {
+        "step <- (thread)": 0.04,
+        "send_to_device <- step": 0.01,
+        "to <- send_to_device": 0.01,
+        "clip <- step": 0.036,
+        "to <- clip": 0.004,
+    }
+    assert trace_analysis.self_times(events)["to"] == 0.014
+
+
 def test_a_collective_whose_ends_differ_more_than_the_clocks_allow_is_left_unpaired(tmp_path):
     gather = "ncclDevKernel_AllGather_RING_LL(x)"
     write_trace(tmp_path, 0, [(gather, 100, 105, 1100)])

@@ -118,14 +118,19 @@ def read_rank(path: Path, steps: int) -> dict:
             },
             "nccl_kernels_per_step": round(len(nccl) / steps, 1),
             "python_self_ms_top": {name: per_step(ms) for name, ms in self_times(python).most_common(15)},
+            "python_self_ms_top_by_caller": {
+                name: per_step(ms) for name, ms in self_times(python, by_caller=True).most_common(15)
+            },
         },
         "collectives": collectives,
         "annotations": [(e["tid"], e["ts"], e["ts"] + e["dur"], e["name"]) for e in annotations],
     }
 
 
-def self_times(events: list[dict]) -> collections.Counter[str]:
-    """Milliseconds each function spent in itself (its callees' time taken out), by function.
+def self_times(events: list[dict], by_caller: bool = False) -> collections.Counter[str]:
+    """Milliseconds each function spent in itself (its callees' time taken out), by function, or
+    `by_caller` by "function <- the function that called it" (a builtin such as Tensor.to is
+    anonymous until its caller is named).
 
     Traced with `with_stack`: the Python functions of one thread nest like a call stack.
     """
@@ -134,16 +139,19 @@ def self_times(events: list[dict]) -> collections.Counter[str]:
     for e in events:
         by_thread[e["tid"]].append(e)
     for thread in by_thread.values():
-        stack: list[list] = []  # [end, name, time left to itself]
+        stack: list[list] = []  # [end, key, time left to itself]
         for e in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
             while stack and stack[-1][0] <= e["ts"]:
-                _, name, own = stack.pop()
-                totals[name] += own / 1e3
+                _, key, own = stack.pop()
+                totals[key] += own / 1e3
+            name = strip_numbers(e["name"])
+            if by_caller:
+                name += f" <- {stack[-1][1].split(' <- ')[0] if stack else '(thread)'}"
             if stack:
                 stack[-1][2] -= e["dur"]
-            stack.append([e["ts"] + e["dur"], strip_numbers(e["name"]), e["dur"]])
-        for _, name, own in stack:
-            totals[name] += own / 1e3
+            stack.append([e["ts"] + e["dur"], name, e["dur"]])
+        for _, key, own in stack:
+            totals[key] += own / 1e3
     return totals
 
 
