@@ -1,15 +1,17 @@
 #!/bin/bash
 # One device call on a 4-GPU machine, its cases in turn, each phase under its own time limit so that a
 # slow one cannot take the others' results with it. usage: bash benchmarks/run.sh several_gpus --out DIR CALL
-# Every phase writes under DIR/<phase>/; DIR/results.tgz packs them (the device tool brings 8 files back).
+# Every phase writes under DIR/<phase>/; DIR/results.tgz packs them after each phase and at the end (the
+# device tool brings 8 files back; a call cut short by the device's limit keeps what ended).
 CALL=$1
 ROOT=$OUT
+pack() { tar -czf /tmp/results.tgz -C "$ROOT" --exclude results.tgz . && mv /tmp/results.tgz "$ROOT/results.tgz"; }
 phase() {  # NAME LIMIT_S GPUS COMMAND ARGS... : run.sh COMMAND --out ROOT/NAME on the GPUs listed
   local NAME=$1 LIMIT=$2 GPUS=$3; shift 3
   echo "== $NAME ($GPUS, at most $LIMIT s): $*"
   CUDA_VISIBLE_DEVICES=$GPUS timeout $LIMIT bash benchmarks/run.sh "$1" --out "$ROOT/$NAME" "${@:2}" \
     > "$ROOT/$NAME.out" 2>&1
-  echo "== $NAME rc $?"; tail -n 30 "$ROOT/$NAME.out"
+  echo "== $NAME rc $?"; tail -n 30 "$ROOT/$NAME.out"; pack
 }
 doctor() {  # NAME GPUS PROFILE ARGS...: finetune doctor on the GPUs listed, its table and JSON kept
   local NAME=$1 GPUS=$2 PROFILE=$3; shift 3
@@ -17,7 +19,7 @@ doctor() {  # NAME GPUS PROFILE ARGS...: finetune doctor on the GPUs listed, its
   CUDA_VISIBLE_DEVICES=$GPUS timeout 400 python -m finetune doctor --profile $PROFILE \
     --num_processes $(( $(tr -cd , <<< "$GPUS" | wc -c) + 1 )) --model gpt2-medium --from_scratch \
     --output_dir /tmp/doctor-$NAME "$@" > "$ROOT/doctor/$NAME.log" 2>&1; echo "rc $?"
-  cp /tmp/doctor-$NAME/doctor.json "$ROOT/doctor/$NAME.json"; tail -n 25 "$ROOT/doctor/$NAME.log"
+  cp /tmp/doctor-$NAME/doctor.json "$ROOT/doctor/$NAME.json"; tail -n 25 "$ROOT/doctor/$NAME.log"; pack
 }
 doctor_per_gpu_count() {  # ddp doctor on 1, 2 and all GPUs; beside it, the plain torch loop on 2 and all
   for G in $(printf '%s\n' 1 2 $N | sort -un); do
@@ -169,14 +171,16 @@ case $CALL in
       fsdp:--peft,lora,--gradient_checkpointing,true zero3:--gradient_checkpointing,true \
       zero3:--peft,lora,--gradient_checkpointing,true
     ;;
-  12)  # issue 39 targets 3 and 4: zero3_nvme completed on all GPUs; the zero3 --largest shape for 20 steps
-    N=$(nvidia-smi -L | wc -l)
-    mkdir -p "$ROOT/nvme"
-    timeout 300 python -m finetune run --profile zero3_nvme --num_processes $N --model gpt2 --from_scratch \
+  12)  # issue 39 targets 3 and 4: zero3_nvme completed on all GPUs (the last profile not yet run on 4) with
+    # doctor's NVMe row beside it; the zero3 --largest shape for 20 steps
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    mkdir -p "$ROOT/nvme" "$ROOT/doctor"
+    timeout 200 python -m finetune run --profile zero3_nvme --num_processes $N --model gpt2 --from_scratch \
       --nvme_path /tmp/nvme-run --max_steps 10 --logging_steps 5 --max_eval_samples 8 --save_strategy no \
       --report_to none --disable_tqdm true --output_dir /tmp/nvme-run-out > "$ROOT/nvme/zero3_nvme.log" 2>&1
-    echo "nvme rc $?"; cp /tmp/nvme-run-out/run_summary.json "$ROOT/nvme/zero3_nvme.json"
-    LARGEST_TIMEOUT=250 phase largest-zero3 260 $(seq -s, 0 $((N - 1))) largest $N zero3 gpt-30b 20
+    echo "nvme rc $?"; cp /tmp/nvme-run-out/run_summary.json "$ROOT/nvme/zero3_nvme.json"; pack
+    LARGEST_TIMEOUT=250 phase largest-zero3 260 $ALL largest $N zero3 gpt-30b 20
+    doctor zero3_nvme-$N $ALL zero3_nvme --nvme_path /tmp/nvme
     ;;
   13)  # issue 38: ZeRO-1/2 with DeepSpeed's 500M-value reduce buckets (1.53x "auto"'s hidden² on one
        # H200) beside the old "auto", ddp and zero3: does it hold where the reduction could overlap?
@@ -188,6 +192,12 @@ case $CALL in
     N=$(nvidia-smi -L | wc -l)
     LARGEST_TIMEOUT=520 phase largest-fsdp 540 $(seq -s, 0 $((N - 1))) largest $N fsdp gpt-30b 20
     ;;
+  15)  # issue 39 target 2: resume on half the GPUs for the two profiles that shard parameters, zero3 and
+    # fsdp (N -> N/2; ddp and zero2 were shown 2 -> 1): uninterrupted vs SIGTERM + resume vs resumed on N/2
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    phase resume-zero3 290 $ALL resume_matches $N zero3
+    phase resume-fsdp 290 $ALL resume_matches $N fsdp
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
-tar -czf /tmp/results.tgz -C "$ROOT" . && mv /tmp/results.tgz "$ROOT/results.tgz"
+pack
