@@ -301,6 +301,19 @@ def test_collectives_are_paired_across_ranks_by_end_time_and_the_last_to_arrive_
     assert numbers["ranks"][0]["gpu_nccl_ms"] == 0.995
 
 
+calibration_rows = load_script("calibration_rows")
+
+
+def test_a_calls_versions_are_read_with_or_without_nccls():
+    """floor.sh's gpu.txt names NCCL as a tuple; long_context.sh's leaves it out."""
+    assert calibration_rows.versions_of("2.11.0+cu130 (2, 28, 9) 5.17.0 1.15.0 0.19.8") == (
+        "torch 2.11.0+cu130, NCCL 2.28.9, transformers 5.17.0, accelerate 1.15.0, deepspeed 0.19.8"
+    )
+    assert calibration_rows.versions_of("2.11.0+cu130 5.17.0 1.15.0 0.19.8") == (
+        "torch 2.11.0+cu130, transformers 5.17.0, accelerate 1.15.0, deepspeed 0.19.8"
+    )
+
+
 def test_python_self_time_is_named_with_its_caller():
     """Tensor.to's own time under two callers, the callers' own time with their callees taken out."""
     calls = [("step", 0, 100), ("send_to_device", 10, 30), ("to", 12, 22), ("clip", 50, 90), ("to", 60, 64)]

@@ -22,7 +22,9 @@ from finetune.memory_model import ModelShape
 from finetune.models import resolve_model
 
 PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
-VERSIONS_LINE = re.compile(r"(\S+) \((\d+), (\d+), (\d+)\) (\S+) (\S+) (\S+)")
+# the last line of a call's gpu.txt: torch, NCCL as a tuple (floor.sh; long_context.sh leaves it out),
+# transformers, accelerate, deepspeed
+VERSIONS_LINE = re.compile(r"(\S+) (?:\((\d+), (\d+), (\d+)\) )?(\S+) (\S+) (\S+)")
 
 
 def row(summary: dict, profile: str, command: str, versions: str) -> dict:
@@ -83,16 +85,23 @@ def measured_rows(folder: Path) -> list[dict]:
     return rows
 
 
+def versions_of(line: str) -> str:
+    found = VERSIONS_LINE.fullmatch(line)
+    if not found:
+        return ""
+    torch, *nccl, transformers, accelerate, deepspeed = found.groups()
+    with_nccl = f", NCCL {'.'.join(nccl)}" if nccl[0] else ""
+    libraries = f"transformers {transformers}, accelerate {accelerate}, deepspeed {deepspeed}"
+    return f"torch {torch}{with_nccl}, {libraries}"
+
+
 def floor_rows(call: Path, accumulated: bool = False) -> list[dict]:
     """A row per finetune case of a floor.sh call (the plain script's cases have no summary), those of
     one micro batch a step or, `accumulated`, of several."""
-    # floor.sh's gpu.txt ends with: torch, NCCL as a tuple, transformers, accelerate, deepspeed
-    found = VERSIONS_LINE.fullmatch((call / "gpu.txt").read_text().splitlines()[-1])
-    versions = (
-        "torch {}, NCCL {}.{}.{}, transformers {}, accelerate {}, deepspeed {}".format(*found.groups())
-        if found
-        else ""
-    )
+    versions = versions_of((call / "gpu.txt").read_text().splitlines()[-1])
+    # the machine folder's NOTES.md has the commands, however deep in it the call's cases are
+    notes = next((folder / "NOTES.md" for folder in call.parents if (folder / "NOTES.md").exists()), None)
+    notes = notes or call.parent / "NOTES.md"
     rows = []
     for summary_path in sorted(call.glob("*/run_summary.json")):
         summary = json.loads(summary_path.read_text())
@@ -102,7 +111,8 @@ def floor_rows(call: Path, accumulated: bool = False) -> list[dict]:
         steps = summary["gradient_accumulation_steps"]
         if summary.get("status") != "completed" or changed_profile or (steps > 1) != accumulated:
             continue
-        command = f"floor.sh case {summary_path.parent.name}: {call.parent}/NOTES.md, {call.name}"
+        script = "long_context.sh" if (summary_path.parent / "plan.txt").exists() else "floor.sh"
+        command = f"{script} case {summary_path.parent.name}: {notes}, {call.relative_to(notes.parent)}"
         measured = row(summary, summary["strategy"], command, versions)
         measured["date"] = summary["started_at"][:10]
         if summary.get("fsdp_units") is not None:
