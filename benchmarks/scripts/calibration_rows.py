@@ -100,8 +100,8 @@ def floor_rows(call: Path, accumulated: bool = False) -> list[dict]:
     one micro batch a step or, `accumulated`, of several."""
     versions = versions_of((call / "gpu.txt").read_text().splitlines()[-1])
     # the machine folder's NOTES.md has the commands, however deep in it the call's cases are
-    notes = next((folder / "NOTES.md" for folder in call.parents if (folder / "NOTES.md").exists()), None)
-    notes = notes or call.parent / "NOTES.md"
+    written = (folder / "NOTES.md" for folder in call.parents if (folder / "NOTES.md").exists())
+    notes = next(written, call.parent / "NOTES.md")
     rows = []
     for summary_path in sorted(call.glob("*/run_summary.json")):
         summary = json.loads(summary_path.read_text())

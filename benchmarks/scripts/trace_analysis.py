@@ -139,18 +139,17 @@ def self_times(events: list[dict], by_caller: bool = False) -> collections.Count
     for e in events:
         by_thread[e["tid"]].append(e)
     for thread in by_thread.values():
-        stack: list[list] = []  # [end, key, time left to itself]
+        stack: list[list] = []  # [end, name, key, time left to itself]
         for e in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
             while stack and stack[-1][0] <= e["ts"]:
-                _, key, own = stack.pop()
+                _, _, key, own = stack.pop()
                 totals[key] += own / 1e3
             name = strip_numbers(e["name"])
-            if by_caller:
-                name += f" <- {stack[-1][1].split(' <- ')[0] if stack else '(thread)'}"
+            key = f"{name} <- {stack[-1][1] if stack else '(thread)'}" if by_caller else name
             if stack:
-                stack[-1][2] -= e["dur"]
-            stack.append([e["ts"] + e["dur"], name, e["dur"]])
-        for _, key, own in stack:
+                stack[-1][3] -= e["dur"]
+            stack.append([e["ts"] + e["dur"], name, key, e["dur"]])
+        for _, _, key, own in stack:
             totals[key] += own / 1e3
     return totals
 
