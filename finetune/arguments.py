@@ -217,14 +217,6 @@ class FinetuneTrainingArguments(TrainingArguments):
             f"{FSDP_BLOCKS_PER_UNIT} under the FSDP profiles (docs/speed.md), 1 under the others."
         },
     )
-    clip_on_local_shards: bool | None = field(
-        default=None,
-        metadata={
-            "help": "FSDP profiles: clip the gradients (--max_grad_norm) on each rank's local shards, one "
-            "norm and one all-reduce for all, not per parameter through DTensor's dispatch "
-            "(finetune/shard_clip.py). Default: on under the FSDP profiles."
-        },
-    )
     sequence_parallel: int = field(
         default=1,
         metadata={
@@ -342,7 +334,6 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
     _apply_fsdp_blocks_per_unit(training_args, launch)
-    _apply_clip_on_local_shards(training_args, launch)
     _apply_sequence_parallel(training_args, launch)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
@@ -398,18 +389,6 @@ def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch
         raise FinetuneError(
             f"--fsdp_blocks_per_unit is for the FSDP profiles; profile {launch.strategy.name} "
             f"({launch.strategy.framework}) has no FSDP units"
-        )
-
-
-def _apply_clip_on_local_shards(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
-    """On by default where FSDP shards the gradients; refused in one line where asked for without."""
-    fsdp = launch.strategy.framework == "fsdp"
-    if training_args.clip_on_local_shards is None:
-        training_args.clip_on_local_shards = fsdp
-    elif training_args.clip_on_local_shards and not fsdp:
-        raise FinetuneError(
-            f"--clip_on_local_shards is for the FSDP profiles; profile {launch.strategy.name} "
-            f"({launch.strategy.framework}) has no FSDP shards"
         )
 
 

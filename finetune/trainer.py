@@ -61,7 +61,6 @@ from finetune.outputs import share_from_main
 from finetune.resume import run_identity
 from finetune.run_folder import STAGING_DIR, checkpoint_dir
 from finetune.sequence_parallel import follow_epochs, skipping_split_batches
-from finetune.shard_clip import clip_local_shards, sharded_gradients
 from finetune.slow_work import timeout_for_save
 from finetune.watchdog import Watchdog
 
@@ -127,16 +126,6 @@ class FinetuneTrainer(Trainer):
         if writes_or_ends:
             self.divergence.check_observed()
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
-
-    def _clip_grad_norm(self, model: Any) -> Any:
-        """Under --clip_on_local_shards, FSDP2's gradients clipped on their local shards
-        (finetune/shard_clip.py); any other layout as the Trainer clips it."""
-        on_shards = getattr(self.args, "clip_on_local_shards", False)  # plain TrainingArguments lack it
-        grads = sharded_gradients(model.parameters()) if on_shards else None
-        if grads is None:
-            return super()._clip_grad_norm(model)
-        self.accelerator.unscale_gradients()  # fp16's loss scale, as accelerate's clip removes it first
-        return clip_local_shards(grads, self.args.max_grad_norm)
 
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
         """DeepSpeed's norm as the tensor its engine computed (the Trainer reads it at every step)."""
