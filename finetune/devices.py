@@ -9,6 +9,7 @@ the one adjustment is that a lone process trains on one GPU (`one_gpu_per_proces
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -21,6 +22,30 @@ if TYPE_CHECKING:  # transformers' classes cost every `finetune` command seconds
     from transformers import TrainingArguments
 
     from finetune.launched import Launch
+
+
+# Each set where the user set neither of its names (torch 2.9 renamed both; the old names still work)
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_ENTRIES = "2000"
+
+
+def set_gpu_environment_defaults() -> None:
+    """Before CUDA starts: NCCL's flight recorder, which the watchdog dumps, and the caching
+    allocator's expandable segments. Without them a long block's activations, freed and allocated
+    in sizes that change from layer to layer, leave reserved blocks too fragmented to reuse: a run
+    the planner says fits ran out of memory with a quarter of the GPU reserved and unallocated, and
+    trained with them (docs/long-context.md). torchtitan's launcher sets the same."""
+    if not torch.cuda.is_available():
+        return
+    renamed = torch.__version__ >= "2.9"  # the old names warn from there on
+    for names, value in (
+        (ALLOCATOR_VARIABLES, EXPANDABLE_SEGMENTS),
+        (FLIGHT_RECORDER_VARIABLES, FLIGHT_RECORDER_ENTRIES),
+    ):
+        if not any(os.environ.get(name) for name in names):
+            os.environ[names[0] if renamed else names[1]] = value
 
 
 def adapt_arguments_to_cpu(args: TrainingArguments, launch: Launch) -> None:

@@ -210,7 +210,7 @@ def lowest_other_rank(folder: Path) -> int | None:
 
 def dump_nccl_trace(folder: Path, rank: int) -> None:
     """NCCL's flight recorder (what each rank's collectives were), where torch keeps one: best effort,
-    through torch's own dump function (private; absent without NCCL or with TORCH_NCCL_TRACE_BUFFER_SIZE
+    through torch's own dump function (private; absent without NCCL or with TORCH_FR_BUFFER_SIZE
     unset, which run.py sets on GPUs)."""
     try:
         import torch.distributed as dist
