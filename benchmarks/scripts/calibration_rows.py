@@ -124,6 +124,9 @@ def floor_rows(call: Path, accumulated: bool = False) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
+    usage = "usage: calibration_rows.py DIR | --floor CALL (a folder of run summaries)"
+    if len(argv) not in (1, 2) or (len(argv) == 2) != (argv[0] == "--floor") or not Path(argv[-1]).is_dir():
+        sys.exit(usage)
     if argv[0] == "--floor":
         call = Path(argv[1])
         (call / "calibration_rows.json").write_text(json.dumps(floor_rows(call), indent=2) + "\n")
