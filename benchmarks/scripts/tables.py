@@ -293,13 +293,15 @@ LONG_BLOCK_CASE = re.compile(r"case (?:\S+/)?([^/:\s]+)")
 
 
 def long_blocks(folder: Path) -> str:
-    """long_context.sh's cases (one folder per set, calibration_rows.py --floor's rows beside them):
+    """long_context.sh's cases (one folder per set, with its lines.txt and calibration_rows.py
+    --floor's rows beside them; floor.sh's calls in the same machine folder are not long blocks):
     each block's peak beside the planner's prediction, with its speed."""
     from finetune.memory_model import Calibration
 
     calibration = Calibration.measured()
     rows = []
-    for each in sorted(path for path in folder.iterdir() if (path / "calibration_rows.json").exists()):
+    long_context_sets = (path for path in folder.iterdir() if (path / "lines.txt").exists())
+    for each in sorted(path for path in long_context_sets if (path / "calibration_rows.json").exists()):
         for values in json.loads((each / "calibration_rows.json").read_text()):
             measured, predicted = values["peak_allocated_gib"], predicted_peak(values, calibration)
             case = LONG_BLOCK_CASE.search(values["command"])[1]
