@@ -134,6 +134,13 @@ def test_every_benchmarks_folder_the_docs_and_code_name_exists():
     assert sorted(name for name in named if not (ROOT / "benchmarks" / name).is_dir()) == []
 
 
+def test_the_benchmarks_readme_has_a_row_for_every_results_folder():
+    listed = (ROOT / "benchmarks" / "README.md").read_text()
+    folders = [path.name for path in (ROOT / "benchmarks").iterdir() if (path / "NOTES.md").exists()]
+    assert folders
+    assert [name for name in folders if f"| `{name}/` |" not in listed] == []
+
+
 def test_no_file_points_at_the_former_gpu_folder_under_tests():
     sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "finetune").glob("*.py")]
     sources += [ROOT / "finetune" / "calibration.json", *(ROOT / "notebooks").glob("*.ipynb")]
