@@ -314,11 +314,12 @@ def test_a_calls_versions_are_read_with_or_without_nccls():
     )
 
 
-def test_python_self_time_is_named_with_its_caller():
-    """Tensor.to's own time under two callers, the callers' own time with their callees taken out."""
+def test_python_self_time_is_named_with_its_callers():
+    """Tensor.to's own time under two callers, the callers' own time with their callees taken out;
+    with two levels, each caller's own caller too."""
     calls = [("step", 0, 100), ("send_to_device", 10, 30), ("to", 12, 22), ("clip", 50, 90), ("to", 60, 64)]
     events = [{"tid": 1, "name": name, "ts": start, "dur": end - start} for name, start, end in calls]
-    assert trace_analysis.self_times(events, by_caller=True) == {
+    assert trace_analysis.self_times(events, callers=1) == {
         "step <- (thread)": 0.04,
         "send_to_device <- step": 0.01,
         "to <- send_to_device": 0.01,
@@ -326,6 +327,9 @@ def test_python_self_time_is_named_with_its_caller():
         "to <- clip": 0.004,
     }
     assert trace_analysis.self_times(events)["to"] == 0.014
+    two_levels = trace_analysis.self_times(events, callers=2)
+    assert two_levels["to <- send_to_device <- step"] == 0.01
+    assert two_levels["send_to_device <- step <- (thread)"] == 0.01
 
 
 def test_a_collective_whose_ends_differ_more_than_the_clocks_allow_is_left_unpaired(tmp_path):

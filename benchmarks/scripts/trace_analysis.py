@@ -119,7 +119,7 @@ def read_rank(path: Path, steps: int) -> dict:
             "nccl_kernels_per_step": round(len(nccl) / steps, 1),
             "python_self_ms_top": {name: per_step(ms) for name, ms in self_times(python).most_common(15)},
             "python_self_ms_top_by_caller": {
-                name: per_step(ms) for name, ms in self_times(python, by_caller=True).most_common(15)
+                name: per_step(ms) for name, ms in self_times(python, callers=2).most_common(15)
             },
         },
         "collectives": collectives,
@@ -127,10 +127,11 @@ def read_rank(path: Path, steps: int) -> dict:
     }
 
 
-def self_times(events: list[dict], by_caller: bool = False) -> collections.Counter[str]:
+def self_times(events: list[dict], callers: int = 0) -> collections.Counter[str]:
     """Milliseconds each function spent in itself (its callees' time taken out), by function, or
-    `by_caller` by "function <- the function that called it" (a builtin such as Tensor.to is
-    anonymous until its caller is named).
+    with `callers` levels of its callers: "function <- caller <- its caller" (a builtin such as
+    Tensor.to is anonymous until its caller is named, and a helper such as a dtype cast until its
+    own caller is).
 
     Traced with `with_stack`: the Python functions of one thread nest like a call stack.
     """
@@ -145,7 +146,10 @@ def self_times(events: list[dict], by_caller: bool = False) -> collections.Count
                 _, _, key, own = stack.pop()
                 totals[key] += own / 1e3
             name = strip_numbers(e["name"])
-            key = f"{name} <- {stack[-1][1] if stack else '(thread)'}" if by_caller else name
+            above = [frame[1] for frame in reversed(stack[-callers:])] if callers else []
+            if callers and len(above) < callers:
+                above.append("(thread)")
+            key = " <- ".join([name, *above])
             if stack:
                 stack[-1][3] -= e["dur"]
             stack.append([e["ts"] + e["dur"], name, key, e["dur"]])
