@@ -4,7 +4,8 @@ Launched with a GPU profile on a CPU-only machine, accelerate picks no process-g
 each rank would silently train alone. These two adjustments give every profile its real semantics
 over gloo: DDP becomes accelerate's MULTI_CPU DDP, DeepSpeed gets an explicit gloo backend, and
 FSDP2 is promoted the way accelerate promotes it on GPUs. On a GPU machine they do nothing; there
-the one adjustment is that a lone process trains on one GPU (`one_gpu_per_process`).
+a lone process trains on one GPU (`one_gpu_per_process`), and run.py sets the environment CUDA and
+NCCL read at their start (`set_gpu_environment_defaults`).
 """
 
 from __future__ import annotations
