@@ -26,8 +26,9 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   (the frozen layers still keep their inputs for the gradient that flows through them) plus what
   each adapter keeps of its layer's input (ADAPTER_INPUT_BYTES per adapted input feature and token:
   a cast copy where the adapter's dtype differs from its input's) and, with --lora_dropout, the
-  dropout's mask (LORA_DROPOUT_MASK_BYTES); memory snapshots of LoRA steps found both
-  (docs/planner.md).
+  dropout's mask (LORA_DROPOUT_MASK_BYTES); memory snapshots of eager LoRA steps found both
+  (docs/planner.md). Compiled layers keep other amounts (COMPILED_ADAPTER_INPUT_BYTES by calibration
+  kind, more for a gated-MLP model), read off compiled LoRA peaks.
 - Host RAM is also taken while the model is built: every process builds the whole fp32 model
   (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
   layer as it is created. Host RAM per GPU is the larger of the two.
@@ -107,6 +108,8 @@ COMPILED_LOSS_KINDS = ("compiled", "fsdp_compiled", "zero3_compiled")  # their b
 MAX_MICRO_BATCH = 4096
 GATED_MLP_ACTIVATION_SCALE = MEASURED["gated_mlp_activation_scale"]
 ADAPTER_INPUT_BYTES = MEASURED["adapter_input_bytes"]
+COMPILED_ADAPTER_INPUT_BYTES = MEASURED["compiled_adapter_input_bytes"]
+COMPILED_GATED_MLP_ADAPTER_BYTES = MEASURED["compiled_gated_mlp_adapter_bytes"]
 LORA_DROPOUT_MASK_BYTES = MEASURED["lora_dropout_mask_bytes"]
 
 OFFLOADED_GRADIENT_BYTES = 4
@@ -509,11 +512,24 @@ def sequence_exchange_gib(
     return exchanged * tokens * width_bytes
 
 
+def adapter_input_bytes(strategy: Strategy, workload: Workload, shape: ModelShape) -> float:
+    """What an adapter keeps of each input feature beyond the frozen layer's activations, its dropout
+    mask apart. Eager, the cast copy its framework makes (none in fp32); compiled, what the compiled
+    LoRA steps were measured to keep, by calibration kind, more for a gated-MLP model (calibration.json
+    says where each was measured)."""
+    if workload.dtype == "fp32":
+        return 0.0
+    kind = calibration_kind(strategy, workload, shape)
+    if kind not in COMPILED_ADAPTER_INPUT_BYTES:
+        return ADAPTER_INPUT_BYTES[strategy.framework]
+    return COMPILED_ADAPTER_INPUT_BYTES[kind] + (COMPILED_GATED_MLP_ADAPTER_BYTES if shape.gated_mlp else 0)
+
+
 def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:
     """What the adapters keep beyond the frozen layers' activations; one layer's with checkpointing."""
     if workload.peft is None:
         return 0.0
-    per_feature = 0 if workload.dtype == "fp32" else ADAPTER_INPUT_BYTES[strategy.framework]
+    per_feature = adapter_input_bytes(strategy, workload, shape)
     if workload.lora_dropout > 0:
         per_feature += LORA_DROPOUT_MASK_BYTES
     features = shape.adapted_in_out - shape.adapted_out  # adapted input features over all layers

@@ -314,6 +314,22 @@ def test_a_calls_versions_are_read_with_or_without_nccls():
     )
 
 
+def test_calibrate_rows_name_the_versions_each_run_recorded():
+    """calibrate.sh leaves no gpu.txt: a row's versions come from its own summary."""
+    summary = {
+        "torch_version": "2.11.0",
+        "cuda_version": "13.0",
+        "transformers_version": "5.17.0",
+        "accelerate_version": "1.15.0",
+        "deepspeed_version": "0.19.8",
+    }
+    assert calibration_rows.summary_versions(summary) == (
+        "torch 2.11.0 (CUDA 13.0), transformers 5.17.0, accelerate 1.15.0, deepspeed 0.19.8"
+    )
+    cpu = {**summary, "cuda_version": None, "deepspeed_version": None}
+    assert calibration_rows.summary_versions(cpu) == "torch 2.11.0, transformers 5.17.0, accelerate 1.15.0"
+
+
 def test_python_self_time_is_named_with_its_callers():
     """Tensor.to's own time under two callers, the callers' own time with their callees taken out;
     with two levels, each caller's own caller too."""

@@ -47,6 +47,9 @@ def test_docs_speed_page_has_its_generated_tables():
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
     assert [folder for _, folder, _ in generated_tables(PLANNER_PAGE)] == [
         "benchmarks/h200x4-2026-11-28c/call1",
+        "benchmarks/h200-2026-11-29d/call1",
+        "benchmarks/h200-2026-11-29d/call2",
+        "benchmarks/h200-2026-11-29d/call4",
         "benchmarks/h100x4-2026-11-26/call1",
         "benchmarks/h100x2-2026-11-26",
         "benchmarks/h100x4-2026-11-27b",
@@ -56,6 +59,7 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200-2026-11-29/call1",
         "benchmarks/h200-2026-11-29c/call6",
         "benchmarks/h200-2026-11-29c/call7",
+        "benchmarks/h200-2026-11-29d/call3",
     ]
 
 

@@ -20,6 +20,7 @@ from finetune.memory_model import (
     ModelShape,
     Workload,
     activation_gib,
+    adapter_input_bytes,
     calibration_kind,
     chunked_loss_buffer_gib,
     compiled_for,
@@ -257,6 +258,39 @@ def test_lora_dropout_adds_one_byte_of_mask_per_adapted_input_feature(calibratio
     for profile in ("single", "fsdp", "zero3"):
         with_dropout = lora_activations(profile, calibration, lora_dropout=0.05)
         assert with_dropout - lora_activations(profile, calibration, lora_dropout=0.0) == pytest.approx(mask)
+
+
+def test_compiled_lora_activations_add_what_compiled_steps_keep_by_calibration_kind(calibration):
+    """Compiled, the cast copies are what the compiled code keeps: none under whole-model compile
+    (single), half a byte under FSDP2's compiled blocks, five under ZeRO-3's fp32 adapters; the
+    dropout mask on top, as eager."""
+    features = 8 * 1024 * 24 * 7 * 1024 / GIB
+    shape = shape_of("gpt2-medium")[0]
+    for profile, kind, copy_bytes in [
+        ("single", "compiled", 0),
+        ("fsdp", "fsdp_compiled", 0.5),
+        ("zero3", "zero3_compiled", 5),
+    ]:
+        workload = Workload(8, 1024, peft="lora", compiled=True, lora_dropout=0.05)
+        lora = estimate(load_strategy(profile), shape, workload, ParallelLayout(1), calibration).activations
+        full = activation_gib(
+            shape,
+            Workload(8, 1024, compiled=True),
+            calibration.layer_bytes[kind],
+            calibration.logit_bytes_for(kind),
+        )
+        assert lora - full == pytest.approx(features * (copy_bytes + 1)), profile
+
+
+def test_a_compiled_gated_mlp_models_adapters_keep_one_byte_more_per_input_feature(tiny_llama_config_dir):
+    shape = ModelShape.from_config("tiny-llama", AutoConfig.from_pretrained(tiny_llama_config_dir))
+    gpt2_like = replace(shape, gated_mlp=False)
+    for profile in ("single", "fsdp"):
+        workload = Workload(8, 1024, peft="lora", compiled=True)
+        gated, plain = (adapter_input_bytes(load_strategy(profile), workload, s) for s in (shape, gpt2_like))
+        assert gated - plain == 1.0, profile
+    eager = Workload(8, 1024, peft="lora", compiled=False)
+    assert adapter_input_bytes(load_strategy("fsdp"), eager, shape) == 0  # eager: its framework's copy
 
 
 def test_a_llama_is_counted_as_a_gated_mlp_model_without_layer_norm_and_gpt2_the_other_way():

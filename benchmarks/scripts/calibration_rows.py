@@ -70,9 +70,16 @@ def adapter_fields(summary: dict, shape: ModelShape) -> dict:
     }
 
 
+def summary_versions(summary: dict) -> str:
+    """The libraries a run recorded in its summary, in the rows' words (calibrate.sh keeps no gpu.txt)."""
+    libraries = ", ".join(f"{name} {summary[f'{name}_version']}" for name in ("transformers", "accelerate"))
+    deepspeed = f", deepspeed {summary['deepspeed_version']}" if summary.get("deepspeed_version") else ""
+    cuda = f" (CUDA {summary['cuda_version']})" if summary.get("cuda_version") else ""
+    return f"torch {summary['torch_version']}{cuda}, {libraries}{deepspeed}"
+
+
 def measured_rows(folder: Path) -> list[dict]:
     """A row per completed run that calibrate.sh left in `folder` (a summary beside its command)."""
-    versions = (folder / "versions.txt").read_text().strip() if (folder / "versions.txt").exists() else ""
     rows = []
     for path in sorted(folder.glob("*.json")):
         if path.name == "calibration_rows.json" or not path.with_suffix(".command").exists():
@@ -81,7 +88,7 @@ def measured_rows(folder: Path) -> list[dict]:
         if summary.get("status") != "completed":
             continue
         command = path.with_suffix(".command").read_text().strip()
-        rows.append(row(summary, PROFILE.search(command)[1], command, versions))
+        rows.append(row(summary, PROFILE.search(command)[1], command, summary_versions(summary)))
     return rows
 
 
