@@ -63,6 +63,22 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
     ]
 
 
+def test_the_planner_page_counts_the_calibration_rows_there_are():
+    calibration = json.loads((ROOT / "finetune" / "calibration.json").read_text())
+    rows = calibration["measurements"]
+    by_gpus = ", ".join(str(sum(1 for row in rows if row["gpus"] == gpus)) for gpus in (1, 2, 4))
+    compiled = sum(1 for row in rows if row.get("compiled"))
+    lora = sum(1 for row in rows if row.get("peft"))
+    counts = (
+        f"{len(rows)} training peaks on 1, 2 and 4 GPUs ({by_gpus}; {compiled} compiled, {lora} with LoRA), "
+        f"{len(calibration['with_accumulation'])} with gradient accumulation, "
+        f"{len(calibration['long_blocks'])} long checkpointed blocks and "
+        f"{len(calibration['out_of_memory'])} runs that ran out of memory"
+    )
+    assert {row["gpus"] for row in rows} == {1, 2, 4}
+    assert counts in " ".join(PLANNER_PAGE.read_text().split())
+
+
 def test_the_resume_page_shows_resume_on_half_the_gpus_generated():
     assert [kind for kind, _, _ in generated_tables(RESUME_PAGE)] == ["resume", "resume_steps"]
 
