@@ -156,25 +156,31 @@ class Watchdog(TrainerCallback):
                 os.dup2(devnull.fileno(), 2)
             reported = waited_for(folder / REPORTED, GATHER_S + 5)  # rank 0 reads this rank's files
             if not reported and self.rank == lowest_other_rank(folder):  # rank 0 frozen or gone
-                self.end_the_run(folder, step, waited, stderr)
+                # every rank had rank 0's time to write its files: read what is there, no second wait
+                self.end_the_run(folder, step, waited, stderr, gather_s=0.0)
         os._exit(code)
 
-    def end_the_run(self, folder: Path, step: int, waited: float, stderr: Any) -> None:
+    def end_the_run(
+        self, folder: Path, step: int, waited: float, stderr: Any, gather_s: float = GATHER_S
+    ) -> None:
         """The one line, the summary (`on_hang`), and the mark that the run has been reported."""
-        message = self.report(folder, step, waited)
+        message = self.report(folder, step, waited, gather_s)
         print(f"finetune: {message}", file=stderr, flush=True)
         self.on_hang(message, folder)
         (folder / REPORTED).write_text(message + "\n")
 
-    def report(self, folder: Path, step: int, waited: float) -> str:
-        deadline = time.monotonic() + GATHER_S
+    def report(self, folder: Path, step: int, waited: float, gather_s: float = GATHER_S) -> str:
+        """The one line, from the ranks' files that are there within `gather_s` (read at least once)."""
+        deadline = time.monotonic() + gather_s
         records: dict[int, dict[str, Any]] = {}
-        while time.monotonic() < deadline and len(records) < self.world_size:
+        while True:
             for path in folder.glob("rank*.json"):
                 try:
                     records[int(path.stem[4:])] = json.loads(path.read_text())
                 except (OSError, ValueError):
                     continue
+            if len(records) >= self.world_size or time.monotonic() >= deadline:
+                break
             time.sleep(0.2)
         absent = [rank for rank in range(self.world_size) if rank not in records]
         stuck = {

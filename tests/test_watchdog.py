@@ -50,8 +50,7 @@ def test_a_frozen_rank_0_is_reported_by_rank_1_in_one_line_with_the_summary(tmp_
     command = [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/ddp.yaml",
                "--num_processes", "2", "--main_process_port", "0", "tests/stalled_run.py",
                *FLAGS, "--output_dir", str(output_dir)]  # fmt: skip
-    # a stopped rank ignores the launcher's SIGTERM: torch's agent kills it after its shutdown timeout
-    environment = {**ENVIRONMENT, "FREEZE_RANK_0": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "1"}
+    environment = {**ENVIRONMENT, "FREEZE_RANK_0": "1"}
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True,
                             timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
     assert result.returncode != 0
@@ -70,3 +69,20 @@ def test_a_rank_reading_an_nccl_collectives_result_in_a_helper_counts_as_waiting
     helper = f"{checkpoint.__file__}:232 in highest_on_any_rank"
     assert in_a_collective(["run.py:330 in main", helper])
     assert not in_a_collective(["run.py:330 in main", f"{checkpoint.__file__}:240 in on_step_end"])
+
+
+def test_a_report_without_gathering_time_reads_the_files_there_once_and_names_the_ranks_missing(tmp_path):
+    """The lowest other rank reports in rank 0's place after waiting for it: no second wait there."""
+    import time
+
+    from finetune.watchdog import Watchdog
+
+    watchdog = Watchdog(5, str(tmp_path), rank=1, world_size=3, on_hang=lambda message, folder: None)
+    for rank, frames in [(1, ["run.py:1 in main", "torch/distributed/c10d.py:9 in all_reduce"]),
+                         (2, ["run.py:1 in main", "model.py:7 in forward"])]:  # fmt: skip
+        record = {"rank": rank, "frames": frames, "in_collective": rank == 1}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(record))
+    started = time.monotonic()
+    line = watchdog.report(tmp_path, step=3, waited=6.0, gather_s=0.0)
+    assert time.monotonic() - started < 1.0
+    assert "rank 2 at model.py:7 in forward" in line and "no stack from rank(s) 0 " in line, line
