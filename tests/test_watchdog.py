@@ -50,9 +50,8 @@ def test_a_frozen_rank_0_is_reported_by_rank_1_in_one_line_with_the_summary(tmp_
     command = [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/ddp.yaml",
                "--num_processes", "2", "--main_process_port", "0", "tests/stalled_run.py",
                *FLAGS, "--output_dir", str(output_dir)]  # fmt: skip
-    environment = {**ENVIRONMENT, "FREEZE_RANK_0": "1"}
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=environment, capture_output=True, text=True,
-                            timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env={**ENVIRONMENT, "FREEZE_RANK_0": "1"},
+                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
     assert result.returncode != 0
     [line] = [line for line in result.stderr.splitlines() if "no optimizer step ended" in line]
     assert "at step 3:" in line and "no stack from rank(s) 0" in line, line
