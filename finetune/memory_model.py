@@ -91,7 +91,9 @@ logger = logging.get_logger("finetune")
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.json"
 LOGIT_BYTES = 10
 LOGIT_GRADIENT_BYTES = 4
-CHECKPOINTED_LAYER_BYTES = 4
+# ZeRO-3's optimizer step flattens a sub-group's gradients (training dtype) and casts them to fp32
+# (stage3.py's _prepare_fp32_grad_for_sub_group): both alive at once, beside every state
+SUB_GROUP_STEP_BYTES = 2 + 4
 # --chunked_loss (finetune/losses.py) holds one chunk of CHUNK_LOGITS logits at a time: its bf16
 # product, the fp32 copy, the fp32 softmax-gradient and that gradient padded in bf16; the output
 # weight's gradient in fp32 for the whole step; the hidden states' gradient, one value per token and
@@ -110,6 +112,7 @@ GATED_MLP_ACTIVATION_SCALE = MEASURED["gated_mlp_activation_scale"]
 ADAPTER_INPUT_BYTES = MEASURED["adapter_input_bytes"]
 COMPILED_ADAPTER_INPUT_BYTES = MEASURED["compiled_adapter_input_bytes"]
 COMPILED_GATED_MLP_ADAPTER_BYTES = MEASURED["compiled_gated_mlp_adapter_bytes"]
+CHECKPOINTED_LOGIT_BYTES = MEASURED["checkpointed_logit_bytes"]
 LORA_DROPOUT_MASK_BYTES = MEASURED["lora_dropout_mask_bytes"]
 
 OFFLOADED_GRADIENT_BYTES = 4
@@ -453,19 +456,55 @@ def logits_bytes(shape: ModelShape, workload: Workload, logit_bytes: float) -> f
     return workload.micro_batch * workload.block_size * shape.vocab * logit_bytes
 
 
+def hidden_gradient_gib(shape: ModelShape, workload: Workload) -> float:
+    """--chunked_loss computes the hidden states' gradient in forward and keeps it for backward, one
+    value per token and width in the training dtype (chunked_loss_buffer_gib counts the rest)."""
+    if not workload.chunked_loss:
+        return 0.0
+    return workload.micro_batch * workload.block_size * shape.hidden * COMPUTE_BYTES[workload.dtype] / GIB
+
+
 def forward_activation_gib(
     shape: ModelShape, workload: Workload, layer_bytes: float, logit_bytes: float = LOGIT_BYTES
 ) -> float:
-    """What the forward pass leaves for backward."""
+    """What the forward pass leaves for backward without checkpointing: every layer's activations
+    and the loss's (checkpointed_activation_gib counts a checkpointed step)."""
     tokens = workload.micro_batch * workload.block_size
-    per_layer = tokens * shape.hidden * layer_bytes
-    if workload.gradient_checkpointing:
-        layers = shape.layers * tokens * shape.hidden * CHECKPOINTED_LAYER_BYTES + per_layer
-    else:
-        layers = shape.layers * per_layer
-    if workload.chunked_loss:  # the hidden states' gradient, kept from forward; chunked_loss_buffer_gib
-        return (layers + tokens * shape.hidden * COMPUTE_BYTES[workload.dtype]) / GIB
-    return (layers + logits_bytes(shape, workload, logit_bytes)) / GIB
+    layers = shape.layers * tokens * shape.hidden * layer_bytes
+    return (layers + logits_bytes(shape, workload, logit_bytes)) / GIB + hidden_gradient_gib(shape, workload)
+
+
+def checkpointed_input_bytes(strategy: Strategy, workload: Workload) -> int:
+    """What a checkpointed layer keeps of its input, per value: the residual stream's dtype. Full
+    fine-tuning under single and DDP runs autocast over fp32 weights, and the stream stays fp32;
+    FSDP2's mixed precision, DeepSpeed and a frozen base under adapters run the weights, and so the
+    stream, in the training dtype (docs/planner.md: checkpointed peaks)."""
+    if strategy.framework in ("single", "ddp") and workload.peft is None:
+        return COMPUTE_BYTES["fp32"]
+    return COMPUTE_BYTES[workload.dtype]
+
+
+def checkpointed_activation_gib(
+    shape: ModelShape, workload: Workload, strategy: Strategy, layer_bytes: float, loss_kind_name: str
+) -> tuple[float, float]:
+    """A checkpointed step's activations at its two peaks, before the sequence degree divides them:
+    (with every layer's input held, after the backward's gradients), both with one layer's
+    activations (and its adapters').
+
+    With every input held the step peaks either in the loss's backward, its logits and their
+    gradient alive, or in the last layer's recompute, which starts after the output layer's backward
+    has freed them: the larger of the two counts, not their sum. The model's own loss keeps fewer
+    bytes a logit here than the fit of unchecked rows gives its kind (CHECKPOINTED_LOGIT_BYTES:
+    measured on checkpointed peaks, where the logits are most of the step). The chunked loss's
+    hidden-state gradient is held through the whole backward. At the backward's end the inputs are
+    freed and every gradient exists (`estimate` adds them)."""
+    tokens = workload.micro_batch * workload.block_size
+    inputs = shape.layers * tokens * shape.hidden * checkpointed_input_bytes(strategy, workload) / GIB
+    one_layer = tokens * shape.hidden * layer_bytes / GIB + adapter_activation_gib(shape, workload, strategy)
+    logit_bytes = CHECKPOINTED_LOGIT_BYTES.get(loss_kind_name, LOGIT_BYTES + LOGIT_GRADIENT_BYTES)
+    loss = logits_bytes(shape, workload, logit_bytes) / GIB
+    held = hidden_gradient_gib(shape, workload)
+    return inputs + held + max(loss, one_layer), one_layer + held
 
 
 def chunked_loss_buffer_gib(shape: ModelShape, workload: Workload, layout: ParallelLayout) -> float:
@@ -573,17 +612,40 @@ def accumulated_gradient_gib(framework: str, shape: ModelShape, workload: Worklo
     return trained_parameters(shape, workload) * STATE_BYTES["torch"]["gradients"] / GIB
 
 
-def reduce_buffer_gib(strategy: Strategy, shape: ModelShape, workload: Workload, logit_bytes: float) -> float:
-    """What ZeRO-1/2's gradient reduce buffers (`profiles.reduce_buffers`, in the training dtype) add
-    to the peak. DeepSpeed allocates them whole, whatever the model's size, when the first parameter
+def reduce_buffer_gib(
+    strategy: Strategy, shape: ModelShape, workload: Workload, layout: ParallelLayout, logit_bytes: float
+) -> float:
+    """What DeepSpeed's gradient reduce buffers (`profiles.reduce_buffers`) add to the peak, whatever
+    the model's size. ZeRO-1/2 allocate theirs, in the training dtype, when the first parameter
     gradient arrives: after the output layer's backward, which has freed the logits and their
     gradient; so they raise the peak only by what they exceed those by (gpt2-medium at micro batch 8
-    peaked alike with buckets of 1M and 500M values: docs/speed.md)."""
+    peaked alike with buckets of 1M and 500M values: docs/speed.md). ZeRO-3 allocates its buffer with
+    the optimizer, before the first step, so it is held whole; under sequence parallelism its engine
+    reduces in `seq_parallel_communication_data_type` (fp32 by default), twice the bf16 buffer: what a
+    split 1B Llama's set-up peak held over the unsplit one's on two H200 (docs/long-context.md)."""
     if not strategy.reduce_buffers:
         return 0.0
     values = strategy.reduce_bucket_values or shape.hidden * shape.hidden  # "auto": transformers' fill
-    buffers = strategy.reduce_buffers * values * COMPUTE_BYTES[workload.dtype]
+    value_bytes = COMPUTE_BYTES[workload.dtype]
+    if strategy.zero_stage == 3 and layout.sequence_parallel > 1:
+        value_bytes = strategy.sequence_parallel_gradient_bytes
+    buffers = strategy.reduce_buffers * values * value_bytes
+    if strategy.zero_stage == 3:
+        return buffers / GIB
     return max(0.0, buffers - logits_bytes(shape, workload, logit_bytes)) / GIB
+
+
+def optimizer_step_gib(
+    strategy: Strategy, shape: ModelShape, workload: Workload, layout: ParallelLayout
+) -> float:
+    """What ZeRO-3's optimizer step adds beside every state on the GPU: one sub-group's gradients,
+    flattened and cast to fp32 (SUB_GROUP_STEP_BYTES), a sub-group being at most sub_group_size values
+    of a process's partition. Offloaded, the step runs on the CPU. Its peak when the activations are
+    few: gpt2-xl and a 1B Llama checkpointed at micro batch 8 on one H200 (docs/planner.md)."""
+    if strategy.optimizer_sub_group_values is None or "optimizer" in strategy.offloaded:
+        return 0.0
+    partition = trained_parameters(shape, workload) / layout.shard_group_size
+    return min(partition, strategy.optimizer_sub_group_values) * SUB_GROUP_STEP_BYTES / GIB
 
 
 def estimate(
@@ -593,6 +655,12 @@ def estimate(
     layout: ParallelLayout,
     calibration: Calibration,
 ) -> Estimate:
+    """A step's peak, from its phases: the forward's activations held at the backward's start (with
+    checkpointing, the inputs held through the backward: checkpointed_activation_gib) beside the
+    gradients held then; the backward's end, every gradient beside one layer's activations; ZeRO-3's
+    optimizer step. Gradients held at the backward's start: DeepSpeed's (partition buffers it keeps
+    from set-up) and those of earlier micro batches of the step; torch's others are made in the
+    backward, the previous step's freed by `zero_grad`."""
     framework = framework_of(strategy, workload.dtype)
     offloaded = strategy.offloaded
     states = {}
@@ -613,40 +681,35 @@ def estimate(
         workload = replace(workload, chunked_loss=False)  # trains the model's own loss there
     kind = calibration_kind(strategy, workload, shape)
     layer_bytes = calibration.layer_bytes_for(kind, shape)
-    logit_bytes = calibration.logit_bytes_for(loss_kind(strategy, workload, shape))
-    activations = (
-        activation_gib(shape, workload, layer_bytes, logit_bytes)
-        + adapter_activation_gib(shape, workload, strategy)
-    ) / layout.sequence_parallel + (
-        sequence_exchange_gib(shape, workload, layout, strategy.sequence_split)
-        + chunked_loss_buffer_gib(shape, workload, layout)
-    )
-    if peaks_before_gradients(strategy, workload, activations, states["gradients"]):
-        states["gradients"] = 0.0
-    states["gradients"] += reduce_buffer_gib(strategy, shape, workload, logit_bytes)
+    loss = loss_kind(strategy, workload, shape)
+    logit_bytes = calibration.logit_bytes_for(loss)
+    split = layout.sequence_parallel
+    beside = sequence_exchange_gib(shape, workload, layout, strategy.sequence_split)
+    beside += chunked_loss_buffer_gib(shape, workload, layout)
+    if workload.gradient_checkpointing:
+        held, at_end = checkpointed_activation_gib(shape, workload, strategy, layer_bytes, loss)
+    else:
+        held = activation_gib(shape, workload, layer_bytes, logit_bytes)
+        held, at_end = held + adapter_activation_gib(shape, workload, strategy), 0.0
+    states["gradients"] += reduce_buffer_gib(strategy, shape, workload, layout, logit_bytes)
+    gradients, optimizer = states["gradients"], states["optimizer"]
+    gradients_held = gradients  # unchecked, as the layer bytes were fitted counting them
+    if workload.gradient_checkpointing and framework != "deepspeed" and workload.accumulation == 1:
+        gradients_held = 0.0
+    step = optimizer_step_gib(strategy, shape, workload, layout)
+    phases = [  # (gradients, optimizer, activations): the backward's start, its end, the optimizer step
+        (gradients_held, optimizer, held / split + beside),
+        (gradients, optimizer, at_end / split + beside),
+        (gradients, optimizer + step, 0.0),
+    ]
+    gradients, optimizer, activations = max(phases, key=sum)
     return Estimate(
         strategy=strategy,
         layout=layout,
         parameters=states["parameters"],
-        gradients=states["gradients"],
-        optimizer=states["optimizer"],
+        gradients=gradients,
+        optimizer=optimizer,
         activations=activations,
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
-    )
-
-
-def peaks_before_gradients(
-    strategy: Strategy, workload: Workload, activations: float, gradients: float
-) -> bool:
-    """Whether the step peaks before any gradient exists: a checkpointed backward frees each layer's
-    saved input as that layer's gradients appear, so where the activations outweigh the gradients
-    the peak is its start. Counted for the single profile, whose gradients torch allocates in
-    backward (the 1B Llama's long blocks on one GPU: calibration.json's long_blocks); DDP's buckets
-    and the sharded frameworks' buffers are not measured so."""
-    return (
-        strategy.framework == "single"
-        and workload.gradient_checkpointing
-        and workload.accumulation == 1
-        and activations >= gradients
     )

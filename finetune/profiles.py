@@ -51,6 +51,8 @@ DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
 NVME_PLACEHOLDER = "auto"
 OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default reduce_bucket_size, in values
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's default sub_group_size, in values
+GRADIENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # DeepSpeed's communication_data_type names
 
 
 STATES = ("optimizer", "gradients", "parameters")  # in the order ZeRO's stages shard them
@@ -80,11 +82,16 @@ class Strategy:
     # the DeepSpeed JSON's "compile": {"deepcompile": true}: DeepSpeed compiles the whole model and
     # schedules ZeRO-3's gathers in the graph instead of in per-module hooks
     deepcompile: bool = False
-    # ZeRO-1/2's gradient reduce buffers (DeepSpeed allocates them whole at a backward's first gradient):
-    # how many (two with overlap_comm, none without contiguous_gradients) and their size in values,
-    # None where the JSON says "auto" (transformers then fills hidden_size squared)
+    # DeepSpeed's gradient reduce buffers (`reduce_buffers`): how many and their size in values, None
+    # where the JSON says "auto" (transformers then fills hidden_size squared)
     reduce_buffers: int = 0
     reduce_bucket_values: int | None = None
+    # bytes of a gradient value as DeepSpeed reduces them under sequence parallelism: its engine switches
+    # the communication dtype to seq_parallel_communication_data_type (fp32 unless the JSON says otherwise)
+    sequence_parallel_gradient_bytes: int = 4
+    # ZeRO-3's sub_group_size: its optimizer steps the fp32 partition in groups of at most this many
+    # values, each with a gradient copy of its own (memory_model.optimizer_step_gib); None elsewhere
+    optimizer_sub_group_values: int | None = None
 
     @property
     def multi_process(self) -> bool:
@@ -213,20 +220,26 @@ def derive_strategy(
         nvme = needs_nvme_path(config)
         sharded = frozenset(STATES[:stage])
         deepcompile = bool((config.get("compile") or {}).get("deepcompile", False))
-        buffers, bucket = reduce_buffers(zero) if stage in (1, 2) else (0, None)
+        buffers, bucket = reduce_buffers(zero, stage)
+        sequence_parallel_dtype = config.get("seq_parallel_communication_data_type", "fp32")
+        sub_group = int(float(zero.get("sub_group_size", DEEPSPEED_SUB_GROUP_SIZE))) if stage == 3 else None
         return Strategy(
             name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description, deepcompile,
             reduce_buffers=buffers, reduce_bucket_values=bucket,
+            sequence_parallel_gradient_bytes=GRADIENT_BYTES[str(sequence_parallel_dtype).lower()],
+            optimizer_sub_group_values=sub_group,
         )  # fmt: skip
     return Strategy(name, "ddp" if distributed_type == "MULTI_GPU" else "single", description=description)
 
 
-def reduce_buffers(zero: dict[str, Any]) -> tuple[int, int | None]:
-    """ZeRO-1/2's gradient reduce buffers as DeepSpeed's stage_1_and_2.py allocates them: one of
-    reduce_bucket_size values with contiguous_gradients (its default), a second with overlap_comm."""
-    if not zero.get("contiguous_gradients", True):
+def reduce_buffers(zero: dict[str, Any], stage: int) -> tuple[int, int | None]:
+    """DeepSpeed's gradient reduce buffers of reduce_bucket_size values, with contiguous_gradients (its
+    default), as it allocates them: ZeRO-1/2 (stage_1_and_2.py) one, a second with overlap_comm, at a
+    backward's first gradient; ZeRO-3 (stage3.py) one per communication dtype, when the optimizer is
+    set up, so it is held from before the first step."""
+    if stage not in (1, 2, 3) or not zero.get("contiguous_gradients", True):
         return 0, None
-    count = 2 if zero.get("overlap_comm", False) else 1
+    count = 2 if stage in (1, 2) and zero.get("overlap_comm", False) else 1
     size = zero.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET_SIZE)
     return count, None if size == "auto" else int(float(size))
 
@@ -463,6 +476,10 @@ def check_deepspeed_config(path: Path, config: dict[str, Any]) -> None:
             )
         if device != "none" and stage not in (1, 2, 3):
             raise FinetuneError(f"{path}: zero_optimization.{key}: offload needs ZeRO stage 1-3, got {stage}")
+    for key in ("communication_data_type", "seq_parallel_communication_data_type"):
+        if key in config and str(config[key]).lower() not in GRADIENT_BYTES:
+            dtypes = ", ".join(GRADIENT_BYTES)
+            raise FinetuneError(f"{path}: {key}: must be one of {dtypes}, got {config[key]!r}")
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in config and config[key] != "auto":
             raise FinetuneError(

@@ -46,6 +46,8 @@ def test_docs_speed_page_has_its_generated_tables():
 
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
     assert [folder for _, folder, _ in generated_tables(PLANNER_PAGE)] == [
+        "benchmarks/h200-2026-11-29e/call1",
+        "benchmarks/h200-2026-11-29e/call2",
         "benchmarks/h200x4-2026-11-28c/call1",
         "benchmarks/h200-2026-11-29d/call1",
         "benchmarks/h200-2026-11-29d/call2",
@@ -69,8 +71,10 @@ def test_the_planner_page_counts_the_calibration_rows_there_are():
     by_gpus = ", ".join(str(sum(1 for row in rows if row["gpus"] == gpus)) for gpus in (1, 2, 4))
     compiled = sum(1 for row in rows if row.get("compiled"))
     lora = sum(1 for row in rows if row.get("peft"))
+    checkpointed = sum(1 for row in rows if row["gradient_checkpointing"])
     counts = (
-        f"{len(rows)} training peaks on 1, 2 and 4 GPUs ({by_gpus}; {compiled} compiled, {lora} with LoRA), "
+        f"{len(rows)} training peaks on 1, 2 and 4 GPUs ({by_gpus}; {compiled} compiled, {lora} with LoRA, "
+        f"{checkpointed} checkpointed), "
         f"{len(calibration['with_accumulation'])} with gradient accumulation, "
         f"{len(calibration['long_blocks'])} long checkpointed blocks and "
         f"{len(calibration['out_of_memory'])} runs that ran out of memory"

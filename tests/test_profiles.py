@@ -362,4 +362,34 @@ def test_zero12_gradient_reduce_buffers_are_read_from_the_deepspeed_json(tmp_pat
     (tmp_path / "scattered").mkdir()
     path, _ = write_deepspeed_profile(tmp_path / "scattered", {"stage": 2, "contiguous_gradients": False})
     assert load_strategy(path).reduce_buffers == 0
-    assert load_strategy("zero3").reduce_buffers == 0
+
+
+def test_zero3_keeps_one_gradient_reduce_buffer_whatever_overlap_comm_says():
+    """stage3.py allocates one buffer per communication dtype; overlap_comm adds none."""
+    zero3 = load_strategy("zero3")
+    assert (zero3.reduce_buffers, zero3.reduce_bucket_values) == (1, 500_000_000)
+
+
+def test_zero3s_optimizer_sub_groups_are_read_from_the_deepspeed_json(tmp_path):
+    assert load_strategy("zero3").optimizer_sub_group_values == 1_000_000_000
+    path, _ = write_deepspeed_profile(tmp_path, {"stage": 3, "sub_group_size": 1e8})
+    assert load_strategy(path).optimizer_sub_group_values == 100_000_000
+    assert load_strategy("zero2").optimizer_sub_group_values is None
+
+
+def test_sequence_parallel_gradients_reduce_in_fp32_unless_the_json_says_otherwise(tmp_path):
+    """DeepSpeed's engine switches to seq_parallel_communication_data_type under Ulysses."""
+    assert load_strategy("zero3").sequence_parallel_gradient_bytes == 4
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3})
+    config = json.loads(json_path.read_text())
+    json_path.write_text(json.dumps({**config, "seq_parallel_communication_data_type": "bf16"}))
+    assert load_strategy(path).sequence_parallel_gradient_bytes == 2
+
+
+def test_an_unknown_communication_dtype_is_refused_in_one_line_naming_the_key(tmp_path):
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3})
+    config = json.loads(json_path.read_text())
+    json_path.write_text(json.dumps({**config, "seq_parallel_communication_data_type": "int8"}))
+    refused = "seq_parallel_communication_data_type: must be one of fp32, fp16, bf16, got 'int8'"
+    with pytest.raises(FinetuneError, match=refused):
+        load_profile(path)
