@@ -48,6 +48,7 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
     assert [folder for _, folder, _ in generated_tables(PLANNER_PAGE)] == [
         "benchmarks/h200-2026-11-29e/call1",
         "benchmarks/h200-2026-11-29e/call2",
+        "benchmarks/h200-2026-11-29e/call4",
         "benchmarks/h200x4-2026-11-28c/call1",
         "benchmarks/h200-2026-11-29d/call1",
         "benchmarks/h200-2026-11-29d/call2",
