@@ -167,8 +167,11 @@ def test_planner_keeps_gradients_and_optimizer_states_for_the_adapters_only():
     # torch autocast: base 1000 x 2 bytes (bf16, frozen), adapters fp32 4 + 4 gradients + 8 Adam
     assert (ddp.parameters * GIB, ddp.gradients * GIB, ddp.optimizer * GIB) == (2800, 800, 1600)
     zero3 = estimate(load_strategy("zero3"), shape, workload, ParallelLayout(2), no_activations)
-    # DeepSpeed: adapters 2 + 2 + 12 bytes; everything sharded over the 2 GPUs
-    assert (zero3.parameters * GIB, zero3.gradients * GIB, zero3.optimizer * GIB) == (1200, 200, 1200)
+    # DeepSpeed: adapters 2 + 2 + 12 bytes; everything sharded over the 2 GPUs, beside ZeRO-3's
+    # gradient reduce buffer of reduce_bucket_size bf16 values, whatever is trained
+    buffer = load_strategy("zero3").reduce_bucket_values * 2
+    states = (zero3.parameters * GIB, zero3.gradients * GIB, zero3.optimizer * GIB)
+    assert states == pytest.approx((1200, 200 + buffer, 1200))
 
 
 def test_dora_adds_one_magnitude_per_adapted_output():
