@@ -8,7 +8,8 @@ that table and OUT.pickle, the raw snapshot for https://pytorch.org/memory_viz.
 
 Allocations alive before the recording began (the weights, the optimizer states) are one line,
 "before the first step". The planner's question is what the rest is.
-usage: accelerate launch --config_file PROFILE.yaml --num_processes 1 \\
+With several processes each rank writes OUT.rankN.json.
+usage: accelerate launch --config_file PROFILE.yaml --num_processes N \\
            benchmarks/scripts/memory_snapshot.py OUT --max_steps 3 [run.py flags]
 """
 
@@ -128,11 +129,14 @@ class SnapshotSteps(TrainerCallback):
             "live_at_peak": table(peak, live_at_peak(alive, self.before)),
             "largest_stacks": largest_stacks(alive),
         }
+        # every rank's own table (a sharded step's ranks differ: rank 0 alone does not explain it),
+        # rank 0's raw snapshot
+        rank = f".rank{args.process_index}" if args.world_size > 1 else ""
+        measured = result["max_memory_allocated_gib"]
+        print(f"SNAPSHOT{rank} peak {result['peak_gib']} GiB (max_memory_allocated {measured})")
+        with open(f"{self.out}{rank}.json", "w") as file:
+            json.dump(result, file, indent=1)
         if args.process_index == 0:
-            measured = result["max_memory_allocated_gib"]
-            print(f"SNAPSHOT peak {result['peak_gib']} GiB (max_memory_allocated {measured})")
-            with open(f"{self.out}.json", "w") as file:
-                json.dump(result, file, indent=1)
             with open(f"{self.out}.pickle", "wb") as file:
                 pickle.dump(snapshot, file)
 
