@@ -31,6 +31,13 @@ doctor_per_gpu_count() {  # ddp doctor on 1, 2 and all GPUs; beside it, the plai
     fi
   done
 }
+largest_shape() {  # PROFILE: the model `finetune plan --largest` names for it on every GPU of this machine
+  local n gib
+  n=$(nvidia-smi -L | wc -l)
+  gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1/1024)}')
+  python -m finetune plan --largest --gpus "$n" --gpu_memory "$gib" --batch_size 1 --gradient_checkpointing \
+    --profiles "$1" | awk -F' [|] ' -v p="| $1" '$1 == p {print $2}'
+}
 stalled_rank() {  # DIR: tests/stalled_run.py on GPUs 0 and 1 under NCCL, rank 1 asleep in step 3
   echo "== a stalled rank on 2 GPUs (NCCL)"
   CUDA_VISIBLE_DEVICES=0,1 timeout 300 python -m finetune.launch --config_file accelerate_configs/ddp.yaml \
@@ -144,11 +151,9 @@ case $CALL in
     ;;
   9)  # issue 39 target 4: `finetune plan --largest --gpus N` for zero3 and fsdp, each trained for 4 steps
     N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    GIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1/1024)}')
     for P in zero3 fsdp; do
-      SHAPE=$(python -m finetune plan --largest --gpus $N --gpu_memory $GIB --batch_size 1 --gradient_checkpointing \
-        --profiles $P | awk -F' [|] ' -v p="| $P" '$1 == p {print $2}')
-      echo "== largest $P on $N x $GIB GiB: $SHAPE"
+      SHAPE=$(largest_shape $P)
+      echo "== largest $P on $N GPUs: $SHAPE"
       LARGEST_TIMEOUT=260 phase largest-$P 280 $ALL largest $N $P $SHAPE
     done
     ;;
@@ -179,7 +184,7 @@ case $CALL in
       --nvme_path /tmp/nvme-run --max_steps 10 --logging_steps 5 --max_eval_samples 8 --save_strategy no \
       --report_to none --disable_tqdm true --output_dir /tmp/nvme-run-out > "$ROOT/nvme/zero3_nvme.log" 2>&1
     echo "nvme rc $?"; cp /tmp/nvme-run-out/run_summary.json "$ROOT/nvme/zero3_nvme.json"; pack
-    LARGEST_TIMEOUT=250 phase largest-zero3 260 $ALL largest $N zero3 gpt-30b 20
+    LARGEST_TIMEOUT=250 phase largest-zero3 260 $ALL largest $N zero3 "$(largest_shape zero3)" 20
     doctor zero3_nvme-$N $ALL zero3_nvme --nvme_path /tmp/nvme
     ;;
   13)  # issue 38: ZeRO-1/2 with DeepSpeed's 500M-value reduce buckets (1.53x "auto"'s hidden² on one
@@ -190,7 +195,7 @@ case $CALL in
     ;;
   14)  # issue 39 target 4, fsdp: the --largest shape for 20 steps, its host memory with only rank 0 drawing
     N=$(nvidia-smi -L | wc -l)
-    LARGEST_TIMEOUT=520 phase largest-fsdp 540 $(seq -s, 0 $((N - 1))) largest $N fsdp gpt-30b 20
+    LARGEST_TIMEOUT=520 phase largest-fsdp 540 $(seq -s, 0 $((N - 1))) largest $N fsdp "$(largest_shape fsdp)" 20
     ;;
   15)  # issue 39 target 2: resume on half the GPUs for the two profiles that shard parameters, zero3 and
     # fsdp (N -> N/2; ddp and zero2 were shown 2 -> 1): uninterrupted vs SIGTERM + resume vs resumed on N/2
