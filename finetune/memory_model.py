@@ -59,8 +59,10 @@ fitted to the compiled Llama peaks measured on GPUs (inductor fuses GPT-2's GELU
 SwiGLU's and RMSNorm's, so the census' eager ratio was too low: a micro batch it called fitting ran
 out of memory, docs/planner.md). A workload compiles as run.py compiles its strategy by default
 (`Strategy.compiled_by_default`: offload eager, the rest compiled); `--torch_compile` overrides it.
-With gradient checkpointing each layer keeps only its fp32 input (4 bytes per b·T·H) and one layer's
-activations are live at a time.
+With gradient checkpointing each layer keeps only its input, in the residual stream's dtype, and one
+layer's activations are live at a time; the step then peaks in one of its phases (`estimate`: the
+loss's backward, the last layer's recompute, the backward's end, ZeRO-3's optimizer step), not at
+their sum.
 """
 
 from __future__ import annotations
@@ -487,9 +489,8 @@ def checkpointed_input_bytes(strategy: Strategy, workload: Workload) -> int:
 def checkpointed_activation_gib(
     shape: ModelShape, workload: Workload, strategy: Strategy, layer_bytes: float, loss_kind_name: str
 ) -> tuple[float, float]:
-    """A checkpointed step's activations at its two peaks, before the sequence degree divides them:
-    (with every layer's input held, after the backward's gradients), both with one layer's
-    activations (and its adapters').
+    """A checkpointed step's activations, before the sequence degree divides them, at its two
+    candidate peaks: while every layer's input is held, and at the backward's end.
 
     With every input held the step peaks either in the loss's backward, its logits and their
     gradient alive, or in the last layer's recompute, which starts after the output layer's backward
