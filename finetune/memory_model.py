@@ -118,6 +118,8 @@ CHECKPOINTED_LOGIT_BYTES = MEASURED["checkpointed_logit_bytes"]
 LORA_DROPOUT_MASK_BYTES = MEASURED["lora_dropout_mask_bytes"]
 
 OFFLOADED_GRADIENT_BYTES = 4
+# a step's phases that can hold its peak (`estimate`), as the plan names them
+BACKWARD_START, BACKWARD_END, OPTIMIZER_STEP = "backward's start", "backward's end", "optimizer step"
 HOST_BUFFER_FACTOR = MEASURED["host_buffer_factor"]
 BUILD_BYTES = 4
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a value in the training dtype
@@ -391,7 +393,7 @@ class Estimate:
     activations: float
     host_per_gpu: float = 0.0
     nvme: float = 0.0
-    notes: list[str] = field(default_factory=list)
+    peak: str = BACKWARD_START  # the phase of the step that peaks (PHASES)
 
     @property
     def profile(self) -> str:
@@ -698,12 +700,13 @@ def estimate(
     if workload.gradient_checkpointing and framework != "deepspeed" and workload.accumulation == 1:
         gradients_held = 0.0
     step = optimizer_step_gib(strategy, shape, workload, layout)
-    phases = [  # (gradients, optimizer, activations): the backward's start, its end, the optimizer step
-        (gradients_held, optimizer, held / split + beside),
-        (gradients, optimizer, at_end / split + beside),
-        (gradients, optimizer + step, 0.0),
-    ]
-    gradients, optimizer, activations = max(phases, key=sum)
+    phases = {  # (gradients, optimizer, activations) at each; the first of equal totals is the peak
+        BACKWARD_START: (gradients_held, optimizer, held / split + beside),
+        BACKWARD_END: (gradients, optimizer, at_end / split + beside),
+        OPTIMIZER_STEP: (gradients, optimizer + step, 0.0),
+    }
+    peak = max(phases, key=lambda phase: sum(phases[phase]))
+    gradients, optimizer, activations = phases[peak]
     return Estimate(
         strategy=strategy,
         layout=layout,
@@ -713,4 +716,5 @@ def estimate(
         activations=activations,
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
+        peak=peak,
     )

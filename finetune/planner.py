@@ -183,9 +183,9 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
         f"{describe_compilation(workload, [e.strategy for e in estimates])}"
         f"{describe_training(shape, workload)}",
         "",
-        "| profile | parameters | gradients | optimizer | activations | total / GPU | fits "
+        "| profile | parameters | gradients | optimizer | activations | total / GPU | peaks in | fits "
         "| host RAM / node | NVMe |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in estimates:
         cells = [e.parameters, e.gradients, e.optimizer, e.activations, e.total]
@@ -195,10 +195,13 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
         lines.append(
             f"| {e.profile} | "
             + " | ".join(f"{value:.2f}" for value in cells)
-            + f" | {fits} | {host} | {nvme} |"
+            + f" | {e.peak} | {fits} | {host} | {nvme} |"
         )
     lines.append("")
-    lines.append(f"GiB; fits means total <= {100 * (1 - hardware.margin):.0f}% of the GPU's memory.")
+    lines.append(
+        f"GiB; fits means total <= {100 * (1 - hardware.margin):.0f}% of the GPU's memory; peaks in: the "
+        "step's phase that holds the most (an optimizer step's buffers count with the optimizer)."
+    )
     return "\n".join(lines)
 
 

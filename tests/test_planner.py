@@ -14,9 +14,12 @@ from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
 from finetune.limits import BLOCK_STEP, largest_model, longest_block
 from finetune.memory_model import (
+    BACKWARD_END,
+    BACKWARD_START,
     CHECKPOINTED_LOGIT_BYTES,
     GATED_MLP_ACTIVATION_SCALE,
     GIB,
+    OPTIMIZER_STEP,
     Calibration,
     ModelShape,
     Workload,
@@ -245,6 +248,25 @@ def test_zero3s_reduce_buffer_is_fp32_under_sequence_parallelism(tiny_llama_conf
     unsplit = estimate(ZERO3, shape, workload, ParallelLayout(2), calibration)
     split = estimate(ZERO3, shape, workload, ParallelLayout(2, 2), calibration)
     assert split.gradients - unsplit.gradients == pytest.approx(500_000_000 * (4 - 2) / GIB)
+
+
+@pytest.mark.parametrize(
+    ("profile", "micro_batch", "phase"),
+    [("single", 64, BACKWARD_START), ("single", 8, BACKWARD_END), ("zero3", 8, OPTIMIZER_STEP)],
+)
+def test_an_estimate_names_the_phase_of_the_step_that_peaks(
+    gpt2_xl, calibration, profile, micro_batch, phase
+):
+    """gpt2-xl checkpointed on one GPU: long logits peak in the loss, few activations at the backward's
+    end beside every gradient, and under ZeRO-3 in its optimizer step (measured so: docs/planner.md)."""
+    workload = Workload(micro_batch, 1024, gradient_checkpointing=True)
+    assert estimate(load_strategy(profile), gpt2_xl, workload, ParallelLayout(1), calibration).peak == phase
+
+
+def test_plan_command_says_where_each_profile_peaks(capsys):
+    flags = ["plan", "--model", "gpt2-xl", "--gpus", "1", "--gpu_memory", "80", "--profiles", "zero3"]
+    assert cli_main([*flags, "--gradient_checkpointing", "true"]) == 0
+    assert f"| {OPTIMIZER_STEP} | yes |" in capsys.readouterr().out
 
 
 def test_more_gpus_shrink_only_the_sharded_states(gpt2_xl, calibration):
