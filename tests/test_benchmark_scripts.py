@@ -5,20 +5,14 @@ tables.py instruction_lora reads a folder of results the way instruction_lora.sh
 memory_snapshot.py finds what was alive at the peak of an allocator trace, without training anything.
 """
 
-import importlib.util
 import json
 import re
 import subprocess
 from pathlib import Path
 
+from benchmark_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 tables = load_script("tables")

@@ -6,16 +6,16 @@ benchmarks/scripts/tables.py KIND benchmarks/PATH -->`; what follows must be wha
 so a table is changed by rerunning the command, never by hand.
 """
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from finetune.run_report import format_report
+
+from benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED_PAGE = ROOT / "docs" / "speed.md"
@@ -122,13 +122,9 @@ def test_every_table_marker_names_the_table_script():
 
 @pytest.fixture(scope="module")
 def tables_script():
-    """tables.py imported into this process, with its folder on the path as when it runs (its kinds
-    import the scripts beside it): a subprocess per table spent most of this file's time importing."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "scripts"))
-    spec = importlib.util.spec_from_file_location("tables", ROOT / TABLE_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tables.py imported into this process: a subprocess per table spent most of this file's time
+    importing."""
+    return load_script("tables")
 
 
 @pytest.mark.parametrize(("kind", "folder", "table"), TABLES, ids=[folder for _, folder, _ in TABLES])
