@@ -697,7 +697,8 @@ def estimate(
     states["gradients"] += reduce_buffer_gib(strategy, shape, workload, layout, logit_bytes)
     gradients, optimizer = states["gradients"], states["optimizer"]
     gradients_held = gradients  # unchecked, as the layer bytes were fitted counting them
-    if workload.gradient_checkpointing and framework != "deepspeed" and workload.accumulation == 1:
+    # whose the gradients are, not whose bytes they take: DeepSpeed keeps its partitions in fp32 too
+    if workload.gradient_checkpointing and strategy.framework != "deepspeed" and workload.accumulation == 1:
         gradients_held = 0.0
     step = optimizer_step_gib(strategy, shape, workload, layout)
     phases = {  # (gradients, optimizer, activations) at each; the first of equal totals is the peak

@@ -230,6 +230,15 @@ def test_a_checkpointed_single_step_peaks_before_its_gradients_exist_where_the_a
     assert zero3.gradients > 2 * GPT2_XL_PARAMETERS / GIB
 
 
+def test_deepspeed_holds_its_gradient_partitions_at_a_checkpointed_steps_start_in_fp32_too(
+    gpt2_xl, calibration
+):
+    """Whose the gradients are decides, not the bytes they take (fp32 takes torch's)."""
+    long = Workload(64, 1024, "fp32", gradient_checkpointing=True)
+    zero3 = estimate(ZERO3, gpt2_xl, long, ParallelLayout(1), calibration)
+    assert zero3.gradients > 4 * GPT2_XL_PARAMETERS / GIB
+
+
 def test_zero3s_optimizer_step_is_the_peak_where_the_activations_are_few(gpt2_xl, calibration):
     """One sub-group of at most sub_group_size values flattened and cast to fp32 beside every state."""
     few = Workload(1, 128, gradient_checkpointing=True)
