@@ -347,7 +347,9 @@ class Calibration:
             return calibration_kind(m.strategy, m.workload, m.shape)
 
         def residual(m: Measurement, calibration: Calibration) -> float:
-            return m.peak_allocated_gib - estimate_for(m, calibration).total
+            """What the peak holds beyond the backward's start's states, where these rows peak (with no
+            activations counted, ZeRO-3's optimizer step would be the larger phase)."""
+            return m.peak_allocated_gib - estimate_for(m, calibration).phase_totals[BACKWARD_START]
 
         def through_origin(
             rows: list[Measurement], layer_bytes: dict[str, float], logits: Calibration = eager_loss
@@ -394,6 +396,7 @@ class Estimate:
     host_per_gpu: float = 0.0
     nvme: float = 0.0
     peak: str = BACKWARD_START  # the phase of the step that peaks (PHASES)
+    phase_totals: dict[str, float] = field(default_factory=dict)  # GiB per GPU at each phase
 
     @property
     def profile(self) -> str:
@@ -651,6 +654,22 @@ def optimizer_step_gib(
     return min(partition, strategy.optimizer_sub_group_values) * SUB_GROUP_STEP_BYTES / GIB
 
 
+def gathered_parameter_gib(
+    strategy: Strategy, shape: ModelShape, workload: Workload, layout: ParallelLayout
+) -> float:
+    """ZeRO-3's gathered weights held from the forward into the backward, on several processes:
+    DeepSpeed releases a module's gathered parameters after its forward only when their next use (the
+    module's own backward) lies more than stage3_max_reuse_distance values ahead, so the last blocks'
+    stay whole, in the compute dtype, up to that many values (and stage3_max_live_parameters). One
+    process gathers nothing: its partition is the parameter (`_no_gather_coalesced`). gpt2-xl at
+    micro batch 8 on two H200 held 30 blocks' weights (0.92e9 values, 1.72 GiB) at its peak
+    (docs/planner.md)."""
+    if strategy.gathered_parameter_values is None or layout.shard_group_size <= 1 or strategy.deepcompile:
+        return 0.0
+    held = min(shape.parameters, strategy.gathered_parameter_values)
+    return held * COMPUTE_BYTES[workload.dtype] / GIB
+
+
 def estimate(
     strategy: Strategy,
     shape: ModelShape,
@@ -701,21 +720,25 @@ def estimate(
     if workload.gradient_checkpointing and strategy.framework != "deepspeed" and workload.accumulation == 1:
         gradients_held = 0.0
     step = optimizer_step_gib(strategy, shape, workload, layout)
-    phases = {  # (gradients, optimizer, activations) at each; the first of equal totals is the peak
-        BACKWARD_START: (gradients_held, optimizer, held / split + beside),
-        BACKWARD_END: (gradients, optimizer, at_end / split + beside),
-        OPTIMIZER_STEP: (gradients, optimizer + step, 0.0),
+    parameters = states["parameters"]
+    gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout)
+    phases = {  # (parameters, gradients, optimizer, activations) at each; the first of equal totals peaks
+        BACKWARD_START: (gathered, gradients_held, optimizer, held / split + beside),
+        BACKWARD_END: (parameters, gradients, optimizer, at_end / split + beside),
+        OPTIMIZER_STEP: (parameters, gradients, optimizer + step, 0.0),
     }
-    peak = max(phases, key=lambda phase: sum(phases[phase]))
-    gradients, optimizer, activations = phases[peak]
+    totals = {phase: sum(held_then) for phase, held_then in phases.items()}
+    peak = max(phases, key=totals.__getitem__)
+    parameters, gradients, optimizer, activations = phases[peak]
     return Estimate(
         strategy=strategy,
         layout=layout,
-        parameters=states["parameters"],
+        parameters=parameters,
         gradients=gradients,
         optimizer=optimizer,
         activations=activations,
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
         peak=peak,
+        phase_totals=totals,
     )

@@ -52,6 +52,7 @@ NVME_PLACEHOLDER = "auto"
 OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default reduce_bucket_size, in values
 DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's default sub_group_size, in values
+DEEPSPEED_STAGE3_HELD_VALUES = 1_000_000_000  # its default stage3_max_reuse_distance and _live_parameters
 GRADIENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # DeepSpeed's communication_data_type names
 
 
@@ -92,6 +93,10 @@ class Strategy:
     # ZeRO-3's sub_group_size: its optimizer steps the fp32 partition in groups of at most this many
     # values, each with a gradient copy of its own (memory_model.optimizer_step_gib); None elsewhere
     optimizer_sub_group_values: int | None = None
+    # ZeRO-3's gathered weights a forward leaves whole for the backward: at most
+    # stage3_max_reuse_distance (and stage3_max_live_parameters) values
+    # (memory_model.gathered_parameter_gib); None elsewhere
+    gathered_parameter_values: int | None = None
 
     @property
     def multi_process(self) -> bool:
@@ -223,11 +228,12 @@ def derive_strategy(
         buffers, bucket = reduce_buffers(zero, stage)
         sequence_parallel_dtype = config.get("seq_parallel_communication_data_type", "fp32")
         sub_group = int(float(zero.get("sub_group_size", DEEPSPEED_SUB_GROUP_SIZE))) if stage == 3 else None
+        gathered = gathered_parameter_values(zero) if stage == 3 else None
         return Strategy(
             name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description, deepcompile,
             reduce_buffers=buffers, reduce_bucket_values=bucket,
             sequence_parallel_gradient_bytes=GRADIENT_BYTES[str(sequence_parallel_dtype).lower()],
-            optimizer_sub_group_values=sub_group,
+            optimizer_sub_group_values=sub_group, gathered_parameter_values=gathered,
         )  # fmt: skip
     return Strategy(name, "ddp" if distributed_type == "MULTI_GPU" else "single", description=description)
 
@@ -242,6 +248,15 @@ def reduce_buffers(zero: dict[str, Any], stage: int) -> tuple[int, int | None]:
     count = 2 if stage in (1, 2) and zero.get("overlap_comm", False) else 1
     size = zero.get("reduce_bucket_size", DEEPSPEED_REDUCE_BUCKET_SIZE)
     return count, None if size == "auto" else int(float(size))
+
+
+def gathered_parameter_values(zero: dict[str, Any]) -> int:
+    """The most values of gathered weights ZeRO-3 keeps from a forward for the backward: its reuse
+    distance, capped by its live-parameter limit (DeepSpeed's defaults where the JSON is silent)."""
+    return min(
+        int(float(zero.get(key, DEEPSPEED_STAGE3_HELD_VALUES)))
+        for key in ("stage3_max_reuse_distance", "stage3_max_live_parameters")
+    )
 
 
 def fastest_first(strategies: list[Strategy]) -> list[Strategy]:

@@ -24,6 +24,8 @@ from finetune.models import (
 )
 from finetune.run_flags import ModelArguments
 
+from launching import PROJECT_ROOT
+
 
 def load(args):
     location = resolve_model(args.model)
@@ -157,6 +159,44 @@ def test_zero3_from_scratch_starts_from_the_weights_every_other_profile_starts_f
     for name, weight in model.named_parameters():
         expected = weight.double().sum().item()
         assert zero3_weights[name]["sum"] == pytest.approx(expected, rel=1e-9, abs=1e-9), name
+
+
+LINEAR_UNDER_ZERO3_SCRIPT = """
+import json, os, sys, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+dist.init_process_group("gloo")
+from transformers import LlamaConfig
+from transformers.integrations.deepspeed import HfDeepSpeedConfig
+from finetune.models import build_model, zero3_linear_recompiles_blocks
+from finetune.run_flags import ModelArguments
+config = LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2)
+recompiles = []
+for zero in json.loads(sys.argv[2]):  # the shipped JSON's choice first: DeepSpeed's swap is for good
+    zero3 = HfDeepSpeedConfig({"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero})
+    model = build_model(ModelArguments(from_scratch=True), config, "unused")
+    recompiles.append(zero3_linear_recompiles_blocks(model, model._no_split_modules))
+print(json.dumps(recompiles))
+"""
+
+
+@pytest.mark.integration
+def test_shipped_zero3_keeps_torchs_linear_so_compiled_llama_blocks_do_not_recompile():
+    """DeepSpeed's zero.Init swaps in its own linear unless the JSON says memory_efficient_linear:
+    false (docs/profiles.md); built as run.py builds under ZeRO-3, a Llama's blocks keep torch's."""
+    shipped = json.loads((PROJECT_ROOT / "ds_configs" / "zero3.json").read_text())["zero_optimization"]
+    choices = [
+        {"stage": 3, "memory_efficient_linear": shipped["memory_efficient_linear"]},
+        {"stage": 3},  # DeepSpeed's default
+    ]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    done = subprocess.run(
+        [sys.executable, "-c", LINEAR_UNDER_ZERO3_SCRIPT, str(port), json.dumps(choices)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [False, True]
 
 
 def test_random_numbers_drawn_while_the_model_is_built_do_not_change_its_weights(monkeypatch):

@@ -21,6 +21,7 @@ from finetune.profiles import (
     load_strategy,
     needs_nvme_path,
     profiles_table,
+    shipped_folder,
     shipped_strategies,
 )
 
@@ -341,6 +342,13 @@ def test_a_zero_key_deepspeed_refuses_is_one_line_at_load(tmp_path, zero, proble
     assert str(json_path.resolve()) in str(error.value)
 
 
+def test_shipped_stage3_jsons_keep_torchs_linear():
+    """DeepSpeed's own linear makes compiled blocks recompile per block (docs/profiles.md)."""
+    for name in ("zero3", "zero3_offload", "zero3_nvme"):
+        config = json.loads((shipped_folder("ds_configs") / f"{name}.json").read_text())
+        assert config["zero_optimization"]["memory_efficient_linear"] is False, name
+
+
 def test_every_shipped_deepspeed_json_passes_deepspeeds_own_check():
     for name in ("zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "zero3_nvme"):
         load_profile(name)
@@ -375,6 +383,15 @@ def test_zero3s_optimizer_sub_groups_are_read_from_the_deepspeed_json(tmp_path):
     path, _ = write_deepspeed_profile(tmp_path, {"stage": 3, "sub_group_size": 1e8})
     assert load_strategy(path).optimizer_sub_group_values == 100_000_000
     assert load_strategy("zero2").optimizer_sub_group_values is None
+
+
+def test_zero3s_gathered_weights_are_read_from_its_reuse_distance_and_live_limit(tmp_path):
+    assert load_strategy("zero3").gathered_parameter_values == 1_000_000_000
+    path, _ = write_deepspeed_profile(
+        tmp_path, {"stage": 3, "stage3_max_reuse_distance": 2e8, "stage3_max_live_parameters": 3e8}
+    )
+    assert load_strategy(path).gathered_parameter_values == 200_000_000
+    assert load_strategy("zero2").gathered_parameter_values is None
 
 
 def test_sequence_parallel_gradients_reduce_in_fp32_unless_the_json_says_otherwise(tmp_path):

@@ -172,7 +172,7 @@ case $CALL in
     # checkpointing), then gpt2-medium's ZeRO-3 LoRA with leaf blocks (adapters gathered by block since 2026-11-28c)
     ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
-    RUN_TIMEOUT=130 phase lora-xl 500 $ALL floor /tmp/gpt2-xl-init 8 20 fsdp:--gradient_checkpointing,true \
+    RUN_TIMEOUT=125 phase lora-xl 520 $ALL floor /tmp/gpt2-xl-init 8 20 fsdp:--gradient_checkpointing,true \
       fsdp:--peft,lora,--gradient_checkpointing,true zero3:--gradient_checkpointing,true \
       zero3:--peft,lora,--gradient_checkpointing,true
     ;;
