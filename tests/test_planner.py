@@ -91,7 +91,8 @@ def test_gpt2_xl_on_four_80_gib_gpus_matches_the_hand_calculation(gpt2_xl, calib
     compiled_loss = calibration.logit_bytes
     expected = {  # (parameters, gradients, optimizer) in bytes per GPU, then activations in GiB
         # compiled whole, as run.py does, the loss in the same graph
-        "ddp": (4 * psi, 4 * psi, 8 * psi, activations("compiled", compiled_loss["compiled"])),
+        # its gradient buckets hold a second fp32 copy of the gradients from the wrap on
+        "ddp": (4 * psi, 4 * psi + 4 * psi, 8 * psi, activations("compiled", compiled_loss["compiled"])),
         "zero1": (2 * psi, 2 * psi, 12 * psi / 4, activations("compiled", compiled_loss["compiled"])),
         "zero2": (2 * psi, 2 * psi / 4, 12 * psi / 4, activations("compiled", compiled_loss["compiled"])),
         # ZeRO-3's leaf blocks and FSDP2's blocks compiled one by one, each with its loss compiled
@@ -301,6 +302,19 @@ def test_plan_command_says_where_each_profile_peaks(capsys):
     flags = ["plan", "--model", "gpt2-xl", "--gpus", "1", "--gpu_memory", "80", "--profiles", "zero3"]
     assert cli_main([*flags, "--gradient_checkpointing", "true"]) == 0
     assert f"| {OPTIMIZER_STEP} | yes |" in capsys.readouterr().out
+
+
+def test_ddp_holds_its_gradient_buckets_beside_the_gradients_through_every_phase(gpt2_xl, calibration):
+    """Its Reducer copies every gradient into buckets it allocated at the wrap, even at a checkpointed
+    step's start, before the backward made any gradient."""
+    checkpointed = Workload(8, 1024, gradient_checkpointing=True)
+    ddp, single = (
+        estimate(load_strategy(name), gpt2_xl, checkpointed, ParallelLayout(n), calibration)
+        for name, n in (("ddp", 2), ("single", 1))
+    )
+    buckets = 4 * GPT2_XL_PARAMETERS / GIB
+    for phase, total in ddp.phase_totals.items():
+        assert total - single.phase_totals[phase] == pytest.approx(buckets), phase
 
 
 def test_more_gpus_shrink_only_the_sharded_states(gpt2_xl, calibration):
@@ -542,9 +556,9 @@ def test_accumulating_holds_a_steps_fp32_gradients_whole_under_torch_frameworks(
 
 
 def test_a_global_batchs_micro_batch_fits_with_the_accumulation_it_needs(gpt2_xl, calibration):
-    """gpt2-xl under ddp on 4 x 40 GiB fits micro batch 3 alone, but a share of 32 at micro batch 2
+    """gpt2-xl under ddp on 4 x 46 GiB fits micro batch 3 alone, but a share of 32 at micro batch 2
     accumulates 16 micro batches' gradients: only micro batch 1 is predicted to fit that step."""
-    ddp, hardware, workload = load_strategy("ddp"), Hardware(ParallelLayout(4), 40), Workload(1, 1024)
+    ddp, hardware, workload = load_strategy("ddp"), Hardware(ParallelLayout(4), 46), Workload(1, 1024)
     alone = largest_micro_batch(ddp, gpt2_xl, workload, hardware, calibration)
     chosen = largest_micro_batch_for_share(ddp, gpt2_xl, workload, hardware, calibration, 32)
 
