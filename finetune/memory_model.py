@@ -205,6 +205,7 @@ class Workload:
     # before it did, kept in calibration.json as they ran
     loss_compiled: bool = True
     chunked_loss: bool = False  # as asked; under ZeRO-3 `estimate` counts the model's own loss
+    ddp_bucket_views: bool = False  # --ddp_gradient_as_bucket_view: DDP's gradients live in its buckets
 
 
 @dataclass(frozen=True)
@@ -660,8 +661,9 @@ def ddp_bucket_gib(strategy: Strategy, framework: str, shape: ModelShape, worklo
     """DDP's gradient buckets: its Reducer allocates, when the model is wrapped, flat buffers that
     every gradient is copied into for the all-reduce and back from (torch's default, gradients not
     views of them), so a copy of all trained parameters' gradients is held through every phase.
-    Counted, its ddp rows went from 0.93-0.99 of their peaks to 0.97-1.03 (docs/planner.md)."""
-    if strategy.framework != "ddp":
+    Counted, its ddp rows went from 0.93-0.99 of their peaks to 0.97-1.03 (docs/planner.md). With
+    the gradients views into the buckets (`--ddp_gradient_as_bucket_view`) there is no copy."""
+    if strategy.framework != "ddp" or workload.ddp_bucket_views:
         return 0.0
     return trained_parameters(shape, workload) * STATE_BYTES[framework]["gradients"] / GIB
 

@@ -320,6 +320,7 @@ def run_workload(
         lora_dropout=model_args.lora_dropout,
         accumulation=training_args.gradient_accumulation_steps,
         chunked_loss=training_args.chunked_loss,
+        ddp_bucket_views=training_args.ddp_gradient_as_bucket_view,
     )
 
 

@@ -286,6 +286,7 @@ def train_and_measure(
     )
     record.update(trained)
     record.update({"fsdp_units": count_units(trainer.model) or None})
+    record.update({"ddp_gradient_buckets": trainer.ddp_gradient_buckets()})
     record.update(startup.summary())
     if stop.received:
         checkpoint = trained["checkpoint"]

@@ -101,6 +101,11 @@ FIELDS: dict[str, tuple[str, str]] = {
         "FSDP profiles: the FSDP2 units the transformer blocks were sharded into (the blocks divided by "
         "--fsdp_blocks_per_unit, rounded up); None otherwise",
     ),
+    "ddp_gradient_buckets": (
+        "str?",
+        'DDP: "views" (each gradient a view into the bucket it is all-reduced in, '
+        '--ddp_gradient_as_bucket_view) or "copies" (a copy beside each, torch\'s default); None otherwise',
+    ),
     "torch_compile": (
         "bool?",
         "model compiled by torch.compile (default with CUDA but offload; ZeRO-3: its leaf blocks)",

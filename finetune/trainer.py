@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import DistributedType, DynamoBackend, TorchDynamoPlugin
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, DynamoBackend, TorchDynamoPlugin
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
@@ -187,11 +187,25 @@ class FinetuneTrainer(Trainer):
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
         """accelerate compiles only what the compile plan gives it (not ZeRO-3's blocks, which
-        run.py compiles itself)."""
+        run.py compiles itself); DDP takes --ddp_gradient_as_bucket_view, which the Trainer's own
+        DDP keyword arguments leave out."""
         args = super()._build_accelerator_args(**kwargs)
         if not self.compile_plan.by_accelerate:
             args["dynamo_plugin"] = TorchDynamoPlugin(backend=DynamoBackend.NO)
+        for handler in args.get("kwargs_handlers", []):
+            if isinstance(handler, DistributedDataParallelKwargs):
+                handler.gradient_as_bucket_view = getattr(self.args, "ddp_gradient_as_bucket_view", False)
         return args
+
+    def ddp_gradient_buckets(self) -> str | None:
+        """How the wrapped DDP model keeps its gradients: "views" into its all-reduce buckets or
+        "copies" beside them (4 bytes a trained parameter more); None without DDP. Read from the
+        wrapper itself, so the summary says what DDP did, not what was asked."""
+        wrapped = self.model_wrapped
+        wrapped = getattr(wrapped, "_orig_mod", wrapped)  # under torch.compile's wrapper
+        if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+            return None
+        return "views" if wrapped.gradient_as_bucket_view else "copies"
 
     def records_cuda_graphs(self) -> bool:
         return self.compile_plan.records_cuda_graphs

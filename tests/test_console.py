@@ -192,6 +192,18 @@ def test_a_cpu_run_no_longer_prints_a_warning_fixed_at_its_cause(warning, reques
     assert text not in result.stdout + result.stderr
 
 
+@pytest.mark.integration
+def test_ddp_gradients_as_bucket_views_train_exactly_as_copies(ddp_run, ddp_output_dir, tmp_path):
+    """--ddp_gradient_as_bucket_view reaches DDP (the summary reads it off the wrapper) and changes only
+    where the gradients live, not their values."""
+    flags = [*RUN_FLAGS, "--disable_tqdm", "true", "--ddp_gradient_as_bucket_view", "true"]
+    launch(accelerate_launch("ddp"), tmp_path, flags)
+    copies, views = read_summary(ddp_output_dir), read_summary(tmp_path)
+    assert (copies["ddp_gradient_buckets"], views["ddp_gradient_buckets"]) == ("copies", "views")
+    assert [p["loss"] for p in views["loss_curve"]] == [p["loss"] for p in copies["loss_curve"]]
+    assert views["eval_loss"] == copies["eval_loss"]
+
+
 def test_ddp_without_the_unused_parameter_search_trains_gpt2_with_tied_weights(ddp_run, ddp_output_dir):
     """DDP fails at the second step when a parameter took no part in the first: none did."""
     summary = read_summary(ddp_output_dir)

@@ -317,6 +317,20 @@ def test_ddp_holds_its_gradient_buckets_beside_the_gradients_through_every_phase
         assert total - single.phase_totals[phase] == pytest.approx(buckets), phase
 
 
+def test_ddp_gradients_as_bucket_views_hold_no_second_copy(gpt2_xl, calibration):
+    copies, views = (
+        estimate(
+            load_strategy("ddp"),
+            gpt2_xl,
+            Workload(8, 1024, ddp_bucket_views=v),
+            ParallelLayout(2),
+            calibration,
+        )
+        for v in (False, True)
+    )
+    assert copies.total - views.total == pytest.approx(4 * GPT2_XL_PARAMETERS / GIB)
+
+
 def test_more_gpus_shrink_only_the_sharded_states(gpt2_xl, calibration):
     two, eight = (
         plan(gpt2_xl, Workload(8, 1024), ParallelLayout(n), calibration, ["zero2"])[0] for n in (2, 8)

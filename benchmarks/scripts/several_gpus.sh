@@ -203,6 +203,15 @@ case $CALL in
     phase resume-zero3 290 $ALL resume_matches $N zero3
     phase resume-fsdp 290 $ALL resume_matches $N fsdp
     ;;
+  16)  # issue 39 target 1: the Llamas under zero3 with DeepSpeed's linear off (the stage-3 JSONs since
+    # h200x2-2026-11-29b; the calibration rows had it on), their compiled peaks as rows; issue 38: DDP's
+    # gradients as bucket views (4 bytes a parameter less) against copies on the 1B Llama, twice each
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 ))) N=$(nvidia-smi -L | wc -l)
+    (SIZE=1b python benchmarks/scripts/make_llama.py /tmp/llama-1b; python benchmarks/scripts/make_llama.py /tmp/llama-0.36b) > /dev/null
+    COMPILE=1 phase llama-zero3 200 $ALL calibrate $N "/tmp/llama-1b /tmp/llama-0.36b" "zero3" 8
+    RUN_TIMEOUT=90 phase bucket-views 330 $ALL floor /tmp/llama-1b 8 20 ddp ddp:--ddp_gradient_as_bucket_view,true \
+      'ddp#r2' 'ddp:--ddp_gradient_as_bucket_view,true#r2'
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
