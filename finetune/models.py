@@ -382,22 +382,31 @@ def compile_zero3_blocks(model: PreTrainedModel, block_classes: list[str], mode:
     return len(blocks)
 
 
-def zero3_linear_recompiles_blocks(model: PreTrainedModel, block_classes: list[str]) -> bool:
-    """Whether DeepSpeed's `zero.Init` swapped `torch.nn.functional.linear` for its `zero3_linear_wrap`
-    (for the whole process, unless the JSON's `zero_optimization.memory_efficient_linear` is false)
-    and a leaf block calls it. The wrap is an autograd function that reads each weight's `ds_id`, so
-    a compiled block guards on it: every block of an `nn.Linear` model (a Llama; GPT-2's LoRA
-    adapters, not its Conv1D layers) recompiled until dynamo's limit and the rest ran eager, the wrap
-    also keeping each layer's input itself (a 1B Llama under zero3 ran 1.27-1.35x faster and 2.9 GiB
-    lower without it: docs/speed.md)."""
+ZERO3_LINEAR_WARNING = (
+    "finetune: the DeepSpeed JSON leaves zero_optimization.memory_efficient_linear on: DeepSpeed replaced "
+    "torch.nn.functional.linear and each compiled block recompiles on its weights' ids (set it false, as "
+    "the shipped stage-3 JSONs do)"
+)
+
+
+def zero3_linear_warning(model: PreTrainedModel, block_classes: list[str]) -> str | None:
+    """The warning line for compiled ZeRO-3 blocks that call DeepSpeed's `zero3_linear_wrap`, which
+    DeepSpeed's `zero.Init` swaps in for `torch.nn.functional.linear` for the whole process unless the
+    JSON's `zero_optimization.memory_efficient_linear` is false. The wrap is an autograd function that
+    reads each weight's `ds_id`, so a compiled block guards on it: every block of an `nn.Linear` model
+    (a Llama; GPT-2's LoRA adapters, not its Conv1D layers) recompiled until dynamo's limit and the
+    rest ran eager, the wrap also keeping each layer's input itself (a 1B Llama under zero3 ran
+    1.27-1.35x faster and 2.9 GiB lower without it: docs/speed.md). None where it does not apply."""
     try:
         from deepspeed.runtime.zero.linear import zero3_linear_wrap
     except ImportError:
-        return False
+        return None
     if torch.nn.functional.linear is not zero3_linear_wrap:
-        return False
+        return None
     blocks = (module for module in model.modules() if type(module).__name__ in block_classes)
-    return any(isinstance(layer, torch.nn.Linear) for block in blocks for layer in block.modules())
+    if not any(isinstance(layer, torch.nn.Linear) for block in blocks for layer in block.modules()):
+        return None
+    return ZERO3_LINEAR_WARNING
 
 
 def name_causal_lm_loss(model: PreTrainedModel) -> PreTrainedModel:

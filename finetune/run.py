@@ -67,7 +67,7 @@ from finetune.models import (
     resize_to_tokenizer,
     resolve_model,
     vocabulary_growth,
-    zero3_linear_recompiles_blocks,
+    zero3_linear_warning,
 )
 from finetune.outputs import claim_output_dir
 from finetune.launched import BatchGeometry, CompilePlan, Launch
@@ -195,12 +195,9 @@ def train_and_measure(
     compiled_blocks = 0
     if compile_plan.scope == "zero3_blocks":
         compiled_blocks = compile_zero3_blocks(model, leaf_blocks, compile_plan.mode)
-        if zero3_linear_recompiles_blocks(model, leaf_blocks) and training_args.process_index == 0:
-            logger.warning(
-                "finetune: the DeepSpeed JSON leaves zero_optimization.memory_efficient_linear on: "
-                "DeepSpeed replaced torch.nn.functional.linear and each compiled block recompiles on its "
-                "weights' ids (set it false, as the shipped stage-3 JSONs do)"
-            )
+        warning = zero3_linear_warning(model, leaf_blocks)
+        if warning and training_args.process_index == 0:
+            logger.warning(warning)
     record.update(
         {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
     )
