@@ -388,6 +388,12 @@ class Calibration:
         return cls.fit(read_measurements())
 
 
+def peak_phase(totals: dict[str, float]) -> str:
+    """The phase of a step that holds the most (BACKWARD_START, BACKWARD_END, OPTIMIZER_STEP); the
+    first of equal totals."""
+    return max(totals, key=totals.__getitem__)
+
+
 @dataclass
 class Estimate:
     strategy: Strategy
@@ -398,12 +404,15 @@ class Estimate:
     activations: float
     host_per_gpu: float = 0.0
     nvme: float = 0.0
-    peak: str = BACKWARD_START  # the phase of the step that peaks (PHASES)
     phase_totals: dict[str, float] = field(default_factory=dict)  # GiB per GPU at each phase
 
     @property
     def profile(self) -> str:
         return self.strategy.name
+
+    @property
+    def peak(self) -> str:
+        return peak_phase(self.phase_totals)
 
     @property
     def total(self) -> float:
@@ -738,14 +747,13 @@ def estimate(
     step = optimizer_step_gib(strategy, shape, workload, layout)
     parameters = states["parameters"]
     gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout)
-    phases = {  # (parameters, gradients, optimizer, activations) at each; the first of equal totals peaks
+    phases = {  # (parameters, gradients, optimizer, activations) at each
         BACKWARD_START: (gathered, gradients_held, optimizer, held / split + beside),
         BACKWARD_END: (parameters, gradients, optimizer, at_end / split + beside),
         OPTIMIZER_STEP: (parameters, gradients, optimizer + step, 0.0),
     }
     totals = {phase: sum(held_then) for phase, held_then in phases.items()}
-    peak = max(phases, key=totals.__getitem__)
-    parameters, gradients, optimizer, activations = phases[peak]
+    parameters, gradients, optimizer, activations = phases[peak_phase(totals)]
     return Estimate(
         strategy=strategy,
         layout=layout,
@@ -755,6 +763,5 @@ def estimate(
         activations=activations,
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
-        peak=peak,
         phase_totals=totals,
     )

@@ -365,6 +365,11 @@ def gather_zero3_by_block(model: PreTrainedModel, adapters: bool, deepcompile: b
     return found
 
 
+def blocks_of(model: torch.nn.Module, block_classes: list[str]) -> list[torch.nn.Module]:
+    """The model's modules of the named block classes (what `gather_zero3_by_block` found)."""
+    return [module for module in model.modules() if type(module).__name__ in block_classes]
+
+
 def compile_zero3_blocks(model: PreTrainedModel, block_classes: list[str], mode: str | None) -> int:
     """Compile the forward of each ZeRO-3 leaf block, DeepSpeed's hooks around it left eager; how many.
 
@@ -376,7 +381,7 @@ def compile_zero3_blocks(model: PreTrainedModel, block_classes: list[str], mode:
     is one graph, shared by every block of the class: faster than eager on a 1B Llama and on gpt2-xl,
     with less memory (docs/speed.md).
     """
-    blocks = [module for module in model.modules() if type(module).__name__ in block_classes]
+    blocks = blocks_of(model, block_classes)
     for block in blocks:
         block.forward = torch.compile(block.forward, mode=mode)
     return len(blocks)
@@ -403,7 +408,7 @@ def zero3_linear_warning(model: PreTrainedModel, block_classes: list[str]) -> st
         return None
     if torch.nn.functional.linear is not zero3_linear_wrap:
         return None
-    blocks = (module for module in model.modules() if type(module).__name__ in block_classes)
+    blocks = blocks_of(model, block_classes)
     if not any(isinstance(layer, torch.nn.Linear) for block in blocks for layer in block.modules()):
         return None
     return ZERO3_LINEAR_WARNING
