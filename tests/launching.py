@@ -13,12 +13,17 @@ import pytest
 from finetune.launch import FREE_PORT
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# A GPT-2 with a byte-level vocabulary of 257 (tests/data/README.md): GPT-2's 50,257 made the output layer
+# most of every launched step.
+BYTE_GPT2 = PROJECT_ROOT / "tests" / "data" / "byte-gpt2"
 ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # Runs started outside the checkout find the data too (CI passes a relative ../shared/data).
 if "FINETUNE_DATA_DIR" in os.environ:
     ENVIRONMENT["FINETUNE_DATA_DIR"] = str(Path(os.environ["FINETUNE_DATA_DIR"]).resolve())
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
-TINY_MODEL = ["--model", "gpt2", "--from_scratch", "--config_overrides", "n_layer=2,n_embd=64,n_head=2"]
+TINY_MODEL = [
+    "--model", str(BYTE_GPT2), "--from_scratch", "--config_overrides", "n_layer=2,n_embd=64,n_head=2"
+]  # fmt: skip
 LAUNCH_TIMEOUT_S = 900
 
 

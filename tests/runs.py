@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from launching import accelerate_launch, launch, nvme_flags
+from launching import BYTE_GPT2, accelerate_launch, launch, nvme_flags
 
 PROFILES = ("ddp", "fsdp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_nvme")
 MAX_STEPS = 20
@@ -34,7 +34,8 @@ THROUGHPUT_WARMUP_STEPS = 2
 GENERATION_PROMPT = "The history of"
 NO_DROPOUT = "resid_pdrop=0,embd_pdrop=0,attn_pdrop=0"
 FLAGS = [
-    "--model", "gpt2", "--from_scratch", "--config_overrides", f"n_layer=2,n_embd=64,n_head=2,{NO_DROPOUT}",
+    "--model", str(BYTE_GPT2), "--from_scratch",
+    "--config_overrides", f"n_layer=2,n_embd=64,n_head=2,{NO_DROPOUT}",
     "--dataset", "wikitext-2-raw-v1", "--block_size", str(BLOCK_SIZE), "--max_steps", str(MAX_STEPS),
     "--batch_size", str(MICRO_BATCH), "--learning_rate", "3e-3", "--max_eval_samples", str(EVAL_SAMPLES),
     "--save_steps", str(SAVE_STEPS), "--logging_steps", "1", "--report_to", "tensorboard",

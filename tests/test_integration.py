@@ -26,7 +26,7 @@ from finetune.models import load_tokenizer, resolve_model
 from finetune.run_flags import DataArguments, ModelArguments
 from finetune.summary import read_summary, validate_summary
 
-from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
+from launching import BYTE_GPT2, ENVIRONMENT, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
 from runs import (
     BLOCK_SIZE,
     CHECKPOINT_STEPS,
@@ -236,7 +236,7 @@ def test_finetune_run_launches_a_profile_from_any_directory(reference_run):
     """zero2's reference run is the one launched by `finetune run`, from outside the checkout."""
     summary = read_summary(reference_run("zero2"))
     assert (summary["profile"], summary["zero_stage"], summary["world_size"]) == ("zero2", 2, 2)
-    assert summary["run_name"].startswith("zero2-gpt2-2cpu-b4x1-")
+    assert summary["run_name"].startswith(f"zero2-{BYTE_GPT2.name}-2cpu-b4x1-")
     (generation,) = summary["generations"]
     assert generation["prompt"] == GENERATION_PROMPT
     assert generation["completion"]
@@ -343,4 +343,4 @@ def test_ctrl_c_leaves_a_summary_marked_interrupted(tmp_path):
     assert process.returncode == 130, output[-3000:]
     summary = read_summary(output_dir)
     assert (summary["status"], summary["error"]) == ("interrupted", "interrupted by SIGINT")
-    assert summary["model"] == "gpt2"
+    assert summary["model"] == str(BYTE_GPT2)
