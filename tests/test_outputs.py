@@ -259,6 +259,9 @@ def test_every_rank_stops_when_the_folder_holds_another_runs_results(tmp_path):
 
 
 RANKS_GONE_WITHIN_S = 120
+# Long enough that a kill after the first checkpoint lands while the run still trains (a reference run's
+# 20 steps take about a second after it).
+STILL_TRAINING = ["--max_steps", "200"]
 
 
 @pytest.mark.integration
@@ -266,7 +269,7 @@ def test_kill_9_of_the_launcher_stops_its_ranks_and_resume_then_works(tmp_path):
     output_dir = tmp_path / "out"
     with (tmp_path / "killed.log").open("w") as log:
         launcher = subprocess.Popen(
-            [*accelerate_launch("ddp"), *FLAGS, "--output_dir", str(output_dir)],
+            [*accelerate_launch("ddp"), *FLAGS, *STILL_TRAINING, "--output_dir", str(output_dir)],
             cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
@@ -284,7 +287,7 @@ def test_kill_9_of_the_launcher_stops_its_ranks_and_resume_then_works(tmp_path):
     assert not alive, f"ranks still running {RANKS_GONE_WITHIN_S} s after the launcher was killed"
     stopped = read_summary(output_dir)
     assert stopped["status"] == "interrupted" and stopped["error"].startswith("stopped by SIGTERM")
-    launch(accelerate_launch("ddp"), output_dir, [*FLAGS, "--resume"])
+    launch(accelerate_launch("ddp"), output_dir, [*FLAGS, *STILL_TRAINING, "--resume"])
     resumed = read_summary(output_dir)
     assert resumed["status"] == "completed"
     assert resumed["resumed_from_step"] == stopped["steps"]
@@ -339,7 +342,7 @@ def test_a_folder_holding_only_an_adapter_is_another_runs_results(tmp_path):
 def test_finetune_run_exits_75_when_its_killed_launchers_ranks_saved_a_checkpoint(tmp_path):
     output_dir = tmp_path / "out"
     command = [sys.executable, "-m", "finetune", "run", "--profile", "ddp", "--num_processes", "2", *FLAGS,
-               "--output_dir", str(output_dir)]  # fmt: skip
+               *STILL_TRAINING, "--output_dir", str(output_dir)]  # fmt: skip
     with (tmp_path / "run.log").open("w") as log:
         run_process = subprocess.Popen(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=log, stderr=log)
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
