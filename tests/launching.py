@@ -27,12 +27,13 @@ TINY_MODEL = [
 LAUNCH_TIMEOUT_S = 900
 
 
-def accelerate_launch(profile: str, num_processes: int = 2) -> list[str]:
-    """With a free port, as `finetune run` takes one: pytest-xdist's workers launch runs at the same time."""
+def accelerate_launch(profile: str, num_processes: int = 2, script: str = "finetune/run.py") -> list[str]:
+    """With a free port, as `finetune run` takes one: pytest-xdist's workers launch runs at the same time.
+    `script` may be one of the tests' wrappers of finetune/run.py (tests/paced_run.py)."""
     config = f"accelerate_configs/{profile}.yaml"
     return [
         *ACCELERATE, "--config_file", config, "--num_processes", str(num_processes),
-        "--main_process_port", str(FREE_PORT), "finetune/run.py",
+        "--main_process_port", str(FREE_PORT), script,
     ]  # fmt: skip
 
 

@@ -40,18 +40,23 @@ def run(profile: str, output_dir: Path, *extra: str) -> subprocess.CompletedProc
 
 
 def workers(launcher: subprocess.Popen) -> list[psutil.Process]:
-    """The training ranks under the launcher, in rank order."""
-    children = psutil.Process(launcher.pid).children(recursive=True)
-    ranks = [
-        (int(p.environ().get("RANK", -1)), p) for p in children if "finetune/run.py" in " ".join(p.cmdline())
-    ]
-    return [p for _, p in sorted(ranks, key=lambda pair: pair[0])]
+    """The training ranks, in rank order: the launcher's own children with a RANK (the launcher is their
+    parent; their own children, such as compiler processes, come and go while they are listed)."""
+    ranks = []
+    for child in psutil.Process(launcher.pid).children():
+        try:
+            ranks.append((int(child.environ()["RANK"]), child))
+        except (psutil.NoSuchProcess, KeyError):
+            continue
+    return [process for _, process in sorted(ranks, key=lambda pair: pair[0])]
 
 
 def start_and_wait_for_a_checkpoint(profile: str, output_dir: Path, log: Path) -> subprocess.Popen:
+    """Paced (tests/paced_run.py), so the run still trains when the test stops it after this."""
+    paced = accelerate_launch(profile, script="tests/paced_run.py")
     with log.open("w") as stream:
         launcher = subprocess.Popen(
-            [*accelerate_launch(profile), *FLAGS, "--output_dir", str(output_dir)],
+            [*paced, *FLAGS, "--output_dir", str(output_dir)],
             cwd=PROJECT_ROOT, env=ENVIRONMENT, stdout=stream, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
@@ -98,7 +103,9 @@ def test_resume_from_a_middle_checkpoint_ends_with_the_uninterrupted_weights(
 def test_killed_rank_then_resume_ends_with_the_uninterrupted_weights(reference_run, tmp_path):
     output_dir = tmp_path / "out"
     launcher = start_and_wait_for_a_checkpoint("ddp", output_dir, tmp_path / "killed.log")
-    workers(launcher)[1].kill()
+    ranks = workers(launcher)
+    assert len(ranks) == 2
+    ranks[1].kill()
     assert launcher.wait(timeout=LAUNCH_TIMEOUT_S) != 0
     resumed = run("ddp", output_dir, "--resume")
     assert "missing keys" not in resumed.stderr  # GPT-2's tied lm_head, stored once, is no news
@@ -114,7 +121,9 @@ def test_sigterm_saves_exits_resumable_and_resume_ends_with_the_uninterrupted_we
     output_dir = tmp_path / "out"
     log = tmp_path / "stopped.log"
     launcher = start_and_wait_for_a_checkpoint("zero3", output_dir, log)
-    for rank in workers(launcher):
+    ranks = workers(launcher)
+    assert len(ranks) == 2
+    for rank in ranks:
         rank.send_signal(signal.SIGTERM)
         rank.send_signal(signal.SIGTERM)
     launcher.wait(timeout=LAUNCH_TIMEOUT_S)
