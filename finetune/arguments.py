@@ -34,6 +34,7 @@ from finetune.garbage_collection import DEFAULT_GC_INTERVAL
 from finetune.launched import BatchGeometry, Launch, precision_on, visible_gpu_supports_bf16
 from finetune.profiles import (
     check_deepspeed_config,
+    check_nvme_path,
     needs_nvme_path,
     write_filled_config,
 )
@@ -415,14 +416,9 @@ def _apply_nvme_path(
     one's "auto" batch sizes in __post_init__ from a world size it may not know yet (1 on CPU gloo
     ranks), and DeepSpeed then refuses the batch of 2 ranks.
     """
+    check_nvme_path(config_path, config, training_args.nvme_path)
     if config is None or not needs_nvme_path(config):
-        if training_args.nvme_path:
-            raise FinetuneError("--nvme_path is only used with an NVMe-offload profile such as zero3_nvme")
         return
-    if not training_args.nvme_path:
-        raise FinetuneError(
-            f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
-        )
     Path(training_args.nvme_path).mkdir(parents=True, exist_ok=True)
     os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(write_filled_config(config, training_args.nvme_path))
 

@@ -30,7 +30,7 @@ from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE
 from finetune.layout import ParallelLayout
 from finetune.pictures import bar_label, comparison_picture, number_text
-from finetune.profiles import Profile, Strategy, load_profile, shipped_strategies
+from finetune.profiles import Profile, Strategy, check_nvme_path, load_profile, shipped_strategies
 from finetune.run_folder import SUMMARY_FILE
 from finetune.summary import peak_memory, read_summary
 
@@ -175,10 +175,23 @@ def wait_showing_progress(process: subprocess.Popen, log: Path, name: str, timeo
 
 
 def run_profile(
-    profile_name: str, placement: Placement, run_args: list[str], run_dir: Path, timeout_s: float
+    profile_name: str,
+    placement: Placement,
+    run_args: list[str],
+    run_dir: Path,
+    timeout_s: float,
+    nvme_path: str | None = None,
 ) -> Row:
+    """One run of the comparison, launched as `finetune run` would; a profile that run would refuse
+    before launching (its NVMe folder) fails here the same way, its error line in launch.log."""
     profile = load_profile(profile_name)
     log = run_dir / "launch.log"
+    try:
+        check_nvme_path(profile.deepspeed_config_path, profile.deepspeed_config, nvme_path)
+    except FinetuneError as error:
+        reason = f"finetune: error: {error}"
+        log.write_text(reason + "\n")
+        return Row(profile.name, classify(reason), reason)
     flags = ["--save_strategy", "no", *run_args, "--output_dir", str(run_dir), "--run_name", run_dir.name]
     with tempfile.TemporaryDirectory(prefix="finetune-compare-") as folder, log.open("w") as stream:
         command = launch_command(profile, resolved_profile_file(profile, Path(folder)), placement, flags)
@@ -376,10 +389,11 @@ def compare(
     timeout_s: float,
     command_line: str,
     variants: tuple[str, ...] = ("",),
+    nvme_path: str | None = None,
 ) -> list[Row]:
     """Run the profiles in turn, each once per training variant (`training_variants`); the files in
     output_dir are rewritten after every run, with the rows of an earlier comparison there kept.
-    Returns this comparison's rows."""
+    `nvme_path` is the run flags' --nvme_path, as parsed. Returns this comparison's rows."""
     if output_dir.exists() and not output_dir.is_dir():
         raise FinetuneError(f"--output_dir {output_dir} is a file, not a folder")
     earlier = read_rows(output_dir)
@@ -412,7 +426,8 @@ def compare(
             if variant:
                 ran["training"] = variant
             try:
-                row = run_profile(name, placement, [*run_args, *variant_flags(variant)], run_dir, timeout_s)
+                flags = [*run_args, *variant_flags(variant)]
+                row = run_profile(name, placement, flags, run_dir, timeout_s, nvme_path)
             except KeyboardInterrupt:
                 rows.append(Row(profile, "interrupted", "stopped by Ctrl-C", **ran))
                 save()

@@ -537,6 +537,19 @@ def needs_nvme_path(config: dict[str, Any]) -> bool:
     return any(section.get("nvme_path") == NVME_PLACEHOLDER for section in _nvme_sections(config))
 
 
+def check_nvme_path(config_path: Path | None, config: dict[str, Any] | None, nvme_path: str | None) -> None:
+    """--nvme_path exactly where the DeepSpeed JSON swaps to NVMe: refused otherwise in one line, by
+    `finetune run` before it launches and by every rank of a bare `accelerate launch`."""
+    if config is None or not needs_nvme_path(config):
+        if nvme_path:
+            raise FinetuneError("--nvme_path is only used with an NVMe-offload profile such as zero3_nvme")
+        return
+    if not nvme_path:
+        raise FinetuneError(
+            f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
+        )
+
+
 def fill_nvme_path(config: dict[str, Any], nvme_path: str) -> dict[str, Any]:
     filled = json.loads(json.dumps(config))
     for section in _nvme_sections(filled):

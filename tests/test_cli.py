@@ -122,12 +122,30 @@ def test_a_sequence_degree_the_run_cannot_take_is_refused_before_anything_is_lau
     assert len(errors) == 1 and refusal in errors[0]
 
 
+@pytest.mark.parametrize(
+    ("profile", "nvme_flags", "refusal"),
+    [("zero3_nvme", [], "zero3_nvme.json offloads to NVMe: pass --nvme_path DIR"),
+     ("ddp", ["--nvme_path", "swap"], "--nvme_path is only used with an NVMe-offload profile")],
+    ids=["NVMe offload without a folder", "a folder without NVMe offload"],
+)  # fmt: skip
+def test_an_nvme_path_the_profile_cannot_take_is_refused_before_anything_is_launched(
+    profile, nvme_flags, refusal, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(subprocess, "Popen", refuse_to_launch)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "--profile", profile, "--model", "gpt2", *nvme_flags, "--output_dir", str(tmp_path)])
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
+    assert len(errors) == 1 and refusal in errors[0]
+    assert not (tmp_path / "swap").exists()
+
+
 @pytest.mark.parametrize("model_flags", [["--model", "gpt2-medium"], ["recipe.yaml"]], ids=["flag", "recipe"])
 def test_compare_runs_the_model_of_the_model_flag_or_of_the_recipe(model_flags, tmp_path, monkeypatch):
     write_recipe(tmp_path, "model: gpt2-medium\n")
     given = []
 
-    def compare(profiles, placement, run_args, output_dir, timeout, command_line):
+    def compare(profiles, placement, run_args, output_dir, timeout, command_line, nvme_path):
         given.append(run_args)
         output_dir.mkdir(parents=True)
         (output_dir / "comparison.md").write_text("| profile |\n")

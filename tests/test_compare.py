@@ -22,7 +22,7 @@ from finetune.planner import shape_of
 from finetune.profiles import load_profile, load_strategy
 from finetune.summary import write_summary
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+from launching import BYTE_GPT2, ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
 
 RUN_FLAGS = [
     *TINY_MODEL[2:], "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "6",
@@ -30,7 +30,7 @@ RUN_FLAGS = [
     "--logging_steps", "2", "--disable_tqdm", "true",
 ]  # fmt: skip
 PROFILES = ["ddp", "zero3_nvme"]  # zero3_nvme fails: no --nvme_path
-COMPARE = [sys.executable, "-m", "finetune", "compare", "--model", "gpt2", "--num_processes", "2"]
+COMPARE = [sys.executable, "-m", "finetune", "compare", "--model", str(BYTE_GPT2), "--num_processes", "2"]
 KEPT_COMPARISON = PROJECT_ROOT / "notebooks" / "data" / "compare-cpu"  # written before runs had own folders
 
 
@@ -186,7 +186,7 @@ def test_a_copied_profile_is_compared_beside_a_shipped_name_under_its_file_name(
     copy = (tmp_path / "mine" / "zero3.yaml").rename(tmp_path / "mine" / "my_zero3.yaml")
     ran = []
 
-    def run_profile(name, placement, run_args, run_dir, timeout_s):
+    def run_profile(name, placement, run_args, run_dir, timeout_s, nvme_path):
         ran.append((name, run_dir.name))
         return Row(load_profile(name).name, "completed")
 

@@ -74,6 +74,7 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         options.timeout,
         command_line,
         **({"variants": tuple(variants)} if options.variants else {}),
+        nvme_path=training_args.nvme_path,
     )
     print((Path(options.output_dir) / "comparison.md").read_text())
     return 0 if any(row.status == "completed" for row in rows) else 1

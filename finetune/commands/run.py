@@ -29,6 +29,7 @@ from finetune.launch import DOCTOR_SCRIPT, RUN_SCRIPT, Placement, launch_command
 from finetune.launched import PROFILE_VARIABLE, precision_on, visible_gpu_supports_bf16
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
+    check_nvme_path,
     load_profile,
     with_shipped_recipe,
 )
@@ -74,7 +75,9 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
     if options.profile == "auto":
         options.profile, reason = auto_profile(run_args, options.num_processes)
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
-    strategy, degree = load_profile(options.profile).strategy, training_args.sequence_parallel
+    profile = load_profile(options.profile)
+    strategy, degree = profile.strategy, training_args.sequence_parallel
+    check_nvme_path(profile.deepspeed_config_path, profile.deepspeed_config, training_args.nvme_path)
     check_strategy(strategy, degree)
     check_device(strategy.sequence_split, degree, torch.cuda.is_available())  # runs here, on these GPUs
     if options.doctor:
