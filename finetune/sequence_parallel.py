@@ -129,12 +129,17 @@ def check_heads(config: Any, degree: int) -> None:
 
 
 def check_data(split: str | None, degree: int, packed_examples: bool) -> None:
-    """Packed instruction examples are kept apart by their restarting positions (finetune/packing.py),
-    which Ulysses honours and the ring's plain causal attention does not: refused in one line."""
-    if degree > 1 and split == "ring" and packed_examples:
+    """Packed instruction examples are kept apart by their restarting positions (finetune/packing.py)
+    only where attention reads them. One process does: transformers makes sdpa's mask block-diagonal
+    from them. Split, neither mechanism does: Ulysses drops the model's mask and runs sdpa causal over
+    the gathered sequence (DeepSpeed's `UlyssesSPAttentionHF`; only flash attention's variable-length
+    kernel reads the positions), and the ring's attention is plain causal. Packed examples would
+    attend to each other, and the loss would not be the unsplit run's: refused in one line."""
+    if degree > 1 and packed_examples:
+        mechanism = "ring attention" if split == "ring" else "Ulysses' sdpa attention"
         raise FinetuneError(
-            f"--sequence_parallel {degree} under an fsdp profile: ring attention would let packed examples "
-            "attend to each other; use --no_packing, or a zero3 profile (Ulysses keeps them apart)"
+            f"--sequence_parallel {degree}: {mechanism} is causal over the whole block and would let packed "
+            "examples attend to each other; use --no_packing"
         )
 
 

@@ -124,6 +124,25 @@ def tiny_llama_config_dir(tmp_path_factory, gpt2_tokenizer):
 
 
 @pytest.fixture(scope="session")
+def byte_llama_config_dir(tmp_path_factory):
+    """The same Llama with the launched tests' byte-level tokenizer (tests/data/README.md): runs that
+    train it spend their steps on the blocks, not on GPT-2's 50,257-way output layer."""
+    from tiny_configs import tiny_config
+    from transformers import AutoTokenizer
+
+    from launching import BYTE_GPT2
+
+    tokenizer = AutoTokenizer.from_pretrained(BYTE_GPT2)
+    folder = tmp_path_factory.mktemp("byte-llama")
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    tiny_config("llama", vocab_size=len(tokenizer), max_position_embeddings=1024, **special).save_pretrained(
+        folder
+    )
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
     """reference_run(profile) -> output_dir of the profile's reference run, launched when first asked for.
 

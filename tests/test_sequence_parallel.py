@@ -107,11 +107,12 @@ def test_ring_attention_refuses_sliding_window_layers():
         check_model(None, config, 2, "ring", "sdpa")
 
 
-def test_ring_attention_refuses_packed_instruction_examples_and_ulysses_takes_them():
+@pytest.mark.parametrize("split", ["ring", "ulysses"])
+def test_packed_instruction_examples_are_refused_by_both_mechanisms_and_unpacked_ones_taken(split):
     with pytest.raises(FinetuneError, match=r"let packed examples attend to each other; use --no_packing"):
-        check_data("ring", 2, packed_examples=True)
-    check_data("ulysses", 2, packed_examples=True)
-    check_data("ring", 2, packed_examples=False)
+        check_data(split, 2, packed_examples=True)
+    check_data(split, 2, packed_examples=False)
+    check_data(split, 1, packed_examples=True)
 
 
 def test_ring_batches_are_padded_to_two_chunks_a_rank_of_32_tokens_each_and_ulysses_to_one_slice():

@@ -4,6 +4,7 @@ GPUs under fsdp (torch's ring attention, which has no CPU kernels: skipped witho
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ from safetensors.torch import load_file
 
 from finetune.summary import read_summary
 
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, launch
 from launching import accelerate_launch as launched_with
-from launching import launch
 from runs import copy_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -56,8 +57,8 @@ def assert_same_training(unsplit: Path, split: Path) -> None:
         torch.testing.assert_close(weights_two[name], tensor, rtol=0, atol=EXACT, msg=name)
 
 
-def test_text_blocks_split_over_two_ranks_train_as_one_process_does(tiny_llama_config_dir, tmp_path):
-    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, "--block_size", "64")
+def test_text_blocks_split_over_two_ranks_train_as_one_process_does(byte_llama_config_dir, tmp_path):
+    unsplit, split = unsplit_and_split(byte_llama_config_dir, tmp_path, "--block_size", "64")
     assert_same_training(unsplit, split)
 
 
@@ -65,36 +66,44 @@ def test_padded_instruction_data_trains_as_one_process_does(tiny_llama_config_di
     """Unpacked examples padded to the batch's longest, then to a length the group divides."""
     extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "128", "--no_packing")
     unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra)
-    assert_same_training(unsplit, split)
-
-
-@pytest.mark.parametrize("profile", ["zero3", pytest.param("fsdp", marks=on_two_gpus)])
-def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(profile, tiny_llama_config_dir, tmp_path):
-    """Each rank counts the tokens of its slice: 128-token blocks are 128 tokens a sample, summed."""
-    split = tmp_path / "split"
-    extra = ("--block_size", "128", "--sequence_parallel", "2")
-    launch(launched_with(profile, num_processes=2), split, flags(tiny_llama_config_dir, *extra))
-    summary = read_summary(split)
-    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(128)
-
-
-def test_packed_instruction_data_with_masked_prompts_trains_as_one_process_does(
-    tiny_llama_config_dir, data_dir, tmp_path
-):
-    """Packed GSM8K blocks: the loss is on the answers only and each example's positions restart."""
-    extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "128")
-    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra)
     assert read_summary(split)["masked_tokens"] > 0
     assert_same_training(unsplit, split)
 
 
-def test_a_split_run_resumed_mid_turn_continues_as_the_uninterrupted_run(tiny_llama_config_dir, tmp_path):
+@pytest.mark.parametrize("profile", ["zero3", pytest.param("fsdp", marks=on_two_gpus)])
+def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(profile, byte_llama_config_dir, tmp_path):
+    """Each rank counts the tokens of its slice: 128-token blocks are 128 tokens a sample, summed."""
+    split = tmp_path / "split"
+    extra = ("--block_size", "128", "--sequence_parallel", "2")
+    launch(launched_with(profile, num_processes=2), split, flags(byte_llama_config_dir, *extra))
+    summary = read_summary(split)
+    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(128)
+
+
+def test_packed_instruction_data_is_refused_in_one_line(tiny_llama_config_dir, data_dir, tmp_path):
+    """Split attention is causal over the whole block (finetune/sequence_parallel.py `check_data`):
+    packed examples would see each other. At 1,024 byte-level tokens a block, where GSM8K packs 2-3
+    examples in each, the split run's first loss was 5.55282 against the unsplit 5.55334."""
+    packed = flags(tiny_llama_config_dir, "--dataset", str(data_dir / "gsm8k"), "--block_size", "128")
+    result = subprocess.run(
+        [*launched_with("zero3"), *packed, "--sequence_parallel", "2", "--output_dir", str(tmp_path / "out")],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode != 0
+    errors = {line for line in result.stderr.splitlines() if line.startswith("finetune: error:")}
+    assert (
+        len(errors) == 1
+        and "would let packed examples attend to each other; use --no_packing" in errors.pop()
+    )
+
+
+def test_a_split_run_resumed_mid_turn_continues_as_the_uninterrupted_run(byte_llama_config_dir, tmp_path):
     """Stopped after step 3: a turn of the group's two ranks is two steps, so the resumed loader skips
     one whole turn and half of the next; every later step's loss and the final weights are the
     uninterrupted run's."""
     run, stopped = tmp_path / "run", tmp_path / "stopped"
     split = [
-        *flags(tiny_llama_config_dir, "--block_size", "64", "--sequence_parallel", "2"),
+        *flags(byte_llama_config_dir, "--block_size", "64", "--sequence_parallel", "2"),
         "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3",
     ]  # fmt: skip
     launch(launched_with("zero3", num_processes=2), run, split)
