@@ -72,7 +72,13 @@ from finetune.models import (
 from finetune.outputs import claim_output_dir
 from finetune.launched import BatchGeometry, CompilePlan, Launch
 from finetune.resolved import resolve_run
-from finetune.sequence_parallel import check_data, check_model, padding_multiple, with_position_ids
+from finetune.sequence_parallel import (
+    check_data,
+    check_model,
+    equal_batch_length,
+    padding_multiple,
+    with_position_ids,
+)
 from finetune.reporting import GroupedTensorBoardCallback, run_scalars
 from finetune.run_folder import logging_dir
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
@@ -237,15 +243,17 @@ def train_and_measure(
     )
 
     promote_cpu_fsdp(launch)
+    collate = data.collator
+    if degree > 1:
+        least_length = equal_batch_length(split, launch.on_gpu, block_size)
+        collate = with_position_ids(collate, padding_multiple(split, degree), least_length)
     trainer = FinetuneTrainer(
         model=model,
         args=training_args,
         train_dataset=data.train,
         eval_dataset=data.evaluation,
         processing_class=tokenizer,
-        data_collator=(
-            with_position_ids(data.collator, padding_multiple(split, degree)) if degree > 1 else data.collator
-        ),
+        data_collator=collate,
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, collections, stop, startup, StepCountersOnTheirDevice(), watchdog]

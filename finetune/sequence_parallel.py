@@ -157,19 +157,22 @@ def padding_multiple(split: str, degree: int) -> int:
     return 2 * degree * RING_CHUNK_MULTIPLE if split == "ring" else degree
 
 
-def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], multiple: int) -> Callable:
+def with_position_ids(
+    collate: Callable[[list[dict[str, Any]]], dict[str, Any]], multiple: int, least_length: int = 0
+) -> Callable:
     """`collate`, its batches also carrying each token's position and padded at the end to a
-    `multiple` (`padding_multiple`). Ulysses splits the sequence and gathers it back inside attention
-    by these positions (packed blocks bring their own, restarting at each example); the ring shards
-    them with the tokens. The padding is masked out of the loss, and a causal model's real tokens
-    never look at it."""
+    `multiple` (`padding_multiple`), and to `least_length` where every batch must have one length
+    (`equal_batch_length`). Ulysses splits the sequence and gathers it back inside attention by these
+    positions; the ring shards them with the tokens. The padding is masked out of the loss, and a
+    causal model's real tokens never look at it."""
 
     def collate_with_positions(features: list[dict[str, Any]]) -> dict[str, Any]:
         batch = collate(features)
         rows, length = batch["input_ids"].shape
         if "position_ids" not in batch:
             batch["position_ids"] = torch.arange(length).expand(rows, length).clone()
-        missing = -length % multiple
+        missing = max(least_length - length, 0)
+        missing += -(length + missing) % multiple
         if missing:
             fill = {"labels": IGNORE_INDEX, "attention_mask": 0, "input_ids": 0}
             for key, value in fill.items():
@@ -180,6 +183,14 @@ def with_position_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
         return batch
 
     return collate_with_positions
+
+
+def equal_batch_length(split: str | None, on_gpu: bool, block_size: int) -> int:
+    """The length every batch is padded to, or 0 where batches may differ. DeepSpeed's Ulysses data
+    loader adapter all-gathers the group's batches as tensors of unequal lengths, which gloo refuses
+    ("ProcessGroupGloo::allgather: invalid tensor size"): on CPU every batch is padded to the block
+    size. On GPUs batches keep their own lengths, over NCCL, which the adapter is written for."""
+    return block_size if split == "ulysses" and not on_gpu else 0
 
 
 def follow_epochs(adapter: Any) -> Any:

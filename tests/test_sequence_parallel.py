@@ -22,6 +22,7 @@ from finetune.sequence_parallel import (
     check_device,
     check_heads,
     check_model,
+    equal_batch_length,
     follow_epochs,
     padding_multiple,
     with_position_ids,
@@ -158,6 +159,16 @@ def test_a_batch_is_padded_to_a_length_the_group_divides_and_nothing_is_trained_
     assert batch["labels"][0, 6:].tolist() == [-100, -100]
     assert batch["attention_mask"][0].tolist() == [1] * 6 + [0, 0]
     assert batch["position_ids"][0].tolist() == list(range(8))
+
+
+def test_on_cpu_every_ulysses_batch_is_padded_to_the_block_size_where_gloo_needs_one_length():
+    batch = with_position_ids(default_data_collator, 4, equal_batch_length("ulysses", False, 10))(
+        text_features(rows=1, length=6)
+    )
+    assert batch["input_ids"].shape == (1, 12)  # the block, then a length the group divides
+    assert batch["labels"][0, 6:].tolist() == [-100] * 6
+    assert batch["position_ids"][0].tolist() == list(range(12))
+    assert equal_batch_length("ulysses", True, 10) == equal_batch_length("ring", False, 10) == 0
 
 
 def test_packed_blocks_keep_their_own_position_restarts():

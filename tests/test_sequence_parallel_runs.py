@@ -62,10 +62,11 @@ def test_text_blocks_split_over_two_ranks_train_as_one_process_does(byte_llama_c
     assert_same_training(unsplit, split)
 
 
-def test_padded_instruction_data_trains_as_one_process_does(tiny_llama_config_dir, data_dir, tmp_path):
-    """Unpacked examples padded to the batch's longest, then to a length the group divides."""
-    extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "128", "--no_packing")
-    unsplit, split = unsplit_and_split(tiny_llama_config_dir, tmp_path, *extra)
+def test_padded_instruction_data_trains_as_one_process_does(byte_llama_config_dir, data_dir, tmp_path):
+    """Unpacked examples of many lengths (GSM8K in bytes) padded to the batch's longest, then to a
+    length the group divides; on CPU to the block size, as gloo gathers the group's batches."""
+    extra = ("--dataset", str(data_dir / "gsm8k"), "--block_size", "1024", "--no_packing")
+    unsplit, split = unsplit_and_split(byte_llama_config_dir, tmp_path, *extra)
     assert read_summary(split)["masked_tokens"] > 0
     assert_same_training(unsplit, split)
 
