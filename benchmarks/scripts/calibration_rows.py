@@ -52,6 +52,7 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         **({"compiled": True} if summary["torch_compile"] else {}),
         **({"chunked_loss": True} if arguments.get("chunked_loss") else {}),
         **({"sequence_parallel": degree} if (degree := summary.get("sequence_parallel_size", 1)) > 1 else {}),
+        **({"ddp_bucket_views": True} if summary.get("ddp_gradient_buckets") == "views" else {}),
         "layer_norm": shape.layer_norm,  # what the planner's activation model reads of the architecture
         "gated_mlp": shape.gated_mlp,
         **(adapter_fields(summary, shape) if summary.get("peft") else {}),
