@@ -212,6 +212,19 @@ case $CALL in
     RUN_TIMEOUT=90 phase bucket-views 330 $ALL floor /tmp/llama-1b 8 20 ddp ddp:--ddp_gradient_as_bucket_view,true \
       'ddp#r2' 'ddp:--ddp_gradient_as_bucket_view,true#r2'
     ;;
+  17)  # issue 38 target 4: LoRA's launches on the sharded profiles (h200x2-2026-11-30: the fsdp LoRA step
+    # host-bound, 1,730 matmuls a step on rank 0): CUDA graphs for the compiled blocks, which run.py
+    # leaves off under checkpointing unless --torch_compile_mode asks, beside the default; then every
+    # rank's trace of the default, so the slow step is read on each rank, not rank 0 alone
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
+    RUN_TIMEOUT=125 phase lora-graphs 400 $ALL floor /tmp/gpt2-xl-init 8 20 \
+      fsdp:--peft,lora,--gradient_checkpointing,true \
+      fsdp:--peft,lora,--gradient_checkpointing,true,--torch_compile_mode,reduce-overhead \
+      zero3:--peft,lora,--gradient_checkpointing,true,--torch_compile_mode,reduce-overhead
+    RUN_TIMEOUT=125 phase lora-traces 140 $ALL floor /tmp/gpt2-xl-init 8 20 \
+      trace/fsdp:--peft,lora,--gradient_checkpointing,true
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
