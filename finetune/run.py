@@ -73,6 +73,7 @@ from finetune.outputs import claim_output_dir
 from finetune.launched import BatchGeometry, CompilePlan, Launch
 from finetune.resolved import resolve_run
 from finetune.sequence_parallel import (
+    attend_within_packed_examples,
     check_data,
     check_model,
     equal_batch_length,
@@ -177,7 +178,10 @@ def train_and_measure(
         ),
     )
     record.update(data_fields(location, block_size, data.summary))
-    check_data(split, degree, data.summary.packing and data.summary.data_format != "text")
+    packed_examples = data.summary.packing and data.summary.data_format != "text"
+    check_data(split, degree, packed_examples)
+    if split == "ulysses" and degree > 1 and packed_examples:
+        attend_within_packed_examples()  # before accelerate hands sdpa to DeepSpeed's Ulysses
     startup.mark("data")
     if training_args.process_index == 0:
         for note in data.summary.notes:

@@ -13,8 +13,8 @@ attention; FSDP2 shards the model over the group too.
 What is here is what those leave to the caller: the run's configuration, the checks a model, a
 device and the data must pass before anything loads (the libraries raise them mid-training
 otherwise), position ids on every batch (Ulysses puts the tokens back in order by them; the ring
-shards them with the tokens), and a resumed run's skip over the batches its checkpoint already
-trained, which the Ulysses adapter lacks.
+shards them with the tokens), packed examples kept apart under Ulysses, and a resumed run's skip
+over the batches its checkpoint already trained, which the Ulysses adapter lacks.
 """
 
 from __future__ import annotations
@@ -131,16 +131,54 @@ def check_heads(config: Any, degree: int) -> None:
 def check_data(split: str | None, degree: int, packed_examples: bool) -> None:
     """Packed instruction examples are kept apart by their restarting positions (finetune/packing.py)
     only where attention reads them. One process does: transformers makes sdpa's mask block-diagonal
-    from them. Split, neither mechanism does: Ulysses drops the model's mask and runs sdpa causal over
-    the gathered sequence (DeepSpeed's `UlyssesSPAttentionHF`; only flash attention's variable-length
-    kernel reads the positions), and the ring's attention is plain causal. Packed examples would
-    attend to each other, and the loss would not be the unsplit run's: refused in one line."""
-    if degree > 1 and packed_examples:
-        mechanism = "ring attention" if split == "ring" else "Ulysses' sdpa attention"
+    from them; split by Ulysses, `attend_within_packed_examples` does. The ring's attention is plain
+    causal over the whole sequence: packed examples would attend to each other, and the loss would
+    not be the unsplit run's, so it is refused in one line."""
+    if degree > 1 and packed_examples and split == "ring":
         raise FinetuneError(
-            f"--sequence_parallel {degree}: {mechanism} is causal over the whole block and would let packed "
-            "examples attend to each other; use --no_packing"
+            f"--sequence_parallel {degree}: ring attention is causal over the whole block and would let "
+            "packed examples attend to each other; use --no_packing (or a zero3 profile: Ulysses keeps "
+            "them apart)"
         )
+
+
+def attend_within_packed_examples() -> None:
+    """Under Ulysses, attention over packed examples stays within each example, as one process's does.
+
+    DeepSpeed's `UlyssesSPAttentionHF` drops the model's mask (built for a rank's slice, not the
+    gathered sequence) and runs sdpa causal over the whole block with the gathered position ids
+    beside it, which only flash attention's variable-length kernel reads: packed examples attended to
+    each other (a split first loss of 5.55282 against the unsplit 5.55334, 1,024 byte-level tokens a
+    block). This puts, in transformers' attention table, an sdpa that builds from those positions the
+    block-diagonal causal mask transformers builds for one process (its `find_packed_sequence_indices`),
+    where none is given and the positions restart; accelerate then hands it to DeepSpeed, which wraps
+    it. Written by hand: neither library keeps packed examples apart there. The mask is dense, block²
+    booleans a sample at every layer (a megabyte at 1,024 tokens, 4 GiB at 65,536), which the planner
+    does not count: packing is for instruction data's short examples."""
+    from transformers.masking_utils import find_packed_sequence_indices
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    sdpa = ALL_ATTENTION_FUNCTIONS[ATTENTION]
+
+    def sdpa_within_examples(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        positions = kwargs.get("position_ids")
+        if attention_mask is None and positions is not None:
+            examples = find_packed_sequence_indices(positions)
+            if examples is not None:
+                length = examples.shape[-1]
+                causal = torch.ones(length, length, dtype=torch.bool, device=examples.device).tril()
+                attention_mask = ((examples[:, :, None] == examples[:, None, :]) & causal)[:, None]
+        return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS[ATTENTION] = sdpa_within_examples
 
 
 # The memory-efficient attention kernel (fp32, or where flash does not apply) pads its logsumexp to a

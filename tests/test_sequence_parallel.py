@@ -7,6 +7,7 @@ import pytest
 import torch
 from tiny_configs import tiny_config
 from transformers import default_data_collator
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from finetune.arguments import parse_arguments, resolve_launch_settings
 from finetune.callbacks import trained_tokens_in
@@ -18,6 +19,7 @@ from finetune.packing import packed_collator
 from finetune.profiles import load_strategy
 from finetune.resume import run_differences
 from finetune.sequence_parallel import (
+    attend_within_packed_examples,
     check_data,
     check_device,
     check_heads,
@@ -108,12 +110,42 @@ def test_ring_attention_refuses_sliding_window_layers():
         check_model(None, config, 2, "ring", "sdpa")
 
 
-@pytest.mark.parametrize("split", ["ring", "ulysses"])
-def test_packed_instruction_examples_are_refused_by_both_mechanisms_and_unpacked_ones_taken(split):
+def test_ring_attention_refuses_packed_instruction_examples_and_takes_unpacked_ones():
     with pytest.raises(FinetuneError, match=r"let packed examples attend to each other; use --no_packing"):
-        check_data(split, 2, packed_examples=True)
-    check_data(split, 2, packed_examples=False)
-    check_data(split, 1, packed_examples=True)
+        check_data("ring", 2, packed_examples=True)
+    check_data("ring", 2, packed_examples=False)
+    check_data("ring", 1, packed_examples=True)
+
+
+def test_ulysses_takes_packed_instruction_examples():
+    check_data("ulysses", 2, packed_examples=True)
+
+
+def test_ulysses_attention_over_packed_examples_equals_each_example_attended_alone(monkeypatch):
+    """Given no mask (DeepSpeed drops it) and positions that restart, sdpa attends within each example."""
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
+    attend_within_packed_examples()
+    module = SimpleNamespace(is_causal=True, training=False, num_key_value_groups=1)
+    lengths = [3, 4, 2]
+    query, key, value = (torch.randn(1, 2, sum(lengths), 8) for _ in range(3))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    packed, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, None, position_ids=positions)
+    alone = [
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)), strict=True)
+    ]
+    torch.testing.assert_close(packed, torch.cat(alone, dim=1))
+
+
+def test_ulysses_attention_over_one_example_a_row_stays_causal(monkeypatch):
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
+    attend_within_packed_examples()
+    module = SimpleNamespace(is_causal=True, training=False, num_key_value_groups=1)
+    query, key, value = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    positions = torch.arange(6).expand(2, 6)
+    output, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, None, position_ids=positions)
+    causal = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+    torch.testing.assert_close(output, causal.transpose(1, 2))
 
 
 def test_ring_batches_are_padded_to_two_chunks_a_rank_of_32_tokens_each_and_ulysses_to_one_slice():
