@@ -11,6 +11,10 @@ case $TOOL in profile_steps) MAX_STEPS=12 ;; memory_snapshot) MAX_STEPS=3 ;; *) 
 if [ -d "$MODEL" ]; then WEIGHTS=""; else WEIGHTS=--from_scratch; fi
 for CASE in "$@"; do
   PROFILE=${CASE%%:*}; EXTRA=$(echo "${CASE#$PROFILE}" | sed 's/^://' | tr ',' ' ')
+  if [[ " $EXTRA " == *" --peft "* && ! -d "$MODEL" ]]; then  # run.py refuses it after a launch's start-up
+    echo "== $CASE skipped: --peft trains saved weights; MODEL=$MODEL is a name (save_initialised.py makes a folder)"
+    continue
+  fi
   NAME=${TOOL%%_*}.$PROFILE${TAG:+-$TAG}$(echo "$EXTRA" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-40).$(basename $MODEL).b$BATCH
   timeout ${RUN_TIMEOUT:-200} accelerate launch --config_file accelerate_configs/$PROFILE.yaml --num_processes ${NPROC:-1} \
     benchmarks/scripts/$TOOL.py $OUT/$NAME --model $MODEL $WEIGHTS --max_steps $MAX_STEPS --batch_size $BATCH \
