@@ -153,8 +153,9 @@ def attend_within_packed_examples() -> None:
     block-diagonal causal mask transformers builds for one process (its `find_packed_sequence_indices`),
     where none is given and the positions restart; accelerate then hands it to DeepSpeed, which wraps
     it. Written by hand: neither library keeps packed examples apart there. The mask is dense, block²
-    booleans a sample at every layer (a megabyte at 1,024 tokens, 4 GiB at 65,536), which the planner
-    does not count: packing is for instruction data's short examples."""
+    booleans a sample at every layer (a megabyte at 1,024 tokens, 4 GiB at 65,536; sdpa's kernels may
+    make an additive copy in the compute dtype), which the planner does not count: packing is for
+    instruction data's short examples."""
     from transformers.masking_utils import find_packed_sequence_indices
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
