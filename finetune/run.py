@@ -180,8 +180,7 @@ def train_and_measure(
     record.update(data_fields(location, block_size, data.summary))
     packed_examples = data.summary.packing and data.summary.data_format != "text"
     check_data(split, degree, packed_examples)
-    if split == "ulysses" and degree > 1 and packed_examples:
-        attend_within_packed_examples()  # before accelerate hands sdpa to DeepSpeed's Ulysses
+    attend_within_packed_examples(split, degree, packed_examples)  # before accelerate hands sdpa to Ulysses
     startup.mark("data")
     if training_args.process_index == 0:
         for note in data.summary.notes:

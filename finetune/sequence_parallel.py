@@ -142,8 +142,9 @@ def check_data(split: str | None, degree: int, packed_examples: bool) -> None:
         )
 
 
-def attend_within_packed_examples() -> None:
-    """Under Ulysses, attention over packed examples stays within each example, as one process's does.
+def attend_within_packed_examples(split: str | None, degree: int, packed_examples: bool) -> None:
+    """Under Ulysses, attention over packed examples stays within each example, as one process's does
+    (elsewhere nothing changes: the ring refuses packed data in `check_data`).
 
     DeepSpeed's `UlyssesSPAttentionHF` drops the model's mask (built for a rank's slice, not the
     gathered sequence) and runs sdpa causal over the whole block with the gathered position ids
@@ -156,6 +157,8 @@ def attend_within_packed_examples() -> None:
     booleans a sample at every layer (a megabyte at 1,024 tokens, 4 GiB at 65,536; sdpa's kernels may
     make an additive copy in the compute dtype), which the planner does not count: packing is for
     instruction data's short examples."""
+    if not (split == "ulysses" and degree > 1 and packed_examples):
+        return
     from transformers.masking_utils import find_packed_sequence_indices
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 

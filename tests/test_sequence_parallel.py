@@ -121,15 +121,27 @@ def test_ulysses_takes_packed_instruction_examples():
     check_data("ulysses", 2, packed_examples=True)
 
 
-def test_ulysses_attention_over_packed_examples_equals_each_example_attended_alone(monkeypatch):
-    """Given no mask (DeepSpeed drops it) and positions that restart, sdpa attends within each example."""
+@pytest.fixture
+def restored_sdpa(monkeypatch):
+    """transformers' sdpa entry, put back after the test (`attend_within_packed_examples` replaces it)."""
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
-    attend_within_packed_examples()
+    return ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+
+def attention_as_installed(query, key, value, positions):
+    """transformers' sdpa entry as a layer calls it under Ulysses: no mask, the gathered positions."""
     module = SimpleNamespace(is_causal=True, training=False, num_key_value_groups=1)
+    output, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, None, position_ids=positions)
+    return output
+
+
+def test_ulysses_attention_over_packed_examples_equals_each_example_attended_alone(restored_sdpa):
+    """Given no mask (DeepSpeed drops it) and positions that restart, sdpa attends within each example."""
+    attend_within_packed_examples("ulysses", 2, packed_examples=True)
     lengths = [3, 4, 2]
     query, key, value = (torch.randn(1, 2, sum(lengths), 8) for _ in range(3))
     positions = torch.cat([torch.arange(n) for n in lengths])[None]
-    packed, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, None, position_ids=positions)
+    packed = attention_as_installed(query, key, value, positions)
     alone = [
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
         for q, k, v in zip(*(x.split(lengths, dim=2) for x in (query, key, value)), strict=True)
@@ -137,15 +149,24 @@ def test_ulysses_attention_over_packed_examples_equals_each_example_attended_alo
     torch.testing.assert_close(packed, torch.cat(alone, dim=1))
 
 
-def test_ulysses_attention_over_one_example_a_row_stays_causal(monkeypatch):
-    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
-    attend_within_packed_examples()
-    module = SimpleNamespace(is_causal=True, training=False, num_key_value_groups=1)
+def test_ulysses_attention_over_one_example_a_row_stays_causal(restored_sdpa):
+    attend_within_packed_examples("ulysses", 2, packed_examples=True)
     query, key, value = (torch.randn(2, 2, 6, 8) for _ in range(3))
     positions = torch.arange(6).expand(2, 6)
-    output, _ = ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, None, position_ids=positions)
+    output = attention_as_installed(query, key, value, positions)
     causal = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
     torch.testing.assert_close(output, causal.transpose(1, 2))
+
+
+@pytest.mark.parametrize(
+    ("split", "degree", "packed"),
+    [("ulysses", 2, False), ("ulysses", 1, True), ("ring", 2, True), (None, 1, True)],
+)
+def test_attention_is_left_as_transformers_has_it_unless_ulysses_splits_packed_examples(
+    restored_sdpa, split, degree, packed
+):
+    attend_within_packed_examples(split, degree, packed)
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is restored_sdpa
 
 
 def test_ring_batches_are_padded_to_two_chunks_a_rank_of_32_tokens_each_and_ulysses_to_one_slice():
