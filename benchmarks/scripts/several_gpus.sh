@@ -225,6 +225,37 @@ case $CALL in
     RUN_TIMEOUT=125 phase lora-traces 140 $ALL floor /tmp/gpt2-xl-init 8 20 \
       trace/fsdp:--peft,lora,--gradient_checkpointing,true
     ;;
+  18)  # issue 38 target 4: LoRA spending the memory it frees (h200x2-2026-11-30 call 17: its step is host-
+    # bound on the adapters' launches; CUDA graphs under checkpointing re-record or fail): full fine-tuning
+    # at micro batch 8 beside LoRA at 16 and 32, gpt2-xl checkpointed, per profile
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
+    RUN_TIMEOUT=110 phase lora-batch 530 $ALL floor /tmp/gpt2-xl-init - 20 \
+      fsdp:--gradient_checkpointing,true,--batch_size,8 \
+      fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,16 \
+      fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,32 \
+      zero3:--gradient_checkpointing,true,--batch_size,8 \
+      zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,16 \
+      zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,32
+    ;;
+  19)  # call 18 again for medians of 2, with full fine-tuning at micro batch 16 beside (each at its own best)
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
+    RUN_TIMEOUT=110 phase lora-batch-r2 520 $ALL floor /tmp/gpt2-xl-init - 20 \
+      'fsdp:--gradient_checkpointing,true,--batch_size,8#r2' \
+      'fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,16#r2' \
+      fsdp:--gradient_checkpointing,true,--batch_size,16 \
+      'zero3:--gradient_checkpointing,true,--batch_size,8#r2' \
+      'zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,16#r2' \
+      zero3:--gradient_checkpointing,true,--batch_size,16
+    ;;
+  20)  # call 18's LoRA at micro batch 32 again (medians of 2)
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
+    RUN_TIMEOUT=100 phase lora-batch32-r2 220 $ALL floor /tmp/gpt2-xl-init - 20 \
+      'fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,32#r2' \
+      'zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,32#r2'
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
