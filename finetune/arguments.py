@@ -31,7 +31,13 @@ from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, o
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.garbage_collection import DEFAULT_GC_INTERVAL
-from finetune.launched import BatchGeometry, Launch, precision_on, visible_gpu_supports_bf16
+from finetune.launched import (
+    CUDA_GRAPH_MODES,
+    BatchGeometry,
+    Launch,
+    precision_on,
+    visible_gpu_supports_bf16,
+)
 from finetune.profiles import (
     check_deepspeed_config,
     check_nvme_path,
@@ -296,6 +302,13 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.gradient_accumulation_steps < 1:
             raise FinetuneError(
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
+            )
+        if self.torch_compile_mode in CUDA_GRAPH_MODES and self.gradient_checkpointing:
+            raise FinetuneError(
+                f"--torch_compile_mode {self.torch_compile_mode} records CUDA graphs, which "
+                "--gradient_checkpointing's recomputation breaks (fsdp re-recorded them at every step, "
+                "zero3 failed reading overwritten outputs): use --torch_compile_mode default, "
+                "or no checkpointing"
             )
         if self.fp8 and importlib.util.find_spec("torchao") is None:
             raise FinetuneError("--fp8 needs torchao: pip install 'finetune[fp8]'")

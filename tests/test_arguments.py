@@ -137,7 +137,6 @@ def test_no_compilation_by_default_on_a_machine_without_gpu(output_flags):
     ("flags", "mode"),
     [(["--gradient_checkpointing", "true"], "default"), ([], None),
      (["--gradient_accumulation_steps", "2"], "default"),
-     (["--gradient_checkpointing", "true", "--torch_compile_mode", "reduce-overhead"], "reduce-overhead"),
      (["--gradient_accumulation_steps", "2", "--torch_compile_mode", "reduce-overhead"], "reduce-overhead")],
 )  # fmt: skip
 def test_a_profiles_cuda_graphs_are_not_used_with_gradient_checkpointing_or_accumulation(
@@ -147,6 +146,13 @@ def test_a_profiles_cuda_graphs_are_not_used_with_gradient_checkpointing_or_accu
     _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true", *flags])
     resolve_and_set_up(training_args, Launch.from_environment())
     assert training_args.torch_compile_mode == mode
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graphs_asked_for_with_gradient_checkpointing_are_refused_in_one_line(output_flags, mode):
+    with pytest.raises(FinetuneError, match=f"--torch_compile_mode {mode} records CUDA graphs") as error:
+        parse_arguments([*output_flags, "--gradient_checkpointing", "true", "--torch_compile_mode", mode])
+    assert "\n" not in str(error.value)
 
 
 def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monkeypatch):

@@ -186,6 +186,40 @@ def test_two_launchers_eval_loss_is_compared_with_one_launchers(tmp_path):
     assert last.strip("| ").split(" | ")[-1] == "5.00e-01"
 
 
+def table_cells(table: str) -> list[list[str]]:
+    """Each body row of a markdown table as its cells."""
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in table.splitlines()[2:]]
+
+
+def floor_case(
+    call: Path, name: str, rate: float | None, peak: float | None, status: str = "completed"
+) -> None:
+    """One floor.sh case folder with the fields the floor tables read."""
+    (call / name).mkdir(parents=True)
+    summary = {"model": "m", "status": status, "tokens_per_second_per_device": rate, "mfu": 0.1,
+               "memory_peak_allocated_gib_max": peak, "step_time_median_s": 0.5, "micro_batch_size": 8,
+               "gradient_accumulation_steps": 1, "loss_curve": FALLING}  # fmt: skip
+    (call / name / "run_summary.json").write_text(json.dumps(summary))
+
+
+def test_floor_against_sets_each_case_beside_its_own_profiles_reference_over_pooled_repeats(tmp_path):
+    floor_case(tmp_path / "call1", "fsdp_--batch_size_8", 100.0, 10.0)
+    floor_case(tmp_path / "call2", "fsdp_--batch_size_8_r2", 120.0, 10.0)
+    floor_case(tmp_path / "call1", "fsdp_--peft_lora_--batch_size_16", 132.0, 6.0)
+    floor_case(tmp_path / "call1", "zero3_--batch_size_8", 50.0, 20.0)
+    floor_case(tmp_path / "call1", "zero3_--peft_lora_--batch_size_16", 75.0, 12.0)
+    rows = {cells[1]: cells[-2:] for cells in table_cells(tables.floor_against(tmp_path, ["--batch_size,8"]))}
+    assert rows["`fsdp_--peft_lora_--batch_size_16`"] == ["1.20", "0.60"]  # 132 / median(100, 120)
+    assert rows["`zero3_--peft_lora_--batch_size_16`"] == ["1.50", "0.60"]
+
+
+def test_a_floor_case_that_failed_before_its_first_step_is_a_row_that_says_so(tmp_path):
+    floor_case(tmp_path, "ddp", 100.0, 10.0)
+    floor_case(tmp_path, "zero3_--torch_compile_mode_reduce-overhead", None, None, status="failed")
+    failed = table_cells(tables.floor(tmp_path))[1]
+    assert failed == ["`zero3_--torch_compile_mode_reduce-overhead`", *["n/a"] * 5, "failed"]
+
+
 def test_refresh_rewrites_each_marked_table_and_keeps_the_text_around_it(tmp_path):
     """instruction_lora prints two tables: both stale ones below its marker are replaced."""
     store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)

@@ -212,49 +212,17 @@ case $CALL in
     RUN_TIMEOUT=90 phase bucket-views 330 $ALL floor /tmp/llama-1b 8 20 ddp ddp:--ddp_gradient_as_bucket_view,true \
       'ddp#r2' 'ddp:--ddp_gradient_as_bucket_view,true#r2'
     ;;
-  17)  # issue 38 target 4: LoRA's launches on the sharded profiles (h200x2-2026-11-30: the fsdp LoRA step
-    # host-bound, 1,730 matmuls a step on rank 0): CUDA graphs for the compiled blocks, which run.py
-    # leaves off under checkpointing unless --torch_compile_mode asks, beside the default; then every
-    # rank's trace of the default, so the slow step is read on each rank, not rank 0 alone
+  18|19)  # issue 38 target 4: LoRA spending the memory it frees on a larger micro batch (on two H200,
+    # h200x2-2026-11-30c: the LoRA step is host-bound on the adapters' launches, and CUDA graphs under
+    # checkpointing re-record or fail, so they are refused): full fine-tuning at micro batch 8 and 16
+    # beside LoRA at 16 and 32, gpt2-xl checkpointed, the pair of the target twice; 18 fsdp, 19 zero3
+    P=$([ "$CALL" = 18 ] && echo fsdp || echo zero3)
     ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
-    RUN_TIMEOUT=125 phase lora-graphs 400 $ALL floor /tmp/gpt2-xl-init 8 20 \
-      fsdp:--peft,lora,--gradient_checkpointing,true \
-      fsdp:--peft,lora,--gradient_checkpointing,true,--torch_compile_mode,reduce-overhead \
-      zero3:--peft,lora,--gradient_checkpointing,true,--torch_compile_mode,reduce-overhead
-    RUN_TIMEOUT=125 phase lora-traces 140 $ALL floor /tmp/gpt2-xl-init 8 20 \
-      trace/fsdp:--peft,lora,--gradient_checkpointing,true
-    ;;
-  18)  # issue 38 target 4: LoRA spending the memory it frees (h200x2-2026-11-30 call 17: its step is host-
-    # bound on the adapters' launches; CUDA graphs under checkpointing re-record or fail): full fine-tuning
-    # at micro batch 8 beside LoRA at 16 and 32, gpt2-xl checkpointed, per profile
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
-    RUN_TIMEOUT=110 phase lora-batch 530 $ALL floor /tmp/gpt2-xl-init - 20 \
-      fsdp:--gradient_checkpointing,true,--batch_size,8 \
-      fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,16 \
-      fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,32 \
-      zero3:--gradient_checkpointing,true,--batch_size,8 \
-      zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,16 \
-      zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,32
-    ;;
-  19)  # call 18 again for medians of 2, with full fine-tuning at micro batch 16 beside (each at its own best)
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
-    RUN_TIMEOUT=110 phase lora-batch-r2 520 $ALL floor /tmp/gpt2-xl-init - 20 \
-      'fsdp:--gradient_checkpointing,true,--batch_size,8#r2' \
-      'fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,16#r2' \
-      fsdp:--gradient_checkpointing,true,--batch_size,16 \
-      'zero3:--gradient_checkpointing,true,--batch_size,8#r2' \
-      'zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,16#r2' \
-      zero3:--gradient_checkpointing,true,--batch_size,16
-    ;;
-  20)  # call 18's LoRA at micro batch 32 again (medians of 2)
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
-    RUN_TIMEOUT=100 phase lora-batch32-r2 220 $ALL floor /tmp/gpt2-xl-init - 20 \
-      'fsdp:--peft,lora,--gradient_checkpointing,true,--batch_size,32#r2' \
-      'zero3:--peft,lora,--gradient_checkpointing,true,--batch_size,32#r2'
+    RUN_TIMEOUT=110 phase lora-batch-$P 530 $ALL floor /tmp/gpt2-xl-init - 20 \
+      $P:--gradient_checkpointing,true,--batch_size,8 $P:--peft,lora,--gradient_checkpointing,true,--batch_size,16 \
+      "$P:--gradient_checkpointing,true,--batch_size,8#r2" "$P:--peft,lora,--gradient_checkpointing,true,--batch_size,16#r2" \
+      $P:--gradient_checkpointing,true,--batch_size,16 $P:--peft,lora,--gradient_checkpointing,true,--batch_size,32
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 """Every table made from benchmark results, one command per kind of result folder.
 
-usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...]
+usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE... | FLAGS]
 
   speed             PATH holds <setup>.<model>.b<micro batch>.run<N>.json (finetune summaries, the plain
                     Trainer script's JSON): a row per setup, model and micro batch, the median over runs
@@ -20,6 +20,8 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...]
   floor_repeats     PATH a machine's folder of floor.sh calls (call*/): a row per model and case, its
                     repeats (a `#rN` tag) pooled: the median rate per GPU, its spread (lowest-highest), and
                     its ratio to the median of the ddp case with the same flags on that machine
+  floor_against     PATH FLAGS: as floor_repeats, each case beside its own profile's case of FLAGS (as a
+                    floor.sh case writes them): the median rate's ratio and the peak's
   floor_traces      PATH one floor.sh call: per traced case, each rank's step (GPU compute, NCCL, idle)
                     and the collectives paired across ranks (who arrived last, how long the rest waited)
   resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
@@ -469,10 +471,14 @@ def floor(folder: Path) -> str:
                 run["memory_peak_allocated_gib_max"],
                 run["mfu"],
             )
+        if rate is None:  # a run that failed before its first step
+            rows.append([f"`{name}`", *["n/a"] * 5, run.get("status", "failed")])
+            continue
+        status = "" if run.get("status", "completed") == "completed" else f" ({run['status']})"
         rows.append(
-            [f"`{name}`", f"{rate:,.0f}", f"{1e3 * run['step_time_median_s']:.0f}", f"{peak_gib:.1f}",
-             "n/a" if mfu is None else f"{100 * mfu:.1f}", f"{100 * rate / ddp:.0f}%" if ddp else "n/a",
-             learned(run)]
+            [f"`{name}`", f"{rate:,.0f}{status}", f"{1e3 * run['step_time_median_s']:.0f}",
+             number(peak_gib, ".1f"), "n/a" if mfu is None else f"{100 * mfu:.1f}",
+             f"{100 * rate / ddp:.0f}%" if ddp else "n/a", learned(run)]
         )  # fmt: skip
     columns = ["case", "tokens/s per GPU", "step ms (median)", "peak allocated GiB", "MFU %", "% of ddp"]
     return markdown([*columns, "learned (loss at first → last log)"], rows)
@@ -504,37 +510,69 @@ def floor_gc(folder: Path) -> str:
 REPEAT_TAG = re.compile(r"_r\d+$")
 
 
-def floor_repeats(machine: Path) -> str:
-    """One machine's calls only: rates from two machines are not compared. Cases with the same flags
-    train the same global batch, so the ratio of median step times is the rate's ratio without the
-    run's slowest steps (a stalled step moves the run's rate, not the median)."""
+def pooled_floor_runs(machine: Path) -> dict[tuple[str, str], list[Summary]]:
+    """A machine's floor.sh calls (call*/), each case's repeats (a `#rN` tag) pooled by model and
+    case; one machine's calls only: rates from two machines are not compared."""
     runs: dict[tuple[str, str], list[Summary]] = defaultdict(list)
     for call in sorted(machine.glob("call*")):
         for name, run in floor_cases(call).items():
             if "trace" not in name and not run.get("plain"):
                 runs[(run["model"], REPEAT_TAG.sub("", name))].append(run)
-    rate = field("tokens_per_second_per_device")
+    return runs
+
+
+RATE = field("tokens_per_second_per_device")
+STEP = field("step_time_median_s")
+
+
+def pooled_row(model: str, case: str, repeats: list[Summary]) -> list[Any]:
+    rates = [RATE(run) for run in repeats]
+    shape = f"{repeats[0]['micro_batch_size']} x {repeats[0]['gradient_accumulation_steps']}"
+    return [model, f"`{case}`", shape, len(repeats), f"{median(repeats, RATE):,.0f}",
+            f"{min(rates):,.0f}-{max(rates):,.0f}", f"{1e3 * median(repeats, STEP):.0f}",
+            f"{highest_peak(repeats):.1f}", f"{100 * median(repeats, field('mfu')):.1f}"]  # fmt: skip
+
+
+def highest_peak(runs: list[Summary]) -> float:
+    return max(run["memory_peak_allocated_gib_max"] for run in runs)
+
+
+POOLED_COLUMNS = ["model", "case", "micro batch x accumulation", "runs", "tokens/s per GPU (median)"]
+POOLED_COLUMNS += ["spread", "step ms (median)", "peak allocated GiB", "MFU %"]
+
+
+def floor_repeats(machine: Path) -> str:
+    """Cases with the same flags train the same global batch, so the ratio of median step times is the
+    rate's ratio without the run's slowest steps (a stalled step moves the run's rate, not the median)."""
+    runs = pooled_floor_runs(machine)
     rows = []
     for (model, case), repeats in sorted(runs.items()):
-        rates = [rate(run) for run in repeats]
         flags = case.partition("_--")[2]
         ddp = runs.get((model, "ddp" + (f"_--{flags}" if flags else "")))
-        step = field("step_time_median_s")
-        ratio = median(repeats, rate) / median(ddp, rate) if ddp else None
-        step_ratio = median(ddp, step) / median(repeats, step) if ddp else None
-        shape = f"{repeats[0]['micro_batch_size']} x {repeats[0]['gradient_accumulation_steps']}"
+        ratio = median(repeats, RATE) / median(ddp, RATE) if ddp else None
+        step_ratio = median(ddp, STEP) / median(repeats, STEP) if ddp else None
         rows.append(
-            [model, f"`{case}`", shape,
-             len(repeats), f"{median(repeats, rate):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
-             f"{1e3 * median(repeats, step):.0f}",
-             f"{max(run['memory_peak_allocated_gib_max'] for run in repeats):.1f}",
-             f"{100 * median(repeats, field('mfu')):.1f}", "n/a" if ratio is None else f"{ratio:.2f}",
+            [*pooled_row(model, case, repeats), "n/a" if ratio is None else f"{ratio:.2f}",
              "n/a" if step_ratio is None else f"{step_ratio:.2f}"]
         )  # fmt: skip
-    columns = ["model", "case", "micro batch x accumulation", "runs", "tokens/s per GPU (median)"]
-    columns += ["spread", "step ms (median)", "peak allocated GiB", "MFU %", "vs ddp, same flags"]
-    columns.append("vs ddp by median step")
-    return markdown(columns, rows)
+    return markdown([*POOLED_COLUMNS, "vs ddp, same flags", "vs ddp by median step"], rows)
+
+
+def floor_against(machine: Path, reference: list[str]) -> str:
+    """Each case beside its own profile's reference case, the one of the flags given (as a floor.sh
+    case writes them: `--gradient_checkpointing,true,--batch_size,8`): the median rate's ratio and the
+    peak's, which is how a lever that trades memory for speed (LoRA spending what it frees on a larger
+    micro batch) is read. Cases of different micro batches train different global batches, so the
+    rate per GPU is compared, not the step."""
+    runs = pooled_floor_runs(machine)
+    rows = []
+    for (model, case), repeats in sorted(runs.items()):
+        profile = case.partition("_--")[0]
+        base = runs.get((model, re.sub(r"[^A-Za-z0-9_.=-]", "_", f"{profile}:{','.join(reference)}")))
+        ratio = f"{median(repeats, RATE) / median(base, RATE):.2f}" if base else "n/a"
+        peak_ratio = f"{highest_peak(repeats) / highest_peak(base):.2f}" if base else "n/a"
+        rows.append([*pooled_row(model, case, repeats), ratio, peak_ratio])
+    return markdown([*POOLED_COLUMNS, "rate vs the profile's reference", "peak vs the reference"], rows)
 
 
 def floor_traces(folder: Path) -> str:
@@ -576,6 +614,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "floor_traces": floor_traces,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
+    "floor_against": floor_against,
     "resume": resume,
     "resume_steps": resume_steps,
     "two_launchers": two_launchers,
@@ -623,7 +662,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in {*KINDS, *KINDS_WITH_PROFILES}:
         kinds = ", ".join([*KINDS, *KINDS_WITH_PROFILES])
         print(
-            f"usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE...] (KIND: {kinds})",
+            f"usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE... | FLAGS] (KIND: {kinds})",
             file=sys.stderr,
         )
         return 2
