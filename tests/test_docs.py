@@ -63,6 +63,7 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200x2-2026-11-28/call3",
         "benchmarks/h200x2-2026-11-30/call1/llama-zero3",
         "benchmarks/h200x2-2026-11-28/call1",
+        "benchmarks/h200x2-2026-11-30c",
         "benchmarks/h200-2026-11-29/call1",
         "benchmarks/h200-2026-11-29c/call6",
         "benchmarks/h200-2026-11-29c/call7",
