@@ -224,6 +224,19 @@ case $CALL in
       "$P:--gradient_checkpointing,true,--batch_size,8#r2" "$P:--peft,lora,--gradient_checkpointing,true,--batch_size,16#r2" \
       $P:--gradient_checkpointing,true,--batch_size,16 $P:--peft,lora,--gradient_checkpointing,true,--batch_size,32
     ;;
+  20|21)  # issue 39 target 1: compiled peaks where calibration.json has none on this many GPUs (zero1,
+    # zero2 and fsdp_grad_op past gpt2-medium at micro batch 8; the 1B Llama beside them and under ddp
+    # at 16): 20 gpt2-xl, 21 the 1B Llama, micro batch 8 and 16, 4 steps each with --profile_memory
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    if [ "$CALL" = 20 ]; then
+      CALIBRATE_TIMEOUT=150 COMPILE=1 phase cal-xl 540 $ALL calibrate $N gpt2-xl "zero1 zero2 fsdp_grad_op" "8 16"
+    else
+      SIZE=1b python benchmarks/scripts/make_llama.py /tmp/llama-1b > /dev/null
+      CALIBRATE_TIMEOUT=150 COMPILE=1 phase cal-llama 500 $ALL calibrate $N /tmp/llama-1b \
+        "zero1 zero2 fsdp_grad_op" 8
+      CALIBRATE_TIMEOUT=100 COMPILE=1 phase cal-llama-ddp 100 $ALL calibrate $N /tmp/llama-1b ddp 16
+    fi
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
