@@ -42,7 +42,7 @@ from finetune.checkpoint import (
     read_manifest,
 )
 from finetune.converters import convert, refuse_incompatible
-from finetune.data import build_datasets
+from finetune.data import PreparedData, build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp, set_gpu_environment_defaults
 from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
@@ -149,6 +149,9 @@ def train_and_measure(
     record: RunRecord,
     resume_from: Path | None,
 ) -> None:
+    """The run in its order: data, model, Trainer, training, then evaluation, the saved model and any
+    samples; each measurement goes into `record` as soon as it is known, so that a run that fails
+    part-way leaves a summary of what it got to."""
     startup = StartupCallback()
     startup.mark("imports")
     if training_args.disable_tqdm:  # the Trainer's bar follows the flag; the libraries' own bars do not
@@ -186,33 +189,10 @@ def train_and_measure(
         for note in data.summary.notes:
             logger.warning(f"finetune: {data_args.dataset}: {note}")
 
-    memory = MemoryCallback(profile_phases=training_args.profile_memory)
-    model = build_model(model_args, config, location)
-    rows = resize_to_tokenizer(model, tokenizer) if new_tokens else None
-    if rows and training_args.process_index == 0:
-        logger.warning(
-            f"finetune: the tokenizer adds {new_tokens} tokens: embeddings resized to {rows} rows, the new "
-            "ones drawn around the mean of the others"
-        )
-    record.update({"embeddings_resized_to": rows})
-    leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft), launch.strategy.deepcompile)
-    compile_plan = CompilePlan.for_run(launch, training_args, leaf_blocks)
-    if training_args.torch_compile and not compile_plan.compiled and training_args.process_index == 0:
-        logger.warning(
-            "finetune: ZeRO-3 runs eager: without leaf blocks its per-module hooks break the graph"
-        )
-    compiled_blocks = 0
-    if compile_plan.scope == "zero3_blocks":
-        compiled_blocks = compile_zero3_blocks(model, leaf_blocks, compile_plan.mode)
-        warning = zero3_linear_warning(model, leaf_blocks)
-        if warning and training_args.process_index == 0:
-            logger.warning(warning)
-    record.update(
-        {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
+    memory = MemoryCallback(profile_phases=training_args.profile_memory)  # before the model: its phases
+    model, compile_plan = prepare_model(
+        model_args, training_args, launch, config, location, tokenizer, new_tokens, dtype, record
     )
-    use_the_tokenizers_pad_token(model, tokenizer)
-    model, converted = convert(model, model_args, training_args, launch, dtype)
-    record.update(converted)
     memory.mark_phase("model loaded")
     startup.mark("model")
     token_flops = model_flops_per_token(model, config, block_size)
@@ -304,6 +284,65 @@ def train_and_measure(
         )
     if training_args.profile_memory and training_args.process_index == 0:
         print(memory.report())
+    evaluate_save_and_generate(trainer, model, data, tokenizer, memory, record)
+
+
+def prepare_model(
+    model_args: ModelArguments,
+    training_args: FinetuneTrainingArguments,
+    launch: Launch,
+    config: Any,
+    location: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    new_tokens: int,
+    dtype: str,
+    record: RunRecord,
+) -> tuple[Any, CompilePlan]:
+    """The model as it will train, and what is compiled of it: built from its config and location, its
+    embeddings grown by the tokenizer's `new_tokens`, ZeRO-3's blocks made leaf modules and compiled
+    where the compile plan says (the plan needs those blocks, so it is made here), the tokenizer's pad
+    token given to it and the converters applied."""
+    model = build_model(model_args, config, location)
+    rows = resize_to_tokenizer(model, tokenizer) if new_tokens else None
+    if rows and training_args.process_index == 0:
+        logger.warning(
+            f"finetune: the tokenizer adds {new_tokens} tokens: embeddings resized to {rows} rows, the new "
+            "ones drawn around the mean of the others"
+        )
+    record.update({"embeddings_resized_to": rows})
+    leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft), launch.strategy.deepcompile)
+    compile_plan = CompilePlan.for_run(launch, training_args, leaf_blocks)
+    if training_args.torch_compile and not compile_plan.compiled and training_args.process_index == 0:
+        logger.warning(
+            "finetune: ZeRO-3 runs eager: without leaf blocks its per-module hooks break the graph"
+        )
+    compiled_blocks = 0
+    if compile_plan.scope == "zero3_blocks":
+        compiled_blocks = compile_zero3_blocks(model, leaf_blocks, compile_plan.mode)
+        warning = zero3_linear_warning(model, leaf_blocks)
+        if warning and training_args.process_index == 0:
+            logger.warning(warning)
+    record.update(
+        {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
+    )
+    use_the_tokenizers_pad_token(model, tokenizer)
+    model, converted = convert(model, model_args, training_args, launch, dtype)
+    record.update(converted)
+    return model, compile_plan
+
+
+def evaluate_save_and_generate(
+    trainer: FinetuneTrainer,
+    model: Any,
+    data: PreparedData,
+    tokenizer: PreTrainedTokenizerBase,
+    memory: MemoryCallback,
+    record: RunRecord,
+) -> None:
+    """After a finished training: the evaluation (and test) loss with its memory peak, the run's
+    scalars logged, the weights checked finite and saved as one consolidated model, then the samples
+    `--generation_prompt` asks for, generated from what was saved."""
+    training_args = trainer.args
     evaluated, evaluation_memory = memory.evaluation_peak(trainer.evaluate)
     record.update({**evaluation_fields(evaluated, "eval"), **evaluation_memory})
     if data.test is not None:
