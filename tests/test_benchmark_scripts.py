@@ -213,6 +213,24 @@ def test_floor_against_sets_each_case_beside_its_own_profiles_reference_over_poo
     assert rows["`zero3_--peft_lora_--batch_size_16`"] == ["1.50", "0.60"]
 
 
+def test_a_cases_folder_is_named_as_floor_sh_names_it():
+    """floor.sh's own naming line, run: tables.py finds a reference case by the folder it writes."""
+    [naming] = [
+        line
+        for line in (ROOT / "benchmarks" / "scripts" / "floor.sh").read_text().splitlines()
+        if 'NAME=$(echo "${CASE}"' in line
+    ]
+    case = "zero3:--peft,lora,--gradient_checkpointing,true,--torch_compile_mode,reduce-overhead"
+    for written in (case, "fsdp:--batch_size,8"):
+        named = subprocess.run(["bash", "-c", f'{naming}\necho "$NAME"'], env={"CASE": written},
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        assert tables.case_folder(written) == named
+    assert (
+        tables.case_folder(case)
+        == "zero3_--peft_lora_--gradient_checkpointing_true_--torch_compile_mode_reduce-over"
+    )
+
+
 def test_a_floor_case_that_failed_before_its_first_step_is_a_row_that_says_so(tmp_path):
     floor_case(tmp_path, "ddp", 100.0, 10.0)
     floor_case(tmp_path, "zero3_--torch_compile_mode_reduce-overhead", None, None, status="failed")

@@ -558,6 +558,13 @@ def floor_repeats(machine: Path) -> str:
     return markdown([*POOLED_COLUMNS, "vs ddp, same flags", "vs ddp by median step"], rows)
 
 
+def case_folder(case: str) -> str:
+    """The folder floor.sh names a case's results by: `echo CASE | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80`,
+    one trailing underscore dropped (the echoed newline's, or the cut's)."""
+    name = re.sub(r"[^A-Za-z0-9_.=-]", "_", case + "\n")[:80]
+    return name.removesuffix("_")
+
+
 def floor_against(machine: Path, reference: list[str]) -> str:
     """Each case beside its own profile's reference case, the one of the flags given (as a floor.sh
     case writes them: `--gradient_checkpointing,true,--batch_size,8`): the median rate's ratio and the
@@ -568,7 +575,7 @@ def floor_against(machine: Path, reference: list[str]) -> str:
     rows = []
     for (model, case), repeats in sorted(runs.items()):
         profile = case.partition("_--")[0]
-        base = runs.get((model, re.sub(r"[^A-Za-z0-9_.=-]", "_", f"{profile}:{','.join(reference)}")))
+        base = runs.get((model, case_folder(f"{profile}:{','.join(reference)}")))
         ratio = f"{median(repeats, RATE) / median(base, RATE):.2f}" if base else "n/a"
         peak_ratio = f"{highest_peak(repeats) / highest_peak(base):.2f}" if base else "n/a"
         rows.append([*pooled_row(model, case, repeats), ratio, peak_ratio])
