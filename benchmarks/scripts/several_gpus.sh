@@ -226,10 +226,12 @@ case $CALL in
     ;;
   20|21)  # issue 39 target 1: compiled peaks where calibration.json has none on this many GPUs (zero1,
     # zero2 and fsdp_grad_op past gpt2-medium at micro batch 8; the 1B Llama beside them and under ddp
-    # at 16): 20 gpt2-xl, 21 the 1B Llama, micro batch 8 and 16, 4 steps each with --profile_memory
+    # at 16): 20 gpt2-xl at micro batch 16, 21 the 1B Llama at 8, 4 steps each with --profile_memory
     N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     if [ "$CALL" = 20 ]; then
-      CALIBRATE_TIMEOUT=150 COMPILE=1 phase cal-xl 540 $ALL calibrate $N gpt2-xl "zero1 zero2 fsdp_grad_op" "8 16"
+      # zero2 at 8 is a row from two H200 (h200x2-2026-11-30d; zero1 peaked the same there), and the
+      # whole-model compiles take 100-130 s to their first step
+      CALIBRATE_TIMEOUT=180 COMPILE=1 phase cal-xl 560 $ALL calibrate $N gpt2-xl "zero1 zero2 fsdp_grad_op" 16
     else
       SIZE=1b python benchmarks/scripts/make_llama.py /tmp/llama-1b > /dev/null
       CALIBRATE_TIMEOUT=150 COMPILE=1 phase cal-llama 500 $ALL calibrate $N /tmp/llama-1b \
@@ -241,9 +243,26 @@ case $CALL in
     # (gpt2-xl: ddp 8 x 4, FSDP2 16 x 2, where fsdp_grad_op ran 1.28x ddp and zero3 0.79x on four H100,
     # h100x4-2026-11-27c); ZeRO-1/2 at theirs were never run: what `--profile auto` should weigh
     N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    RUN_TIMEOUT=110 phase global-batch 540 $ALL floor gpt2-xl - 20 ddp:--global_batch_size,$((32 * N)) \
-      zero1:--global_batch_size,$((32 * N)) zero2:--global_batch_size,$((32 * N)) \
-      fsdp_grad_op:--global_batch_size,$((32 * N)) fsdp:--global_batch_size,$((32 * N))
+    # (on two H200, h200x2-2026-11-30d: 110 s a case stopped the whole-model compiles; zero1 is left out)
+    RUN_TIMEOUT=190 phase global-batch 570 $ALL floor gpt2-xl - 15 ddp:--global_batch_size,$((32 * N)) \
+      zero2:--global_batch_size,$((32 * N)) fsdp_grad_op:--global_batch_size,$((32 * N))
+    ;;
+  23|24)  # compiled whole against block by block where the profile compiles whole (ddp, ZeRO-1/2): on two
+    # H200 (h200x2-2026-11-30d) ddp and zero2 ran gpt2-xl at a global batch of 32 a GPU at 18.5-18.9% MFU
+    # where fsdp_grad_op, compiled block by block with its loss, ran 47.0%; zero2 block by block on one
+    # H200 ran 1.08x at 0.87x the peak (h200-2026-11-30). 23 ddp, 24 ZeRO-2 (and ZeRO-1 block by block);
+    # accelerate's DeepSpeed launcher drops a profile's dynamo_config (its multi-GPU one sets the
+    # variable from the YAML), so ddp's case changes the YAML and the DeepSpeed cases set the variable
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    G=--global_batch_size,$((32 * N)) R=ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true
+    if [ "$CALL" = 23 ]; then
+      D=ddp~dynamo_config.dynamo_use_regional_compilation=true
+      RUN_TIMEOUT=170 phase ddp-regional 560 $ALL floor gpt2-xl - 12 "$D:$G" "ddp:$G" \
+        ddp:--batch_size,16 "$D:$G#r2" "ddp:$G#r2"
+    else
+      RUN_TIMEOUT=220 phase zero-regional 560 $ALL floor gpt2-xl - 12 "$R+zero2:$G" "zero2:$G" \
+        "$R+zero1:$G" "$R+zero2:$G#r2"
+    fi
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
