@@ -39,6 +39,15 @@ DOCTOR_SCRIPT = RUN_SCRIPT.with_name("doctor.py")
 # launching shell, tokens included, to this file in the working directory for the remote nodes.
 DEEPSPEED_ENV_FILE_VARIABLE = "DS_ENV_FILE"
 FREE_PORT = 0  # accelerate launch --main_process_port 0: a port the operating system says is free
+# A profile's torch.compile settings (its dynamo_config) as the variables the ranks' accelerate reads,
+# which accelerate launch sets for its other launchers, not DeepSpeed's (deepspeed_dynamo_environment)
+DYNAMO_VARIABLES = {
+    "dynamo_backend": "ACCELERATE_DYNAMO_BACKEND",
+    "dynamo_mode": "ACCELERATE_DYNAMO_MODE",
+    "dynamo_use_fullgraph": "ACCELERATE_DYNAMO_USE_FULLGRAPH",
+    "dynamo_use_dynamic": "ACCELERATE_DYNAMO_USE_DYNAMIC",
+    "dynamo_use_regional_compilation": "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION",
+}
 
 
 @dataclass
@@ -122,6 +131,28 @@ def private_deepspeed_env_file(folder: Path) -> Iterator[None]:
             runner.DEEPSPEED_ENVIRONMENT_NAME = before
 
 
+def deepspeed_dynamo_environment(config_file: str | None) -> dict[str, str]:
+    """The variables a DeepSpeed profile's `dynamo_config` stands for, which accelerate launch drops.
+
+    accelerate's multi-GPU and FSDP launchers set ACCELERATE_DYNAMO_* from the config file; its
+    DeepSpeed launcher (`prepare_deepspeed_cmd_env` in accelerate 1.15) sets none, so a DeepSpeed
+    profile asking for regional compilation would silently compile the whole model. Set here the
+    way the multi-GPU launcher sets them; a plain `accelerate launch` still drops them
+    (docs/profiles.md).
+    """
+    if config_file is None:
+        return {}
+    settings = yaml.safe_load(Path(config_file).read_text()) or {}
+    if settings.get("distributed_type") != "DEEPSPEED":
+        return {}
+    dynamo = settings.get("dynamo_config") or {}
+    return {
+        variable: str(dynamo[key]).upper() if key == "dynamo_backend" else str(dynamo[key])
+        for key, variable in DYNAMO_VARIABLES.items()
+        if key in dynamo
+    }
+
+
 def run_launcher(argv: list[str]) -> int:
     """`accelerate launch ARGV` in this process, returning the exit code the job should end with.
 
@@ -148,7 +179,11 @@ def run_launcher(argv: list[str]) -> int:
             # torchrun sets one OpenMP thread per rank where none is set, in a four-line banner
             threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
             with (
-                patch_environment(**{ERROR_FILE_VARIABLE: str(error_file)}, **threads),
+                patch_environment(
+                    **{ERROR_FILE_VARIABLE: str(error_file)},
+                    **threads,
+                    **deepspeed_dynamo_environment(args.config_file),
+                ),
                 private_deepspeed_env_file(Path(folder)),
             ):
                 accelerate_launch(args)

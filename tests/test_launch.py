@@ -7,6 +7,7 @@ from pathlib import Path
 
 import accelerate.commands.launch
 import pytest
+import yaml
 
 from finetune.launch import DEEPSPEED_ENV_FILE_VARIABLE, run_launcher
 
@@ -56,3 +57,40 @@ def test_the_printed_launch_command_names_a_profile_copy_that_outlives_the_run(t
     config = Path(printed.split("--config_file ")[1].split()[0])
     assert config == output_dir / ".launch" / "zero2.yaml" and config.is_file()
     assert Path(yaml.safe_load(config.read_text())["deepspeed_config"]["deepspeed_config_file"]).is_absolute()
+
+
+def test_a_deepspeed_profiles_compile_settings_reach_the_ranks(monkeypatch, tmp_path):
+    """accelerate launch drops a DeepSpeed profile's dynamo_config; the ranks read it as variables."""
+    seen = {}
+
+    def deepspeed_launch(args):
+        seen["regional"] = os.environ.get("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")
+        seen["mode"] = os.environ.get("ACCELERATE_DYNAMO_MODE")
+
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", deepspeed_launch)
+    monkeypatch.delenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", raising=False)
+    monkeypatch.delenv("ACCELERATE_DYNAMO_MODE", raising=False)
+    settings = yaml.safe_load((PROJECT_ROOT / "accelerate_configs" / "zero2.yaml").read_text())
+    settings["deepspeed_config"]["deepspeed_config_file"] = str(PROJECT_ROOT / "ds_configs" / "zero2.json")
+    settings["dynamo_config"] = {"dynamo_use_regional_compilation": True, "dynamo_mode": "max-autotune"}
+    config = tmp_path / "zero2-blocks.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    assert run_launcher(["--config_file", str(config), "--num_processes", "2", "script.py"]) == 0
+    assert seen == {"regional": "True", "mode": "max-autotune"}
+    assert "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION" not in os.environ  # for the launch alone
+
+
+def test_a_deepspeed_profile_without_compile_settings_sets_none(monkeypatch):
+    seen = {}
+
+    def deepspeed_launch(args):
+        seen.update(
+            {name: value for name, value in os.environ.items() if name.startswith("ACCELERATE_DYNAMO")}
+        )
+
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", deepspeed_launch)
+    for name in [name for name in os.environ if name.startswith("ACCELERATE_DYNAMO")]:
+        monkeypatch.delenv(name)
+    config = PROJECT_ROOT / "accelerate_configs" / "zero2.yaml"
+    assert run_launcher(["--config_file", str(config), "--num_processes", "2", "script.py"]) == 0
+    assert seen == {}
