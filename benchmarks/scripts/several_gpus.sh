@@ -250,18 +250,17 @@ case $CALL in
   23|24)  # compiled whole against block by block where the profile compiles whole (ddp, ZeRO-1/2): on two
     # H200 (h200x2-2026-11-30d) ddp and zero2 ran gpt2-xl at a global batch of 32 a GPU at 18.5-18.9% MFU
     # where fsdp_grad_op, compiled block by block with its loss, ran 47.0%; zero2 block by block on one
-    # H200 ran 1.08x at 0.87x the peak (h200-2026-11-30). 23 ddp, 24 ZeRO-2 (and ZeRO-1 block by block);
-    # accelerate's DeepSpeed launcher drops a profile's dynamo_config (its multi-GPU one sets the
-    # variable from the YAML), so ddp's case changes the YAML and the DeepSpeed cases set the variable
+    # H200 ran 1.08x at 0.87x the peak (h200-2026-11-30). 23 ddp, 24 ZeRO-2 (and ZeRO-1 block by block),
+    # each profile changed by the YAML line that would make it compile block by block (finetune.launch
+    # passes a DeepSpeed profile's on, which accelerate launch drops)
     N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    G=--global_batch_size,$((32 * N)) R=ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=true
+    G=--global_batch_size,$((32 * N)) B='~dynamo_config.dynamo_use_regional_compilation=true'
     if [ "$CALL" = 23 ]; then
-      D=ddp~dynamo_config.dynamo_use_regional_compilation=true
-      RUN_TIMEOUT=170 phase ddp-regional 560 $ALL floor gpt2-xl - 12 "$D:$G" "ddp:$G" \
-        ddp:--batch_size,16 "$D:$G#r2" "ddp:$G#r2"
+      RUN_TIMEOUT=170 phase ddp-regional 560 $ALL floor gpt2-xl - 12 "ddp$B:$G" "ddp:$G" \
+        ddp:--batch_size,16 "ddp$B:$G#r2" "ddp:$G#r2"
     else
-      RUN_TIMEOUT=220 phase zero-regional 560 $ALL floor gpt2-xl - 12 "$R+zero2:$G" "zero2:$G" \
-        "$R+zero1:$G" "$R+zero2:$G#r2"
+      RUN_TIMEOUT=220 phase zero-regional 560 $ALL floor gpt2-xl - 12 "zero2$B:$G" "zero2:$G" \
+        "zero1$B:$G" "zero2$B:$G#r2"
     fi
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
