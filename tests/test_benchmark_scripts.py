@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from benchmark_scripts import load_script
 
@@ -192,13 +193,13 @@ def table_cells(table: str) -> list[list[str]]:
 
 
 def floor_case(
-    call: Path, name: str, rate: float | None, peak: float | None, status: str = "completed"
+    call: Path, name: str, rate: float | None, peak: float | None, status: str = "completed", **fields: Any
 ) -> None:
     """One floor.sh case folder with the fields the floor tables read."""
     (call / name).mkdir(parents=True)
     summary = {"model": "m", "status": status, "tokens_per_second_per_device": rate, "mfu": 0.1,
                "memory_peak_allocated_gib_max": peak, "step_time_median_s": 0.5, "micro_batch_size": 8,
-               "gradient_accumulation_steps": 1, "loss_curve": FALLING}  # fmt: skip
+               "gradient_accumulation_steps": 1, "loss_curve": FALLING, **fields}  # fmt: skip
     (call / name / "run_summary.json").write_text(json.dumps(summary))
 
 
@@ -211,6 +212,17 @@ def test_floor_against_sets_each_case_beside_its_own_profiles_reference_over_poo
     rows = {cells[1]: cells[-2:] for cells in table_cells(tables.floor_against(tmp_path, ["--batch_size,8"]))}
     assert rows["`fsdp_--peft_lora_--batch_size_16`"] == ["1.20", "0.60"]  # 132 / median(100, 120)
     assert rows["`zero3_--peft_lora_--batch_size_16`"] == ["1.50", "0.60"]
+
+
+def test_floor_against_sets_a_changed_profile_beside_the_profile_it_changes(tmp_path):
+    blocks = "zero2_dynamo_config.dynamo_use_regional_compilation=true_--global_batch_size_64"
+    floor_case(tmp_path / "call1", "zero2_--global_batch_size_64", 100.0, 10.0, strategy="zero2")
+    floor_case(tmp_path / "call1", blocks, 150.0, 9.0, strategy="zero2")
+    rows = {
+        cells[1]: cells[-2:]
+        for cells in table_cells(tables.floor_against(tmp_path, ["--global_batch_size,64"]))
+    }
+    assert rows[f"`{blocks}`"] == ["1.50", "0.90"]
 
 
 def test_a_cases_folder_is_named_as_floor_sh_names_it():
