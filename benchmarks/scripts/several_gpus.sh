@@ -252,7 +252,8 @@ case $CALL in
     # where fsdp_grad_op, compiled block by block with its loss, ran 47.0%; zero2 block by block on one
     # H200 ran 1.08x at 0.87x the peak (h200-2026-11-30). 23 ddp, 24 ZeRO-2 (and ZeRO-1 block by block),
     # each profile changed by the YAML line that would make it compile block by block (finetune.launch
-    # passes a DeepSpeed profile's on, which accelerate launch drops)
+    # passes a DeepSpeed profile's on, which accelerate launch drops); read with `tables.py floor_against
+    # MACHINE --global_batch_size,64` (128 on four GPUs)
     N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     G=--global_batch_size,$((32 * N)) B='~dynamo_config.dynamo_use_regional_compilation=true'
     if [ "$CALL" = 23 ]; then
