@@ -247,22 +247,30 @@ case $CALL in
     RUN_TIMEOUT=190 phase global-batch 570 $ALL floor gpt2-xl - 15 ddp:--global_batch_size,$((32 * N)) \
       zero2:--global_batch_size,$((32 * N)) fsdp_grad_op:--global_batch_size,$((32 * N))
     ;;
-  23|24)  # compiled whole against block by block where the profile compiles whole (ddp, ZeRO-1/2): on two
-    # H200 (h200x2-2026-11-30d) ddp and zero2 ran gpt2-xl at a global batch of 32 a GPU at 18.5-18.9% MFU
-    # where fsdp_grad_op, compiled block by block with its loss, ran 47.0%; zero2 block by block on one
-    # H200 ran 1.08x at 0.87x the peak (h200-2026-11-30). 23 ddp, 24 ZeRO-2 (and ZeRO-1 block by block),
-    # each profile changed by the YAML line that would make it compile block by block (finetune.launch
-    # passes a DeepSpeed profile's on, which accelerate launch drops); read with `tables.py floor_against
-    # MACHINE --global_batch_size,64` (128 on four GPUs)
+  23|24|25)  # compiled whole against block by block where the profile compiles whole (ddp, ZeRO-1/2): on
+    # two H200 (h200x2-2026-11-30d) ddp and zero2 ran gpt2-xl at a global batch of 32 a GPU at 18.5-18.9%
+    # MFU where fsdp_grad_op, compiled block by block with its loss, ran 47.0%; zero2 block by block on
+    # one H200 ran 1.08x at 0.87x the peak (h200-2026-11-30). 23 ddp (16 x 1 beside, as a control), 24
+    # ZeRO-2 and ZeRO-1, 25 every rank's trace of ddp's step both ways. The block-by-block copies are
+    # each profile with the YAML line that would make it so (finetune.launch passes a DeepSpeed
+    # profile's on, which accelerate launch drops), under /tmp/blocks/ (short case folders, under
+    # floor.sh's 80 characters). Read with `tables.py floor_against MACHINE --global_batch_size,64`
+    # (128 on four GPUs): each copy beside the profile it changes
     N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    G=--global_batch_size,$((32 * N)) B='~dynamo_config.dynamo_use_regional_compilation=true'
-    if [ "$CALL" = 23 ]; then
-      RUN_TIMEOUT=170 phase ddp-regional 560 $ALL floor gpt2-xl - 12 "ddp$B:$G" "ddp:$G" \
-        ddp:--batch_size,16 "ddp$B:$G#r2" "ddp:$G#r2"
-    else
-      RUN_TIMEOUT=220 phase zero-regional 560 $ALL floor gpt2-xl - 12 "zero2$B:$G" "zero2:$G" \
-        "zero1$B:$G" "zero2$B:$G#r2"
-    fi
+    G=--global_batch_size,$((32 * N))
+    mkdir -p /tmp/blocks
+    for P in ddp zero1 zero2; do
+      python benchmarks/scripts/profile_variant.py accelerate_configs/$P.yaml /tmp/blocks/$P.yaml \
+        dynamo_config.dynamo_use_regional_compilation=true || exit 2
+    done
+    case $CALL in
+      23) RUN_TIMEOUT=170 phase ddp-blocks 560 $ALL floor gpt2-xl - 12 "/tmp/blocks/ddp.yaml:$G" "ddp:$G" \
+            ddp:--batch_size,16 "/tmp/blocks/ddp.yaml:$G#r2" "ddp:$G#r2" ;;
+      24) RUN_TIMEOUT=220 phase zero-blocks 560 $ALL floor gpt2-xl - 12 "/tmp/blocks/zero2.yaml:$G" \
+            "zero2:$G" "/tmp/blocks/zero1.yaml:$G" "/tmp/blocks/zero2.yaml:$G#r2" ;;
+      25) RUN_TIMEOUT=250 phase ddp-traces 560 $ALL floor gpt2-xl - 14 "trace/ddp:$G" \
+            "trace//tmp/blocks/ddp.yaml:$G" ;;
+    esac
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
