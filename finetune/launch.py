@@ -140,12 +140,15 @@ def deepspeed_dynamo_environment(config_file: str | None) -> dict[str, str]:
     way the multi-GPU launcher sets them; a plain `accelerate launch` still drops them
     (docs/profiles.md).
     """
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
     if config_file is None:
         return {}
-    settings = yaml.safe_load(Path(config_file).read_text()) or {}
-    if settings.get("distributed_type") != "DEEPSPEED":
+    config = load_config_from_file(config_file)  # accelerate's reader: its own error for a bad file
+    if config.distributed_type != DistributedType.DEEPSPEED:
         return {}
-    dynamo = settings.get("dynamo_config") or {}
+    dynamo = config.dynamo_config or {}
     return {
         variable: str(dynamo[key]).upper() if key == "dynamo_backend" else str(dynamo[key])
         for key, variable in DYNAMO_VARIABLES.items()
