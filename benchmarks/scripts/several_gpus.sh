@@ -242,8 +242,8 @@ case $CALL in
   22)  # the global batch's profile choice: each profile at the micro batch it plans for a share of 32 a GPU
     # (gpt2-xl: ddp 8 x 4, FSDP2 16 x 2, where fsdp_grad_op ran 1.28x ddp and zero3 0.79x on four H100,
     # h100x4-2026-11-27c); ZeRO-1/2 at theirs were never run: what `--profile auto` should weigh
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     # (on two H200, h200x2-2026-11-30d: 110 s a case stopped the whole-model compiles; zero1 is left out)
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     RUN_TIMEOUT=190 phase global-batch 570 $ALL floor gpt2-xl - 15 ddp:--global_batch_size,$((32 * N)) \
       zero2:--global_batch_size,$((32 * N)) fsdp_grad_op:--global_batch_size,$((32 * N))
     ;;
