@@ -48,6 +48,8 @@ def strategy_from_environment(world_size: int, deepspeed_config: dict[str, Any] 
     Named `$FINETUNE_PROFILE` (set by `finetune run` and `compare`), else after the shipped profile it
     matches (`zero3`, `fsdp_grad_op`, ...). Without DeepSpeed or FSDP, `world_size` (as Launch read
     it) tells DDP from a single process."""
+    regional = os.environ.get("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")  # the profile's dynamo_config
+    dynamo = None if regional is None else {"dynamo_use_regional_compilation": regional}
     if launched_with("DEEPSPEED"):
         config = deepspeed_config
         if config is None:  # DeepSpeed set up by launch flags instead of a JSON
@@ -55,16 +57,16 @@ def strategy_from_environment(world_size: int, deepspeed_config: dict[str, Any] 
             for key in OFFLOAD_KEYS:
                 zero[key] = {"device": os.environ.get(f"ACCELERATE_DEEPSPEED_{key.upper()}_DEVICE", "none")}
             config = {"zero_optimization": zero}
-        strategy = derive_strategy("", "DEEPSPEED", deepspeed_config=config)
+        strategy = derive_strategy("", "DEEPSPEED", deepspeed_config=config, dynamo_config=dynamo)
     elif launched_with("FSDP"):
         fsdp = {
             "fsdp_reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
             == "true",
             "fsdp_offload_params": os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true",
         }
-        strategy = derive_strategy("", "FSDP", fsdp_config=fsdp)
+        strategy = derive_strategy("", "FSDP", fsdp_config=fsdp, dynamo_config=dynamo)
     else:
-        strategy = derive_strategy("", "MULTI_GPU" if world_size > 1 else "NO")
+        strategy = derive_strategy("", "MULTI_GPU" if world_size > 1 else "NO", dynamo_config=dynamo)
     return replace(strategy, name=os.environ.get(PROFILE_VARIABLE) or conventional_name(strategy))
 
 
@@ -249,8 +251,9 @@ class CompilePlan:
     """What torch.compile compiles in this run.
 
     `scope`: none; whole (accelerate compiles the model, or hands it to DeepSpeed's DeepCompile where
-    the DeepSpeed JSON asks for it); per_block (accelerate's regional
-    compilation, which the FSDP profiles switch on: FSDP2 compiled whole breaks at its hooks); or
+    the DeepSpeed JSON asks for it); per_block (accelerate's regional compilation, which every
+    shipped profile that compiles through accelerate asks for: FSDP2 compiled whole breaks at its
+    hooks, and ddp's and ZeRO-1/2's whole graph ran slower and held more than their blocks); or
     zero3_blocks (finetune compiles ZeRO-3's leaf blocks' forwards, `models.compile_zero3_blocks`:
     compiled through accelerate ZeRO-3 was slower than eager). `mode`: torch.compile's mode. `loss`:
     the loss compiled beside compiled blocks (`--compile_loss`).
@@ -283,7 +286,7 @@ class CompilePlan:
             scope = "whole"  # accelerate hands the engine to DeepSpeed's compile, DeepCompile's entry
         elif launch.strategy.framework == "deepspeed" and launch.strategy.zero_stage == 3:
             scope = "zero3_blocks" if zero3_leaf_blocks else "none"
-        elif os.environ.get("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "false").lower() == "true":
+        elif launch.strategy.compiles_by_blocks:
             scope = "per_block"
         else:
             scope = "whole"

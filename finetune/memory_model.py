@@ -221,6 +221,10 @@ class Measurement:
 
     @classmethod
     def from_row(cls, row: dict[str, Any], strategy: Strategy) -> Measurement:
+        """`strategy` is the row's profile as shipped now; a row says where it compiled otherwise
+        (`compiled_by_blocks`: ddp's and ZeRO-1/2's rows from when they compiled the whole model)."""
+        if "compiled_by_blocks" in row:
+            strategy = replace(strategy, compiles_by_blocks=row["compiled_by_blocks"])
         shape = ModelShape(
             row["model"],
             row["parameters"],
@@ -436,14 +440,15 @@ def compiled_for(strategy: Strategy, workload: Workload) -> bool:
 
 
 def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
-    """How the layers' activations are held (CALIBRATION_KINDS): ZeRO-1/2 compiled as ddp's whole
-    model is (accelerate hands the engine to DeepSpeed's compile of the whole module; their compiled
-    peaks on one GPU are calibration rows). Autocast keeps more than bf16 only through LayerNorm
-    (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's kind."""
+    """How the layers' activations are held (CALIBRATION_KINDS): ZeRO-1/2 compiled block by block
+    as FSDP2's blocks are (bf16 weights without autocast, the loss compiled beside: their peaks
+    equalled fsdp_grad_op's), compiled whole as ddp's whole model is. Autocast keeps more than bf16
+    only through LayerNorm (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's
+    kind."""
     compiled = compiled_for(strategy, workload)
     if framework_of(strategy, workload.dtype) == "deepspeed":
         if strategy.zero_stage in (1, 2) and compiled:
-            return "compiled"
+            return "fsdp_compiled" if strategy.compiles_by_blocks and workload.loss_compiled else "compiled"
         # ZeRO-3 compiles its leaf blocks (run.py), adapters' too. Its compiled kind was fitted on full
         # fine-tuning of GPT-2 shapes; a gated-MLP model's compiled ZeRO-3 peak was above what it
         # predicts and within bf16's, which such models keep.

@@ -59,6 +59,23 @@ def planned_strategies(profiles: list[str] | None, layout: ParallelLayout) -> li
     return fastest_first(strategies)
 
 
+# Parameters x tokens of a process's micro batch from which FSDP2 ran at least as fast as ddp and
+# ZeRO-1/2 at the same micro batch: its per-step host work (the sharding floor) is then hidden under
+# the compute. Measured above it: gpt2-xl at 8 x 1024 (1.3e13) and gpt2-medium at 32 x 1024 (1.2e13),
+# on 2 and 4 H200 and H100; below it, gpt2-medium at 8 x 1024 (2.9e12), ddp ran 1.6-1.8x FSDP2 and
+# ZeRO-1/2 1.1-1.3x it (docs/speed.md).
+FSDP_FIRST_PARAMETER_TOKENS = 1e13
+
+
+def speed_rank(strategy: Strategy, shape: ModelShape, workload: Workload) -> tuple:
+    """Sort key, fastest first, for this model at this micro batch: the profiles' speed order, with
+    the FSDP profiles first where the micro batch's work hides their host work."""
+    offload, moved, *rest = strategy.speed_order
+    work = shape.parameters * workload.micro_batch * workload.block_size
+    fsdp_first = strategy.framework == "fsdp" and work >= FSDP_FIRST_PARAMETER_TOKENS
+    return (offload, moved, not fsdp_first, *rest)
+
+
 def plan(
     shape: ModelShape,
     workload: Workload,
@@ -66,7 +83,8 @@ def plan(
     calibration: Calibration,
     profiles: list[str] | None = None,
 ) -> list[Estimate]:
-    strategies = planned_strategies(profiles, layout)
+    """Every planned profile's estimate, fastest first for this model and micro batch (`speed_rank`)."""
+    strategies = sorted(planned_strategies(profiles, layout), key=lambda s: speed_rank(s, shape, workload))
     return [estimate(strategy, shape, workload, layout, calibration) for strategy in strategies]
 
 
@@ -205,6 +223,52 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class GlobalBatchChoice:
+    """How a profile would train `--global_batch_size G`: the run's own choice of micro batch
+    (`BatchGeometry.from_global` over `largest_micro_batch_for_share`) and the estimate at it; no
+    geometry where not even micro batch 1 fits."""
+
+    strategy: Strategy
+    geometry: BatchGeometry | None
+    estimate: Estimate | None
+
+    def rank(self, shape: ModelShape, workload: Workload) -> tuple:
+        """`--profile auto`'s order, fastest first: the largest micro batch (accumulation only repeats
+        it; sharding's memory spent on it ran fsdp_grad_op 1.1x ddp's best on two H200), then the
+        profiles' order at that micro batch."""
+        micro = self.geometry.micro if self.geometry else 0
+        return (-micro, speed_rank(self.strategy, shape, replace(workload, micro_batch=max(micro, 1))))
+
+
+def global_batch_choices(
+    shape: ModelShape,
+    workload: Workload,
+    strategies: list[Strategy],
+    hardware: Hardware,
+    calibration: Calibration,
+    global_batch: int,
+) -> list[GlobalBatchChoice]:
+    """Each profile's choice for the global batch, fastest first (`GlobalBatchChoice.rank`)."""
+    per_process = global_batch // hardware.layout.data_parallel_size
+    choices = []
+    for strategy in strategies:
+        largest = largest_micro_batch_for_share(strategy, shape, workload, hardware, calibration, per_process)
+        if largest < 1:
+            choices.append(GlobalBatchChoice(strategy, None, None))
+            continue
+        geometry, _ = BatchGeometry.from_global(
+            global_batch, hardware.layout.data_parallel_size, largest=(largest, "predicted to fit")
+        )
+        chosen = replace(workload, micro_batch=geometry.micro, accumulation=geometry.accumulation)
+        choices.append(
+            GlobalBatchChoice(
+                strategy, geometry, estimate(strategy, shape, chosen, hardware.layout, calibration)
+            )
+        )
+    return sorted(choices, key=lambda choice: choice.rank(shape, workload))
+
+
 def format_global_batch(
     shape: ModelShape,
     workload: Workload,
@@ -214,28 +278,25 @@ def format_global_batch(
     global_batch: int,
 ) -> str:
     """What `finetune run --global_batch_size G` would train under each profile, chosen as the run
-    chooses it (`BatchGeometry.from_global` over `largest_micro_batch_for_share`): the largest micro
-    batch that divides each GPU's share and is predicted to fit with the accumulation the rest makes."""
+    chooses it: the largest micro batch that divides each GPU's share and is predicted to fit with the
+    accumulation the rest makes; fastest first, the first being `--profile auto`'s pick."""
     lines = [
-        f"--global_batch_size {global_batch} on {hardware.gpus} GPU(s), as `finetune run` would train it:",
+        f"--global_batch_size {global_batch} on {hardware.gpus} GPU(s), as `finetune run` would train it "
+        "(fastest first):",
         "",
         "| profile | micro batch | accumulation | total / GPU at that micro batch |",
         "|---|---|---|---|",
     ]
-    per_process = global_batch // hardware.layout.data_parallel_size
-    for e in estimates:
-        largest = largest_micro_batch_for_share(
-            e.strategy, shape, workload, hardware, calibration, per_process
-        )
-        if largest < 1:
-            lines.append(f"| {e.profile} | does not fit at micro batch 1 | | |")
+    strategies = [e.strategy for e in estimates]
+    choices = global_batch_choices(shape, workload, strategies, hardware, calibration, global_batch)
+    for choice in choices:
+        if choice.geometry is None or choice.estimate is None:
+            lines.append(f"| {choice.strategy.name} | does not fit at micro batch 1 | | |")
             continue
-        geometry, _ = BatchGeometry.from_global(
-            global_batch, hardware.layout.data_parallel_size, largest=(largest, "predicted to fit")
-        )
-        chosen_workload = replace(workload, micro_batch=geometry.micro, accumulation=geometry.accumulation)
-        chosen = estimate(e.strategy, shape, chosen_workload, hardware.layout, calibration)
-        lines.append(f"| {e.profile} | {geometry.micro} | {geometry.accumulation} | {chosen.total:.2f} |")
+        cells = [choice.strategy.name, choice.geometry.micro, choice.geometry.accumulation]
+        lines.append(f"| {' | '.join(map(str, cells))} | {choice.estimate.total:.2f} |")
+    if choices[0].geometry is not None:
+        lines += ["", f"--profile auto with --global_batch_size {global_batch}: {choices[0].strategy.name}"]
     return "\n".join(lines)
 
 
@@ -382,11 +443,29 @@ def apply_global_batch(
 
 
 def choose_profile(
-    shape: ModelShape, workload: Workload, layout: ParallelLayout, gpu_memory_gib: float
+    shape: ModelShape,
+    workload: Workload,
+    layout: ParallelLayout,
+    gpu_memory_gib: float,
+    global_batch: int | None = None,
 ) -> tuple[str, str]:
-    """The recommended profile and a one-line reason, for `finetune run --profile auto`."""
+    """The recommended profile and a one-line reason, for `finetune run --profile auto`: with a
+    global batch (and no micro batch given), each profile at the micro batch it would choose."""
     calibration = Calibration.measured()
     estimates = plan(shape, workload, layout, calibration)
+    if global_batch is not None:
+        hardware = Hardware(layout, gpu_memory_gib)
+        strategies = [e.strategy for e in estimates]
+        best_choice = global_batch_choices(shape, workload, strategies, hardware, calibration, global_batch)[
+            0
+        ]
+        if best_choice.geometry is not None and best_choice.estimate is not None:
+            geometry = best_choice.geometry
+            return best_choice.strategy.name, (
+                f"for --global_batch_size {global_batch}, the largest micro batch predicted to fit "
+                f"({geometry.micro} x accumulation {geometry.accumulation}, "
+                f"{best_choice.estimate.total:.1f} of {gpu_memory_gib:.0f} GiB per GPU), fastest first at it"
+            )
     best = recommend(estimates, gpu_memory_gib)
     if best is None:
         changes = (

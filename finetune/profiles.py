@@ -59,7 +59,8 @@ GRADIENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # DeepSpeed's communication_
 STATES = ("optimizer", "gradients", "parameters")  # in the order ZeRO's stages shard them
 STATE_NAMES = {"optimizer": "optimizer states", "gradients": "gradients", "parameters": "parameters"}
 OFFLOAD_DEVICES = ("cpu", "nvme")
-FRAMEWORKS = ("single", "ddp", "deepspeed", "fsdp")  # ties in the speed order go in this order
+FRAMEWORKS = ("single", "ddp", "deepspeed", "fsdp")  # ties in the speed order go in this order,
+FULL_SHARDING_TIES = ("single", "ddp", "fsdp", "deepspeed")  # but these where every state is sharded
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class Strategy:
     # stage3_max_reuse_distance (and stage3_max_live_parameters) values
     # (memory_model.gathered_parameter_gib); None elsewhere
     gathered_parameter_values: int | None = None
+    # torch.compile through accelerate compiles each transformer block on its own (its loss beside)
+    # rather than the whole model: the YAML's dynamo_use_regional_compilation (`compiles_by_blocks`)
+    compiles_by_blocks: bool = False
 
     @property
     def multi_process(self) -> bool:
@@ -136,10 +140,11 @@ class Strategy:
         """Compile where it was measured to pay off: every profile without offload.
 
         Compiling fuses the elementwise work between matmuls, which made one GPU and ZeRO-2 markedly
-        faster. FSDP2 compiled as one graph breaks at its hooks and was slower than eager, but compiled
-        block by block (accelerate's regional compilation, which the FSDP profiles switch on) it was
-        faster. ZeRO-3 was slower compiled through accelerate (its hooks break the graph), and faster,
-        with less memory, with only its leaf blocks' forwards compiled (`launched.CompilePlan`).
+        faster. Block by block (accelerate's regional compilation, `compiles_by_blocks`) was faster
+        than the whole model for ddp and ZeRO-1/2 and held less; FSDP2 compiled as one graph breaks at
+        its hooks and was slower than eager. ZeRO-3 was slower compiled through accelerate (its hooks
+        break the graph), and faster, with less memory, with only its leaf blocks' forwards compiled
+        (`launched.CompilePlan`).
         Offload was not timed compiled. The measurements: docs/speed.md. A machine
         without a GPU never compiles by default (`arguments.compiles_by_default`).
         """
@@ -147,11 +152,15 @@ class Strategy:
 
     @property
     def speed_order(self) -> tuple[int, int, int, int]:
-        """Sort key, fastest first: each step keeps less per GPU and moves more. Offload to NVMe is
-        slower than to CPU, offloading more is slower, sharding more communicates more; ties go
-        DeepSpeed before FSDP, the order the planner has always recommended them in."""
+        """Sort key, fastest first, where a step's host work shows (a small model's micro batch; the
+        planner's `speed_rank` puts FSDP first where the micro batch hides it): each step keeps less
+        per GPU and moves more. Offload to NVMe is slower than to CPU, offloading more is slower,
+        sharding more communicates more. At equal sharding ZeRO-1/2 ran 1.1-1.2x FSDP2's grad-op
+        sharding (gpt2-medium at micro batch 8), and FSDP2's full sharding ran ahead of ZeRO-3, whose
+        hooks run per module, on every model, micro batch and GPU count measured (docs/speed.md)."""
         worst_offload = max((OFFLOAD_DEVICES.index(d) + 1 for d in self.offloaded.values()), default=0)
-        return worst_offload, len(self.offloaded), len(self.sharded), FRAMEWORKS.index(self.framework)
+        ties = FULL_SHARDING_TIES if len(self.sharded) == len(STATES) else FRAMEWORKS
+        return worst_offload, len(self.offloaded), len(self.sharded), ties.index(self.framework)
 
     @property
     def kind(self) -> str:
@@ -203,20 +212,37 @@ class Strategy:
         return "; ".join(parts)
 
 
+def compiles_by_blocks(distributed_type: str, dynamo_config: dict[str, Any] | None) -> bool:
+    """Whether a profile's `dynamo_config` asks accelerate for block by block (regional) compilation.
+
+    accelerate's multi-GPU and FSDP launchers pass the section on, and leave the whole model where it
+    is silent. Its DeepSpeed launcher drops it (`finetune run` passes it on), so a plain launch of a
+    DeepSpeed profile cannot say: there blocks unless told otherwise, as every shipped DeepSpeed
+    profile that compiles asks (their whole-model graph ran slower and held more).
+    """
+    asked = (dynamo_config or {}).get("dynamo_use_regional_compilation")
+    if asked is None:
+        return distributed_type == "DEEPSPEED"
+    return str(asked).lower() == "true"
+
+
 def derive_strategy(
     name: str,
     distributed_type: str,
     fsdp_config: dict[str, Any] | None = None,
     deepspeed_config: dict[str, Any] | None = None,
     description: str = "",
+    dynamo_config: dict[str, Any] | None = None,
 ) -> Strategy:
     """The one place where accelerate's and DeepSpeed's settings become a Strategy."""
+    by_blocks = compiles_by_blocks(distributed_type, dynamo_config)
     if distributed_type == "FSDP":
         fsdp = fsdp_config or {}
         reshard = bool(fsdp.get("fsdp_reshard_after_forward", True))
         offload = "cpu" if fsdp.get("fsdp_offload_params") else "none"  # FSDP2 moves all states then
         sharded = STATES if reshard else STATES[:2]
-        return Strategy(name, "fsdp", frozenset(sharded), offload, offload, None, reshard, False, description)
+        return Strategy(name, "fsdp", frozenset(sharded), offload, offload, None, reshard, False, description,
+                        compiles_by_blocks=by_blocks)  # fmt: skip
     if distributed_type == "DEEPSPEED":
         config = deepspeed_config or {}
         zero = config.get("zero_optimization", {})
@@ -234,8 +260,10 @@ def derive_strategy(
             reduce_buffers=buffers, reduce_bucket_values=bucket,
             sequence_parallel_gradient_bytes=GRADIENT_BYTES[str(sequence_parallel_dtype).lower()],
             optimizer_sub_group_values=sub_group, gathered_parameter_values=gathered,
+            compiles_by_blocks=by_blocks,
         )  # fmt: skip
-    return Strategy(name, "ddp" if distributed_type == "MULTI_GPU" else "single", description=description)
+    framework = "ddp" if distributed_type == "MULTI_GPU" else "single"
+    return Strategy(name, framework, description=description, compiles_by_blocks=by_blocks)
 
 
 def reduce_buffers(zero: dict[str, Any], stage: int) -> tuple[int, int | None]:
@@ -360,8 +388,9 @@ def load_profile(name_or_path: str | Path) -> Profile:
         ds_config = read_deepspeed_config(ds_path)
         check_deepspeed_config(ds_path, ds_config)
     strategy = derive_strategy(
-        path.stem, distributed_type, settings.get("fsdp_config"), ds_config, description
-    )
+        path.stem, distributed_type, settings.get("fsdp_config"), ds_config, description,
+        settings.get("dynamo_config"),
+    )  # fmt: skip
     return Profile(path.stem, path, description, distributed_type, settings, strategy, ds_path, ds_config)
 
 

@@ -187,11 +187,14 @@ class FinetuneTrainer(Trainer):
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
         """accelerate compiles only what the compile plan gives it (not ZeRO-3's blocks, which
-        run.py compiles itself); DDP takes --ddp_gradient_as_bucket_view, which the Trainer's own
-        DDP keyword arguments leave out."""
+        run.py compiles itself), block by block where the plan says so (the plugin would read the
+        launcher's variable, which a plain DeepSpeed launch leaves unset); DDP takes
+        --ddp_gradient_as_bucket_view, which the Trainer's own DDP keyword arguments leave out."""
         args = super()._build_accelerator_args(**kwargs)
         if not self.compile_plan.by_accelerate:
             args["dynamo_plugin"] = TorchDynamoPlugin(backend=DynamoBackend.NO)
+        elif "dynamo_plugin" in args:
+            args["dynamo_plugin"].use_regional_compilation = self.compile_plan.scope == "per_block"
         for handler in args.get("kwargs_handlers", []):
             if isinstance(handler, DistributedDataParallelKwargs):
                 handler.gradient_as_bucket_view = getattr(self.args, "ddp_gradient_as_bucket_view", False)

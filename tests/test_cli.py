@@ -49,8 +49,8 @@ def planned(monkeypatch) -> list:
     that supports bf16."""
     asked = []
 
-    def choose_profile(shape, workload, layout, memory):
-        asked.append((shape, workload))
+    def choose_profile(shape, workload, layout, memory, global_batch=None):
+        asked.append((shape, workload, global_batch))
         return "ddp", "fits"
 
     monkeypatch.setattr(finetune.planner, "visible_gpu_memory_gib", lambda: 80.0)
@@ -60,11 +60,33 @@ def planned(monkeypatch) -> list:
     return asked
 
 
+def test_profile_auto_weighs_a_global_batch_at_each_profiles_own_micro_batch(planned):
+    assert cli.main(["run", "--profile", "auto", "--num_processes", "2", "--global_batch_size", "64"]) == 0
+    assert planned[0][2] == 64
+
+
+def test_profile_auto_plans_the_micro_batch_given_beside_a_global_batch(planned):
+    argv = [
+        "run",
+        "--profile",
+        "auto",
+        "--num_processes",
+        "2",
+        "--global_batch_size",
+        "64",
+        "--batch_size",
+        "4",
+    ]
+    assert cli.main(argv) == 0
+    _, workload, global_batch = planned[0]
+    assert (workload.micro_batch, global_batch) == (4, None)
+
+
 def test_profile_auto_plans_the_recipes_model_at_the_batch_size_of_the_flag(tmp_path, planned):
     recipe = write_recipe(tmp_path, "model: gpt2-medium\nbatch_size: 16\nblock_size: 256\n")
     argv = ["run", "--profile", "auto", "--num_processes", "2", str(recipe), "--batch_size", "4"]
     assert cli.main(argv) == 0
-    shape, workload = planned[0]
+    shape, workload, _ = planned[0]
     assert (shape.name, workload.micro_batch, workload.block_size) == ("gpt2-medium", 4, 256)
 
 
@@ -72,7 +94,7 @@ def test_profile_auto_plans_the_precision_the_run_trains_in(tmp_path, planned):
     run_command.auto_profile(["--model", "gpt2", "--fp16"], 2)
     run_command.auto_profile(["--model", "gpt2", "--precision", "fp32"], 2)
     run_command.auto_profile(["--model", "gpt2"], 2)
-    assert [workload.dtype for _, workload in planned] == ["fp16", "fp32", "bf16"]
+    assert [workload.dtype for _, workload, _ in planned] == ["fp16", "fp32", "bf16"]
 
 
 def test_profile_auto_plans_precision_auto_as_fp16_on_a_gpu_without_bf16(planned, monkeypatch):

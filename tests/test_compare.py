@@ -162,14 +162,14 @@ def test_the_markdown_table_says_whether_each_profile_was_compiled(comparison):
 
 def test_by_default_every_multi_process_profile_is_compared_fastest_first():
     assert default_profiles([]) == [
-        "ddp", "zero1", "zero2", "fsdp_grad_op", "zero3", "fsdp", "zero2_offload", "zero3_offload",
+        "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp", "zero3", "zero2_offload", "zero3_offload",
     ]  # fmt: skip
     assert default_profiles(["--nvme_path", "nvme"])[-1] == "zero3_nvme"
 
 
 def test_with_a_sequence_degree_the_profiles_that_split_sequences_are_compared():
     assert default_profiles(["--sequence_parallel", "2"], sequence_parallel=2) == [
-        "fsdp_grad_op", "zero3", "fsdp", "zero3_offload",
+        "fsdp_grad_op", "fsdp", "zero3", "zero3_offload",
     ]  # fmt: skip
 
 

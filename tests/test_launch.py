@@ -91,6 +91,6 @@ def test_a_deepspeed_profile_without_compile_settings_sets_none(monkeypatch):
     monkeypatch.setattr(accelerate.commands.launch, "launch_command", deepspeed_launch)
     for name in [name for name in os.environ if name.startswith("ACCELERATE_DYNAMO")]:
         monkeypatch.delenv(name)
-    config = PROJECT_ROOT / "accelerate_configs" / "zero2.yaml"
+    config = PROJECT_ROOT / "accelerate_configs" / "zero2_offload.yaml"
     assert run_launcher(["--config_file", str(config), "--num_processes", "2", "script.py"]) == 0
     assert seen == {}

@@ -204,8 +204,8 @@ def test_shipped_profiles_are_ordered_fastest_first_by_what_they_shard_and_offlo
         "zero1",
         "zero2",
         "fsdp_grad_op",
-        "zero3",
         "fsdp",
+        "zero3",
         "zero2_offload",
         "zero3_offload",
         "zero3_nvme",
@@ -266,6 +266,51 @@ def test_a_deepspeed_json_asking_for_deepcompile_is_compiled_whole_by_deepspeed(
     arguments = SimpleNamespace(torch_compile=True, torch_compile_mode=None, compile_loss=False)
     plan = CompilePlan.for_run(Launch(strategy), arguments, zero3_leaf_blocks=[])
     assert (plan.scope, plan.by_accelerate) == ("whole", True)
+
+
+COMPILING = SimpleNamespace(torch_compile=True, torch_compile_mode=None, compile_loss=True)
+
+
+@pytest.mark.parametrize("name", ["single", "ddp", "zero1", "zero2", "fsdp_grad_op", "fsdp"])
+def test_every_profile_compiled_by_accelerate_asks_for_blocks(name):
+    """The whole-model graph ran slower and held more than its blocks (docs/speed.md)."""
+    assert load_profile(name).settings["dynamo_config"]["dynamo_use_regional_compilation"] is True
+
+
+def compile_plan_of_launch(monkeypatch, profile: str, regional: str | None) -> CompilePlan:
+    """The compile plan of a process that a 2-process launch of `profile` started, the launcher
+    having set ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION to `regional` (None: left unset)."""
+    loaded = load_profile(profile)
+    if loaded.deepspeed_config_path is not None:
+        monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(loaded.deepspeed_config_path))
+    if regional is None:
+        monkeypatch.delenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", regional)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    return CompilePlan.for_run(Launch.from_environment(), COMPILING, zero3_leaf_blocks=[])
+
+
+@pytest.mark.parametrize("name", ["zero1", "zero2"])
+def test_a_plain_deepspeed_launch_compiles_block_by_block_as_its_profile_asks(name, monkeypatch):
+    """accelerate's DeepSpeed launcher drops the profile's dynamo_config and sets no variable."""
+    plan = compile_plan_of_launch(monkeypatch, name, None)
+    assert (plan.scope, plan.loss) == ("per_block", True)
+
+
+def test_a_deepspeed_launch_told_not_to_compiles_the_whole_model(monkeypatch):
+    plan = compile_plan_of_launch(monkeypatch, "zero2", "False")
+    assert (plan.scope, plan.loss) == ("whole", False)
+
+
+def test_ddp_launched_with_the_profiles_line_compiles_block_by_block(monkeypatch):
+    assert compile_plan_of_launch(monkeypatch, "ddp", "True").scope == "per_block"
+
+
+def test_ddp_without_the_launchers_variable_compiles_the_whole_model(monkeypatch):
+    """accelerate's multi-GPU launcher always sets it; unset, nothing asked for blocks (torchrun)."""
+    assert compile_plan_of_launch(monkeypatch, "ddp", None).scope == "whole"
 
 
 def facts(strategy: Strategy) -> tuple:

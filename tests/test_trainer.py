@@ -76,6 +76,17 @@ def test_a_new_cuda_graph_step_is_marked_before_each_forward_only_when_graphs_ar
     assert len(calls) == marks
 
 
+@pytest.mark.parametrize(("scope", "regional"), [("per_block", True), ("whole", False)])
+def test_accelerate_compiles_block_by_block_exactly_where_the_compile_plan_says(
+    trainer_for, monkeypatch, scope, regional
+):
+    """Whatever the launcher's variable says: a plain DeepSpeed launch leaves it unset."""
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", str(not regional))
+    trainer = trainer_for(torch_compile=False)
+    trainer.compile_plan = CompilePlan(scope, "default")
+    assert trainer._build_accelerator_args()["dynamo_plugin"].use_regional_compilation is regional
+
+
 def test_ring_attention_deals_evaluation_batches_over_every_rank_and_training_batches_over_groups(
     trainer_for, monkeypatch
 ):

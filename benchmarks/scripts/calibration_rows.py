@@ -50,6 +50,7 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         "hidden": summary["hidden_size"],
         "vocab": config.vocab_size,
         **({"compiled": True} if summary["torch_compile"] else {}),
+        **compile_scope(summary),
         **({"chunked_loss": True} if arguments.get("chunked_loss") else {}),
         **({"sequence_parallel": degree} if (degree := summary.get("sequence_parallel_size", 1)) > 1 else {}),
         **({"ddp_bucket_views": True} if summary.get("ddp_gradient_buckets") == "views" else {}),
@@ -57,6 +58,16 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         "gated_mlp": shape.gated_mlp,
         **(adapter_fields(summary, shape) if summary.get("peft") else {}),
     }
+
+
+def compile_scope(summary: dict) -> dict:
+    """Whether accelerate compiled block by block (regional) or the whole model, where a profile may
+    do either: single, ddp, ZeRO-1/2 (planned by it, memory_model.calibration_kind). FSDP2 always
+    compiles its blocks and ZeRO-3 its leaf blocks itself; summaries from before the field, whole."""
+    by_accelerate = summary["distributed_type"] != "FSDP" and summary.get("zero_stage") != 3
+    if not (summary["torch_compile"] and by_accelerate):
+        return {}
+    return {"compiled_by_blocks": bool(summary.get("torch_compile_regional", False))}
 
 
 def adapter_fields(summary: dict, shape: ModelShape) -> dict:

@@ -239,38 +239,13 @@ case $CALL in
       CALIBRATE_TIMEOUT=100 COMPILE=1 phase cal-llama-ddp 100 $ALL calibrate $N /tmp/llama-1b ddp 16
     fi
     ;;
-  22)  # the global batch's profile choice: each profile at the micro batch it plans for a share of 32 a GPU
-    # (gpt2-xl: ddp 8 x 4, FSDP2 16 x 2, where fsdp_grad_op ran 1.28x ddp and zero3 0.79x on four H100,
-    # h100x4-2026-11-27c); ZeRO-1/2 at theirs were never run: what `--profile auto` should weigh
-    # (on two H200, h200x2-2026-11-30d: 110 s a case stopped the whole-model compiles; zero1 is left out)
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
-    RUN_TIMEOUT=190 phase global-batch 570 $ALL floor gpt2-xl - 15 ddp:--global_batch_size,$((32 * N)) \
-      zero2:--global_batch_size,$((32 * N)) fsdp_grad_op:--global_batch_size,$((32 * N))
-    ;;
-  23|24|25)  # compiled whole against block by block where the profile compiles whole (ddp, ZeRO-1/2): on
-    # two H200 (h200x2-2026-11-30d) ddp and zero2 ran gpt2-xl at a global batch of 32 a GPU at 18.5-18.9%
-    # MFU where fsdp_grad_op, compiled block by block with its loss, ran 47.0%; zero2 block by block on
-    # one H200 ran 1.08x at 0.87x the peak (h200-2026-11-30). 23 ddp (16 x 1 beside, as a control), 24
-    # ZeRO-2 and ZeRO-1, 25 every rank's trace of ddp's step both ways. The block-by-block copies are
-    # each profile with the YAML line that would make it so (finetune.launch passes a DeepSpeed
-    # profile's on, which accelerate launch drops), under /tmp/blocks/ (short case folders, under
-    # floor.sh's 80 characters). Read with `tables.py floor_against MACHINE --global_batch_size,64`
-    # (128 on four GPUs): each copy beside the profile it changes
+  22)  # `--profile auto`'s global batch rule on this GPU count: every profile at the micro batch it plans
+    # for a share of 32 a GPU, gpt2-xl (on two H200, h200x2-2026-11-30e, every one compiled block by
+    # block, 33-51 s to a first step: fsdp_grad_op 1.10x ddp's 16 x 2, the planner's pick)
     N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     G=--global_batch_size,$((32 * N))
-    mkdir -p /tmp/blocks
-    for P in ddp zero1 zero2; do
-      python benchmarks/scripts/profile_variant.py accelerate_configs/$P.yaml /tmp/blocks/$P.yaml \
-        dynamo_config.dynamo_use_regional_compilation=true || exit 2
-    done
-    case $CALL in
-      23) RUN_TIMEOUT=170 phase ddp-blocks 560 $ALL floor gpt2-xl - 12 "/tmp/blocks/ddp.yaml:$G" "ddp:$G" \
-            ddp:--batch_size,16 "/tmp/blocks/ddp.yaml:$G#r2" "ddp:$G#r2" ;;
-      24) RUN_TIMEOUT=220 phase zero-blocks 560 $ALL floor gpt2-xl - 12 "/tmp/blocks/zero2.yaml:$G" \
-            "zero2:$G" "/tmp/blocks/zero1.yaml:$G" "/tmp/blocks/zero2.yaml:$G#r2" ;;
-      25) RUN_TIMEOUT=250 phase ddp-traces 560 $ALL floor gpt2-xl - 14 "trace/ddp:$G" \
-            "trace//tmp/blocks/ddp.yaml:$G" ;;
-    esac
+    RUN_TIMEOUT=110 phase global-batch 570 $ALL floor gpt2-xl - 15 "fsdp_grad_op:$G" "ddp:$G" "zero2:$G" \
+      "fsdp:$G" "zero3:$G" "zero1:$G"
     ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac

@@ -281,6 +281,7 @@ def peaks(folder: Path) -> str:
         for values in json.loads(floor_call.read_text()) if floor_call.exists() else measured_rows(each):
             measured, predicted = values["peak_allocated_gib"], predicted_peak(values, calibration)
             profile = values["profile"] + (f" --peft {values['peft']}" if values.get("peft") else "")
+            profile += " (compiled whole)" if values.get("compiled_by_blocks") is False else ""
             rows.append(
                 [values["model"], profile, values["gpus"], values["micro_batch"], f"{measured:.2f}",
                  f"{predicted:.2f}", f"{predicted / measured:.2f}"]

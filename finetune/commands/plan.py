@@ -167,15 +167,16 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         )
         plan_picture(estimates, memory, options.margin, title, options.picture)
         print(f"picture: {options.picture}")
-    if global_batch is not None:
-        print()
-        print(format_global_batch(shape, workload, estimates, hardware, calibration, global_batch))
     best = recommend(estimates, memory, options.margin)
     if best is not None:
         largest = largest_micro_batch(best.strategy, shape, workload, hardware, calibration)
         print(f"largest micro batch predicted to fit with {best.profile}: {largest}")
         order = ", ".join(e.profile for e in estimates)
         print(f"recommended: {best.profile} (the first that fits, in the order {order})")
+    if global_batch is not None:  # last: with it, `--profile auto` weighs this, not the micro batch above
+        print()
+        print(format_global_batch(shape, workload, estimates, hardware, calibration, global_batch))
+    if best is not None:
         return 0
     print("nothing fits; changes that would:")
     for change in what_would_fit(shape, workload, layout, memory, calibration, options.margin):

@@ -119,7 +119,12 @@ def auto_profile(run_args: list[str], num_processes: int | None) -> tuple[str, s
     dtype = precision_on(training_args, visible_gpu_supports_bf16())
     shape, workload = run_workload(model_args, data_args, training_args, dtype)
     layout = ParallelLayout(num_processes or torch.cuda.device_count(), training_args.sequence_parallel)
-    return choose_profile(shape, workload, layout, memory)
+    batch_given = {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+    } & training_args.batch_flags_given
+    global_batch = None if batch_given else training_args.global_batch_size
+    return choose_profile(shape, workload, layout, memory, global_batch)
 
 
 def launch(
