@@ -456,9 +456,8 @@ def choose_profile(
     if global_batch is not None:
         hardware = Hardware(layout, gpu_memory_gib)
         strategies = [e.strategy for e in estimates]
-        best_choice = global_batch_choices(shape, workload, strategies, hardware, calibration, global_batch)[
-            0
-        ]
+        choices = global_batch_choices(shape, workload, strategies, hardware, calibration, global_batch)
+        best_choice = choices[0]
         if best_choice.geometry is not None and best_choice.estimate is not None:
             geometry = best_choice.geometry
             return best_choice.strategy.name, (
