@@ -272,7 +272,7 @@ def global_batch_choices(
 def format_global_batch(
     shape: ModelShape,
     workload: Workload,
-    estimates: list[Estimate],
+    strategies: list[Strategy],
     hardware: Hardware,
     calibration: Calibration,
     global_batch: int,
@@ -287,7 +287,6 @@ def format_global_batch(
         "| profile | micro batch | accumulation | total / GPU at that micro batch |",
         "|---|---|---|---|",
     ]
-    strategies = [e.strategy for e in estimates]
     choices = global_batch_choices(shape, workload, strategies, hardware, calibration, global_batch)
     for choice in choices:
         if choice.geometry is None or choice.estimate is None:
@@ -452,10 +451,9 @@ def choose_profile(
     """The recommended profile and a one-line reason, for `finetune run --profile auto`: with a
     global batch (and no micro batch given), each profile at the micro batch it would choose."""
     calibration = Calibration.measured()
-    estimates = plan(shape, workload, layout, calibration)
     if global_batch is not None:
         hardware = Hardware(layout, gpu_memory_gib)
-        strategies = [e.strategy for e in estimates]
+        strategies = planned_strategies(None, layout)
         choices = global_batch_choices(shape, workload, strategies, hardware, calibration, global_batch)
         best_choice = choices[0]
         if best_choice.geometry is not None and best_choice.estimate is not None:
@@ -465,7 +463,7 @@ def choose_profile(
                 f"({geometry.micro} x accumulation {geometry.accumulation}, "
                 f"{best_choice.estimate.total:.1f} of {gpu_memory_gib:.0f} GiB per GPU), fastest first at it"
             )
-    best = recommend(estimates, gpu_memory_gib)
+    best = recommend(plan(shape, workload, layout, calibration), gpu_memory_gib)
     if best is None:
         changes = (
             "; ".join(what_would_fit(shape, workload, layout, gpu_memory_gib, calibration)) or "none found"

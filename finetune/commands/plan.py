@@ -175,7 +175,11 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         print(f"recommended: {best.profile} (the first that fits, in the order {order})")
     if global_batch is not None:  # last: with it, `--profile auto` weighs this, not the micro batch above
         print()
-        print(format_global_batch(shape, workload, estimates, hardware, calibration, global_batch))
+        print(
+            format_global_batch(
+                shape, workload, [e.strategy for e in estimates], hardware, calibration, global_batch
+            )
+        )
     if best is not None:
         return 0
     print("nothing fits; changes that would:")
