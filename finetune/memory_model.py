@@ -30,7 +30,7 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   a cast copy where the adapter's dtype differs from its input's) and, with --lora_dropout, the
   dropout's mask (LORA_DROPOUT_MASK_BYTES); memory snapshots of eager LoRA steps found both
   (docs/planner.md). Compiled layers keep other amounts (COMPILED_ADAPTER_INPUT_BYTES by calibration
-  kind, more for a gated-MLP model), read off compiled LoRA peaks.
+  kind, more for a gated-MLP model and under DeepSpeed's linear), read off compiled LoRA peaks.
 - Host RAM is also taken while the model is built: every process builds the whole fp32 model
   (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
   layer as it is created. Host RAM per GPU is the larger of the two.
@@ -116,6 +116,7 @@ GATED_MLP_ACTIVATION_SCALE = MEASURED["gated_mlp_activation_scale"]
 ADAPTER_INPUT_BYTES = MEASURED["adapter_input_bytes"]
 COMPILED_ADAPTER_INPUT_BYTES = MEASURED["compiled_adapter_input_bytes"]
 COMPILED_GATED_MLP_ADAPTER_BYTES = MEASURED["compiled_gated_mlp_adapter_bytes"]
+DEEPSPEED_LINEAR_ADAPTER_BYTES = MEASURED["deepspeed_linear_adapter_bytes"]
 CHECKPOINTED_LOGIT_BYTES = MEASURED["checkpointed_logit_bytes"]
 LORA_DROPOUT_MASK_BYTES = MEASURED["lora_dropout_mask_bytes"]
 
@@ -221,10 +222,14 @@ class Measurement:
 
     @classmethod
     def from_row(cls, row: dict[str, Any], strategy: Strategy) -> Measurement:
-        """`strategy` is the row's profile as shipped now; a row says where it compiled otherwise
-        (`compiled_by_blocks`: ddp's and ZeRO-1/2's rows from when they compiled the whole model)."""
+        """`strategy` is the row's profile as shipped now; a row says where it ran otherwise
+        (`compiled_by_blocks`: ddp's and ZeRO-1/2's rows from when they compiled the whole model;
+        `memory_efficient_linear`: ZeRO-3's rows from before the stage-3 JSONs turned DeepSpeed's
+        linear off)."""
         if "compiled_by_blocks" in row:
             strategy = replace(strategy, compiles_by_blocks=row["compiled_by_blocks"])
+        if "memory_efficient_linear" in row:
+            strategy = replace(strategy, deepspeed_linear=row["memory_efficient_linear"])
         shape = ModelShape(
             row["model"],
             row["parameters"],
@@ -449,10 +454,9 @@ def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) 
     if framework_of(strategy, workload.dtype) == "deepspeed":
         if strategy.zero_stage in (1, 2) and compiled:
             return "fsdp_compiled" if strategy.compiles_by_blocks and workload.loss_compiled else "compiled"
-        # ZeRO-3 compiles its leaf blocks (run.py), adapters' too. Its compiled kind was fitted on full
-        # fine-tuning of GPT-2 shapes; a gated-MLP model's compiled ZeRO-3 peak was above what it
-        # predicts and within bf16's, which such models keep.
-        zero3_blocks = strategy.zero_stage == 3 and compiled and not shape.gated_mlp
+        # ZeRO-3 compiles its leaf blocks (run.py), adapters' too, unless DeepSpeed's linear makes
+        # them recompile until they run eager, keeping bf16's kind
+        zero3_blocks = strategy.zero_stage == 3 and compiled and not runs_deepspeed_linear(strategy, shape)
         return "zero3_compiled" if zero3_blocks and workload.loss_compiled else "bf16"
     if compiled:
         by_blocks = strategy.framework == "fsdp" and workload.loss_compiled
@@ -460,6 +464,14 @@ def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) 
     if strategy.framework == "fsdp" and workload.dtype != "fp32":
         return "bf16"
     return "autocast" if shape.layer_norm else "bf16"
+
+
+def runs_deepspeed_linear(strategy: Strategy, shape: ModelShape) -> bool:
+    """Whether ZeRO-3's blocks call DeepSpeed's linear (Strategy.deepspeed_linear): the gated-MLP
+    models (Llama, Qwen, Mistral) build their blocks of nn.Linear, whose functional linear DeepSpeed
+    replaces; GPT-2's are Conv1D, which it leaves alone. Measured on the 1B and 0.36B Llamas: with it
+    their compiled peaks were within bf16's kind, without it within the compiled blocks' kind."""
+    return strategy.deepspeed_linear and shape.gated_mlp
 
 
 def loss_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
@@ -585,7 +597,10 @@ def adapter_input_bytes(strategy: Strategy, workload: Workload, shape: ModelShap
     kind = calibration_kind(strategy, workload, shape)
     if kind not in COMPILED_ADAPTER_INPUT_BYTES:
         return ADAPTER_INPUT_BYTES[strategy.framework]
-    return COMPILED_ADAPTER_INPUT_BYTES[kind] + (COMPILED_GATED_MLP_ADAPTER_BYTES if shape.gated_mlp else 0)
+    gated = COMPILED_GATED_MLP_ADAPTER_BYTES if shape.gated_mlp else 0.0
+    # the adapters are nn.Linear in any model, so DeepSpeed's linear, where on, runs them
+    deepspeed_linear = DEEPSPEED_LINEAR_ADAPTER_BYTES if strategy.deepspeed_linear else 0.0
+    return COMPILED_ADAPTER_INPUT_BYTES[kind] + gated + deepspeed_linear
 
 
 def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Strategy) -> float:

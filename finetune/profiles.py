@@ -101,6 +101,10 @@ class Strategy:
     # torch.compile through accelerate compiles each transformer block on its own (its loss beside)
     # rather than the whole model: the YAML's dynamo_use_regional_compilation (`compiles_by_blocks`)
     compiles_by_blocks: bool = False
+    # ZeRO-3's zero.Init swaps torch.nn.functional.linear for DeepSpeed's own unless the JSON says
+    # "memory_efficient_linear": false (the shipped stage-3 JSONs do): compiled blocks of nn.Linear
+    # layers then recompile on each weight and run eager, and adapters keep more (memory_model)
+    deepspeed_linear: bool = False
 
     @property
     def multi_process(self) -> bool:
@@ -255,12 +259,14 @@ def derive_strategy(
         sequence_parallel_dtype = config.get("seq_parallel_communication_data_type", "fp32")
         sub_group = int(float(zero.get("sub_group_size", DEEPSPEED_SUB_GROUP_SIZE))) if stage == 3 else None
         gathered = gathered_parameter_values(zero) if stage == 3 else None
+        # DeepSpeed's own default is on
+        deepspeed_linear = stage == 3 and bool(zero.get("memory_efficient_linear", True))
         return Strategy(
             name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description, deepcompile,
             reduce_buffers=buffers, reduce_bucket_values=bucket,
             sequence_parallel_gradient_bytes=GRADIENT_BYTES[str(sequence_parallel_dtype).lower()],
             optimizer_sub_group_values=sub_group, gathered_parameter_values=gathered,
-            compiles_by_blocks=by_blocks,
+            compiles_by_blocks=by_blocks, deepspeed_linear=deepspeed_linear,
         )  # fmt: skip
     framework = "ddp" if distributed_type == "MULTI_GPU" else "single"
     return Strategy(name, framework, description=description, compiles_by_blocks=by_blocks)

@@ -250,6 +250,17 @@ def test_a_floor_case_that_failed_before_its_first_step_is_a_row_that_says_so(tm
     assert failed == ["`zero3_--torch_compile_mode_reduce-overhead`", *["n/a"] * 5, "failed"]
 
 
+def test_a_bare_torch_loops_case_is_a_floor_row_beside_ddps(tmp_path):
+    """bare_loop.py's JSON: torch's FSDP2 without finetune, set against the call's ddp."""
+    floor_case(tmp_path, "ddp", 100.0, 10.0)
+    (tmp_path / "bare_fsdp").mkdir()
+    bare = {"tokens_per_second": 80.0, "peak_allocated_gib": 9.0, "step_time_median_s": 0.1,
+            "loss_curve": FALLING}  # fmt: skip
+    (tmp_path / "bare_fsdp" / "bare.json").write_text(json.dumps(bare))
+    rows = {cells[0]: cells for cells in table_cells(tables.floor(tmp_path))}
+    assert rows["`bare_fsdp`"][1:6] == ["80", "100", "9.0", "n/a", "80%"]
+
+
 def test_refresh_rewrites_each_marked_table_and_keeps_the_text_around_it(tmp_path):
     """instruction_lora prints two tables: both stale ones below its marker are replaced."""
     store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)

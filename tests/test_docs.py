@@ -44,7 +44,7 @@ TABLES = [table for page in PAGES for table in generated_tables(page)]
 
 
 def test_docs_speed_page_has_its_generated_tables():
-    assert len(generated_tables(SPEED_PAGE)) == 52
+    assert len(generated_tables(SPEED_PAGE)) == 53
 
 
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
@@ -62,6 +62,9 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200x2-2026-11-29/call3",
         "benchmarks/h200x2-2026-11-28/call3",
         "benchmarks/h200x2-2026-11-30/call1/llama-zero3",
+        "benchmarks/h200-2026-11-30b/call1/full",
+        "benchmarks/h200-2026-11-30b/call1/lora",
+        "benchmarks/h200-2026-11-30b/call2/lora_m",
         "benchmarks/h200x2-2026-11-28/call1",
         "benchmarks/h200x2-2026-11-30c",
         "benchmarks/h200x2-2026-11-30d",

@@ -437,14 +437,14 @@ def test_lora_dropout_adds_one_byte_of_mask_per_adapted_input_feature(calibratio
 
 def test_compiled_lora_activations_add_what_compiled_steps_keep_by_calibration_kind(calibration):
     """Compiled, the cast copies are what the compiled code keeps: none under whole-model compile
-    (single), half a byte under FSDP2's compiled blocks, five under ZeRO-3's fp32 adapters; the
-    dropout mask on top, as eager."""
+    (single), half a byte under FSDP2's compiled blocks, 2.4 under ZeRO-3's fp32 adapters with
+    torch's linear (the shipped JSONs'); the dropout mask on top, as eager."""
     features = 8 * 1024 * 24 * 7 * 1024 / GIB
     shape = shape_of("gpt2-medium")[0]
     for profile, kind, copy_bytes in [
         ("single", "compiled", 0),
         ("fsdp", "fsdp_compiled", 0.5),
-        ("zero3", "zero3_compiled", 5),
+        ("zero3", "zero3_compiled", 2.4),
     ]:
         workload = Workload(8, 1024, peft="lora", compiled=True, lora_dropout=0.05)
         lora = estimate(load_strategy(profile), shape, workload, ParallelLayout(1), calibration).activations
@@ -455,6 +455,26 @@ def test_compiled_lora_activations_add_what_compiled_steps_keep_by_calibration_k
             calibration.logit_bytes_for(kind),
         )
         assert lora - full == pytest.approx(features * (copy_bytes + 1)), profile
+
+
+def test_deepspeeds_linear_makes_zero3s_compiled_adapters_keep_more_per_input_feature():
+    """The adapters are nn.Linear in any model, so DeepSpeed's linear runs them where it is on."""
+    workload = Workload(8, 1024, peft="lora", compiled=True)
+    zero3 = load_strategy("zero3")
+    shape = shape_of("gpt2-medium")[0]
+    with_it = adapter_input_bytes(replace(zero3, deepspeed_linear=True), workload, shape)
+    assert with_it - adapter_input_bytes(zero3, workload, shape) == pytest.approx(2.6)
+
+
+def test_zero3_compiles_a_llamas_blocks_unless_deepspeeds_linear_makes_them_recompile():
+    """A gated-MLP model's blocks are nn.Linear layers; GPT-2's Conv1D blocks compile either way."""
+    llama = replace(shape_of("gpt2-medium")[0], layer_norm=False, gated_mlp=True)
+    gpt2 = shape_of("gpt2-medium")[0]
+    zero3, compiled = load_strategy("zero3"), Workload(8, 1024, compiled=True)
+    deepspeeds_linear = replace(zero3, deepspeed_linear=True)
+    assert calibration_kind(zero3, compiled, llama) == "zero3_compiled"
+    assert calibration_kind(deepspeeds_linear, compiled, llama) == "bf16"
+    assert calibration_kind(deepspeeds_linear, compiled, gpt2) == "zero3_compiled"
 
 
 def test_a_compiled_gated_mlp_models_adapters_keep_one_byte_more_per_input_feature(tiny_llama_config_dir):

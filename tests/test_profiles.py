@@ -254,6 +254,20 @@ def test_an_edited_deepspeed_json_changes_the_strategy(tmp_path):
     assert edited.speed_order > load_strategy("zero2").speed_order
 
 
+def test_deepspeeds_linear_is_on_where_a_stage_3_json_leaves_it_to_deepspeeds_default(tmp_path):
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3})
+    assert load_strategy(path).deepspeed_linear
+    config = json.loads(json_path.read_text())
+    config["zero_optimization"]["memory_efficient_linear"] = False
+    json_path.write_text(json.dumps(config))
+    assert not load_strategy(path).deepspeed_linear
+
+
+def test_no_shipped_profile_runs_deepspeeds_linear():
+    """It made compiled Llama blocks recompile until they ran eager (docs/speed.md)."""
+    assert not any(strategy.deepspeed_linear for strategy in shipped_strategies())
+
+
 def test_a_deepspeed_json_asking_for_deepcompile_is_compiled_whole_by_deepspeed(tmp_path, monkeypatch):
     path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3})
     assert not load_strategy(path).deepcompile

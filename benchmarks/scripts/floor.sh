@@ -10,6 +10,8 @@
 #   TOOL  run (default): finetune/run.py through `python -m finetune.launch` (what `finetune run` starts)
 #         trace: benchmarks/scripts/rank_traces.py (every rank profiled, then trace_analysis.py's numbers)
 #         plain: benchmarks/scripts/plain_trainer.py (the plain Trainer) under the same accelerate config
+#         bare: benchmarks/scripts/bare_loop.py (torch's FSDP2/DDP in a hand-written loop, no finetune,
+#               Trainer or accelerate) for single, ddp and the FSDP profiles
 #         base/: any of those with the code of $BASELINE (a folder with an older checkout) instead
 #   PROFILE a name in accelerate_configs/ or a path to a YAML; NAME~KEY=JSON~... a changed copy of it
 #         (profile_variant.py: fsdp~fsdp_config.fsdp_reshard_after_forward=false,
@@ -28,7 +30,7 @@ for CASE in "$@"; do
   while [[ $REST == *=*+* && ${REST%%+*} == *=* ]]; do ENVS="$ENVS ${REST%%+*}"; REST=${REST#*+}; done
   TAG=""; [[ $REST == *'#'* ]] && { TAG=${REST#*#}; REST=${REST%%#*}; }
   CODE=$HERE; [[ $REST == base/* ]] && { CODE=${BASELINE:?BASELINE=folder of the older checkout}; REST=${REST#base/}; }
-  TOOL=run; [[ $REST =~ ^(run|trace|plain)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
+  TOOL=run; [[ $REST =~ ^(run|trace|plain|bare)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
   PROFILE=${REST%%:*}; EXTRA=$(echo "${REST#$PROFILE}" | sed 's/^://' | tr ',' ' ')
   CHANGES=(); if [[ $PROFILE == *~* ]]; then IFS='~' read -ra CHANGES <<< "${PROFILE#*~}"; PROFILE=${PROFILE%%~*}; fi
   [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
@@ -54,6 +56,9 @@ for CASE in "$@"; do
     plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
           --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \
           $([ -d "$MODEL" ] && echo "$MODEL" || echo "$FINETUNE_DATA_DIR/$MODEL") $BATCH $STEPS "$OUT/$NAME/plain.json") ;;
+    bare) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} torchrun --standalone \
+          --nproc_per_node $N $HERE/benchmarks/scripts/bare_loop.py --profile $CONFIG --model $MODEL --batch $BATCH \
+          --block ${BLOCK:-1024} --steps $STEPS --out "$OUT/$NAME/bare.json" $EXTRA) ;;
     *) echo "floor.sh: unknown tool '$TOOL' in $CASE" >&2; exit 2 ;;
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?

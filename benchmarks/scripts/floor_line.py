@@ -17,9 +17,10 @@ def line(folder: Path) -> str:
             f"{step_ms:.0f} ms, peak {s.get('memory_peak_allocated_gib_max')} GiB, "
             f"MFU {s.get('mfu')}, loss {s.get('final_loss')}"
         )
-    if plain.exists():
-        p = json.loads(plain.read_text())
-        parts.append(" ".join(f"{k} {v}" for k, v in p.items() if not isinstance(v, (list, dict)))[:200])
+    for peer in (plain, folder / "bare.json"):  # runs without finetune
+        if peer.exists():
+            p = json.loads(peer.read_text())
+            parts.append(" ".join(f"{k} {v}" for k, v in p.items() if not isinstance(v, (list, dict)))[:200])
     traces = folder / "traces.json"
     if traces.exists():
         t = json.loads(traces.read_text())

@@ -448,13 +448,16 @@ def two_launchers(folder: Path, profiles: list[str]) -> str:
 
 # floor --------------------------------------------------------------------------------------------
 def floor_cases(folder: Path) -> dict[str, Summary]:
-    """Each case folder's result: finetune's summary, or the plain script's JSON (marked `plain`)."""
+    """Each case folder's result: finetune's summary, or the JSON of a run without finetune (marked
+    `plain`): the plain Trainer script's or the bare torch loop's (bare_loop.py)."""
     cases = {}
     for case in sorted(path for path in folder.iterdir() if path.is_dir()):
         if (case / "run_summary.json").exists():
             cases[case.name] = read(case / "run_summary.json")
         elif (case / "plain.json").exists():
             cases[case.name] = {"plain": True, **read(case / "plain.json")}
+        elif (case / "bare.json").exists():
+            cases[case.name] = {"plain": True, **read(case / "bare.json")}
     return cases
 
 

@@ -1,0 +1,158 @@
+"""A profile's step without finetune, the Trainer or accelerate: torch's own FSDP2 (or DDP, or one
+process) around a GPT-2 of a $FINETUNE_DATA_DIR shape from scratch in a hand-written loop, random
+tokens already on the GPU. Beside `finetune run` in the same call it says how much of a host-bound
+step is the project's layers and how much is torch's: the floor with nothing but torch.
+
+Mirrors run.py's defaults for the profile (single, ddp, fsdp, fsdp_grad_op or a copy of one):
+FSDP2 with bf16 parameters and fp32 gradient reduction (MixedPrecisionPolicy), units of
+`--blocks_per_unit` blocks, resharding after forward as the profile says; DDP with 200 MB buckets and
+one process in fp32 under bf16 autocast, as the Trainer's bf16 does; each block's forward compiled on
+its own before sharding, the output layer at a vocabulary padded to a multiple of 64, fused AdamW, the
+gradient clipped at 1.0. Each step ends with a synchronize, so its time is the GPU's as well as the
+host's (`host_time_median_s`: until the step was issued).
+
+usage: torchrun --standalone --nproc_per_node N benchmarks/scripts/bare_loop.py --profile fsdp
+           [--model gpt2-medium] [--batch 8] [--block 1024] [--steps 20] [--eager] [--out FILE]
+(what `bash benchmarks/run.sh floor ... bare/PROFILE` runs; CPU dry run: --config_overrides
+n_layer=2,n_embd=64,n_head=2 --block 64)
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoConfig, GPT2LMHeadModel
+
+from finetune.profiles import Strategy, load_strategy
+
+VOCAB_MULTIPLE = 64
+DDP_BUCKET_MB = 200  # run.py's DDP default
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="fsdp", help="a profile name or YAML (not DeepSpeed)")
+    parser.add_argument("--model", default="gpt2-medium", help="a $FINETUNE_DATA_DIR name or a folder")
+    parser.add_argument("--blocks_per_unit", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--block", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--config_overrides", default="")
+    parser.add_argument("--out")
+    return parser.parse_args()
+
+
+def build_model(args: argparse.Namespace) -> GPT2LMHeadModel:
+    folder = (
+        args.model if os.path.isdir(args.model) else os.path.join(os.environ["FINETUNE_DATA_DIR"], args.model)
+    )
+    config = AutoConfig.from_pretrained(folder)
+    if args.config_overrides:
+        config.update_from_string(args.config_overrides)
+    config.vocab_size = -(-config.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # what run.py names it (finetune.models.name_causal_lm_loss)
+    return model
+
+
+def wrap(model: GPT2LMHeadModel, strategy: Strategy, args: argparse.Namespace, device: torch.device):
+    blocks = list(model.transformer.h)
+    if not args.eager:
+        for block in blocks:
+            block.forward = torch.compile(block.forward)
+    model.to(device)
+    if strategy.framework == "single":
+        return model
+    if strategy.framework == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    reshard = bool(strategy.reshard_after_forward)
+    for start in range(0, len(blocks), args.blocks_per_unit):
+        unit = blocks[start : start + args.blocks_per_unit]
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+    return fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def main() -> int:
+    args = parse()
+    strategy = load_strategy(args.profile)
+    if strategy.framework == "deepspeed":
+        print(
+            f"bare_loop.py: {args.profile} is a DeepSpeed profile; only single, ddp and FSDP2 run bare",
+            file=sys.stderr,
+        )
+        return 2
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # a half-eager loop is no measurement
+    on_gpu = torch.cuda.is_available()
+    dist.init_process_group("nccl" if on_gpu else "gloo")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    model = wrap(build_model(args), strategy, args, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=on_gpu)
+    tokens = torch.randint(0, 50257, (args.batch, args.block), device=device)
+    autocast = strategy.framework != "fsdp" and on_gpu
+
+    def step() -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            # no KV cache, as finetune's collators ask: its per-layer state made every block's
+            # compiled forward recompile until dynamo's limit, the rest then running eager
+            loss = model(input_ids=tokens, labels=tokens, use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def synchronize() -> None:
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    losses = [step() for _ in range(args.warmup)]
+    synchronize()
+    step_s, host_s = [], []
+    for _ in range(args.steps):
+        began = time.perf_counter()
+        losses.append(step())
+        host_s.append(time.perf_counter() - began)
+        synchronize()
+        step_s.append(time.perf_counter() - began)
+    step_time = statistics.median(step_s)
+    result = {
+        "tool": "bare_loop.py",
+        "profile": args.profile,
+        "blocks_per_unit": args.blocks_per_unit if strategy.framework == "fsdp" else None,
+        "compiled": not args.eager,
+        "world_size": dist.get_world_size(),
+        "micro_batch": args.batch,
+        "block_size": args.block,
+        "steps": args.steps,
+        "step_time_median_s": step_time,
+        "step_time_spread_s": [min(step_s), max(step_s)],
+        "host_time_median_s": statistics.median(host_s),
+        "tokens_per_second": args.batch * args.block / step_time,  # per process
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        "loss_curve": [{"step": i + 1, "loss": float(loss)} for i, loss in enumerate(losses)],
+        "versions": f"torch {torch.__version__}",
+    }
+    if dist.get_rank() == 0:
+        print(json.dumps({k: v for k, v in result.items() if k != "loss_curve"}))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
