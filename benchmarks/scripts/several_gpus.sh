@@ -247,6 +247,15 @@ case $CALL in
     RUN_TIMEOUT=110 phase global-batch 570 $ALL floor gpt2-xl - 15 "fsdp_grad_op:$G" "ddp:$G" "zero2:$G" \
       "fsdp:$G" "zero3:$G" "zero1:$G"
     ;;
+  23)  # the sharding floor: finetune's ddp and FSDP2 profiles beside the same in a hand-written torch loop
+    # (bare_loop.py: no finetune, Trainer or accelerate) at micro batch 8 and at one sample of 64 tokens
+    # (the host's floor; on one H200, h200-2026-11-30b, fsdp_grad_op's step at 8 was its floor)
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    RUN_TIMEOUT=80 phase bare-b8 320 $ALL floor gpt2-medium 8 20 ddp bare/ddp fsdp bare/fsdp fsdp_grad_op \
+      bare/fsdp_grad_op
+    BLOCK=64 RUN_TIMEOUT=70 phase bare-b1 260 $ALL floor gpt2-medium 1 20 ddp bare/ddp fsdp bare/fsdp \
+      fsdp_grad_op bare/fsdp_grad_op
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
