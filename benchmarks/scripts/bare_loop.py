@@ -3,13 +3,16 @@ process) around a GPT-2 of a $FINETUNE_DATA_DIR shape from scratch in a hand-wri
 tokens already on the GPU. Beside `finetune run` in the same call it says how much of a host-bound
 step is the project's layers and how much is torch's: the floor with nothing but torch.
 
-Mirrors run.py's defaults for the profile (single, ddp, fsdp, fsdp_grad_op or a copy of one):
-FSDP2 with bf16 parameters and fp32 gradient reduction (MixedPrecisionPolicy), units of
+Mirrors what run.py's defaults make of the profile (single, ddp, fsdp, fsdp_grad_op or a copy of
+one) through accelerate: FSDP2 with parameters, gradient reduction and outputs in bf16 (the
+MixedPrecisionPolicy accelerate builds from bf16 mixed precision, no autocast), units of
 `--blocks_per_unit` blocks, resharding after forward as the profile says; DDP with 200 MB buckets and
-one process in fp32 under bf16 autocast, as the Trainer's bf16 does; each block's forward compiled on
-its own before sharding, the output layer at a vocabulary padded to a multiple of 64, fused AdamW, the
-gradient clipped at 1.0. Each step ends with a synchronize, so its time is the GPU's as well as the
-host's (`host_time_median_s`: until the step was issued).
+one process in fp32 under bf16 autocast (accelerate's wrap of the forward); each block's forward
+compiled on its own before sharding, the output layer at a vocabulary padded to a multiple of 64,
+fused AdamW, the gradient clipped at 1.0. Not mirrored: the loss, which run.py compiles beside the
+blocks and this loop leaves to the model (eager), and accelerate's FSDP2 units of the embedding and
+of the output layer (here both in the root's unit). Each step ends with a synchronize, so its time is
+the GPU's as well as the host's (`host_time_median_s`: until the step was issued).
 
 usage: torchrun --standalone --nproc_per_node N benchmarks/scripts/bare_loop.py --profile fsdp
            [--model gpt2-medium] [--batch 8] [--block 1024] [--steps 20] [--eager] [--out FILE]
@@ -76,7 +79,8 @@ def wrap(model: GPT2LMHeadModel, strategy: Strategy, args: argparse.Namespace, d
         return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    bf16 = torch.bfloat16
+    policy = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)
     reshard = bool(strategy.reshard_after_forward)
     for start in range(0, len(blocks), args.blocks_per_unit):
         unit = blocks[start : start + args.blocks_per_unit]
