@@ -81,6 +81,8 @@ def wrap(model: GPT2LMHeadModel, strategy: Strategy, args: argparse.Namespace, d
 
     bf16 = torch.bfloat16
     policy = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)
+    if device.type == "cpu":  # run.py trains in fp32 on CPU
+        policy = MixedPrecisionPolicy()
     reshard = bool(strategy.reshard_after_forward)
     for start in range(0, len(blocks), args.blocks_per_unit):
         unit = blocks[start : start + args.blocks_per_unit]
