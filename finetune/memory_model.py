@@ -476,8 +476,9 @@ def runs_deepspeed_linear(strategy: Strategy, shape: ModelShape) -> bool:
 
 def loss_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
     """Whose bytes per logit the loss keeps: the layers' kind's, but ZeRO-3 compiles its loss beside
-    its compiled blocks for a gated-MLP model too, whose layers keep bf16's kind (a 1B Llama's
-    checkpointed long blocks on one GPU were predicted 2.1x their peak with the eager loss's bytes)."""
+    its blocks also where DeepSpeed's linear keeps a gated-MLP model's layers at bf16's kind (a 1B
+    Llama's checkpointed long blocks on one GPU were predicted 2.1x their peak with the eager loss's
+    bytes)."""
     kind = calibration_kind(strategy, workload, shape)
     zero3_loss_compiled = (
         strategy.zero_stage == 3 and compiled_for(strategy, workload) and workload.loss_compiled
