@@ -8,11 +8,12 @@ one) through accelerate: FSDP2 with parameters, gradient reduction and outputs i
 MixedPrecisionPolicy accelerate builds from bf16 mixed precision, no autocast), units of
 `--blocks_per_unit` blocks, resharding after forward as the profile says; DDP with 200 MB buckets and
 one process in fp32 under bf16 autocast (accelerate's wrap of the forward); each block's forward
-compiled on its own before sharding, the output layer at a vocabulary padded to a multiple of 64,
-fused AdamW, the gradient clipped at 1.0. Not mirrored: the loss, which run.py compiles beside the
-blocks and this loop leaves to the model (eager), and accelerate's FSDP2 units of the embedding and
-of the output layer (here both in the root's unit). Each step ends with a synchronize, so its time is
-the GPU's as well as the host's (`host_time_median_s`: until the step was issued).
+compiled on its own before sharding, the output layer's matmul at an aligned width (run.py's own
+`align_output_matmul`), fused AdamW, the gradient clipped at 1.0. Not mirrored: the loss, which
+run.py compiles beside the blocks and this loop leaves to the model (eager), and accelerate's FSDP2
+units of the embedding and of the output layer (here both in the root's unit). Each step ends with a
+synchronize, so its time is the GPU's as well as the host's (`host_time_median_s`: until the step
+was issued).
 
 usage: torchrun --standalone --nproc_per_node N benchmarks/scripts/bare_loop.py --profile fsdp
            [--model gpt2-medium] [--batch 8] [--block 1024] [--steps 20] [--eager] [--out FILE]
@@ -32,10 +33,9 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig, GPT2LMHeadModel
 
+from finetune.arguments import DDP_BUCKET_CAP_MB
+from finetune.losses import align_output_matmul
 from finetune.profiles import Strategy, load_strategy
-
-VOCAB_MULTIPLE = 64
-DDP_BUCKET_MB = 200  # run.py's DDP default
 
 
 def parse() -> argparse.Namespace:
@@ -60,10 +60,10 @@ def build_model(args: argparse.Namespace) -> GPT2LMHeadModel:
     config = AutoConfig.from_pretrained(folder)
     if args.config_overrides:
         config.update_from_string(args.config_overrides)
-    config.vocab_size = -(-config.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # what run.py names it (finetune.models.name_causal_lm_loss)
+    align_output_matmul(model)
     return model
 
 
@@ -76,7 +76,7 @@ def wrap(model: GPT2LMHeadModel, strategy: Strategy, args: argparse.Namespace, d
     if strategy.framework == "single":
         return model
     if strategy.framework == "ddp":
-        return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_MB)
+        return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_CAP_MB)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     bf16 = torch.bfloat16
@@ -105,9 +105,10 @@ def main() -> int:
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    model = wrap(build_model(args), strategy, args, device)
+    base = build_model(args)
+    tokens = torch.randint(0, base.config.vocab_size, (args.batch, args.block), device=device)
+    model = wrap(base, strategy, args, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=on_gpu)
-    tokens = torch.randint(0, 50257, (args.batch, args.block), device=device)
     autocast = strategy.framework != "fsdp" and on_gpu
 
     def step() -> torch.Tensor:
