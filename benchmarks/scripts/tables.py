@@ -454,10 +454,11 @@ def floor_cases(folder: Path) -> dict[str, Summary]:
     for case in sorted(path for path in folder.iterdir() if path.is_dir()):
         if (case / "run_summary.json").exists():
             cases[case.name] = read(case / "run_summary.json")
-        elif (case / "plain.json").exists():
-            cases[case.name] = {"plain": True, **read(case / "plain.json")}
-        elif (case / "bare.json").exists():
-            cases[case.name] = {"plain": True, **read(case / "bare.json")}
+            continue
+        for peer in (case / "plain.json", case / "bare.json"):
+            if peer.exists():
+                cases[case.name] = {"plain": True, **read(peer)}
+                break
     return cases
 
 
