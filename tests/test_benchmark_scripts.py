@@ -261,6 +261,35 @@ def test_a_bare_torch_loops_case_is_a_floor_row_beside_ddps(tmp_path):
     assert rows["`bare_fsdp`"][1:6] == ["80", "100", "9.0", "n/a", "80%"]
 
 
+def bare_case(folder: Path, name: str, step_s: float, micro_batch: int = 8) -> None:
+    """One bare_loop.py case folder with the fields the floor tables read."""
+    (folder / name).mkdir(parents=True)
+    bare = {"micro_batch": micro_batch, "block_size": 1024, "step_time_median_s": step_s,
+            "tokens_per_second": 1.0, "peak_allocated_gib": 1.0, "loss_curve": FALLING}  # fmt: skip
+    (folder / name / "bare.json").write_text(json.dumps(bare))
+
+
+def test_floor_bare_sets_finetunes_median_step_beside_torch_alones_over_every_call_of_the_machine(tmp_path):
+    """Cases at any depth below the machine pool by shape and profile; traced ones are left out."""
+    for call, ours, alone in (("call1/b8", 0.13, 0.10), ("call2/b8", 0.15, 0.11), ("call3", 0.14, 0.12)):
+        floor_case(tmp_path / call, "fsdp", 1.0, 1.0, block_size=1024, step_time_median_s=ours)
+        bare_case(tmp_path / call, "bare_fsdp", alone)
+    floor_case(tmp_path / "call1/b8", "ddp", 1.0, 1.0, block_size=1024, step_time_median_s=0.07)
+    bare_case(tmp_path / "call1/b8", "bare_ddp", 0.055)
+    floor_case(tmp_path / "call3", "trace_fsdp", 1.0, 1.0, block_size=1024, step_time_median_s=9.0)
+    rows = {cells[1]: cells for cells in table_cells(tables.floor_bare(tmp_path))}
+    assert list(rows) == ["`ddp`", "`fsdp`"]
+    assert rows["`fsdp`"] == [
+        "8 x 1024",
+        "`fsdp`",
+        "140 (3: 130-150)",
+        "110 (3: 100-120)",
+        "1.27",
+        "0.50",
+        "0.50",
+    ]
+
+
 def test_refresh_rewrites_each_marked_table_and_keeps_the_text_around_it(tmp_path):
     """instruction_lora prints two tables: both stale ones below its marker are replaced."""
     store(tmp_path, "plain_lora.llama.b8.run1", tokens_per_second=1.0)

@@ -588,6 +588,47 @@ def floor_against(machine: Path, reference: list[str]) -> str:
     return markdown([*POOLED_COLUMNS, "rate vs the profile's reference", "peak vs the reference"], rows)
 
 
+def floor_bare(machine: Path) -> str:
+    """finetune's step beside bare_loop.py's (torch alone) for each profile and shape, every call of one
+    machine pooled (any depth below it, traced cases left out): the ratio of median steps says how much
+    of the step is this project's layers, and each side against its own ddp whether the gap to ddp is
+    torch's too."""
+    steps: dict[tuple[int, int, str, str], list[float]] = defaultdict(list)
+    for result in [*machine.rglob("run_summary.json"), *machine.rglob("bare.json")]:
+        if "trace" in result.parent.name:
+            continue
+        run, tool = read(result), "bare" if result.name == "bare.json" else "finetune"
+        micro_batch = run["micro_batch"] if tool == "bare" else run["micro_batch_size"]
+        profile = REPEAT_TAG.sub("", result.parent.name).removeprefix("bare_")
+        steps[(micro_batch, run["block_size"], profile, tool)].append(run["step_time_median_s"])
+
+    def ratio(numerator: list[float] | None, denominator: list[float] | None) -> str:
+        if not numerator or not denominator:
+            return "n/a"
+        return f"{statistics.median(numerator) / statistics.median(denominator):.2f}"
+
+    def times(runs: list[float] | None) -> str:
+        if not runs:
+            return "n/a"
+        spread = f"{1e3 * min(runs):.0f}-{1e3 * max(runs):.0f}"
+        return f"{1e3 * statistics.median(runs):.0f} ({len(runs)}: {spread})"
+
+    rows = []
+    for micro_batch, block, profile, tool in sorted(steps):
+        if tool == "finetune":
+            ours, alone = (
+                steps[(micro_batch, block, profile, tool)],
+                steps.get((micro_batch, block, profile, "bare")),
+            )
+            ddp, alone_ddp = (steps.get((micro_batch, block, "ddp", side)) for side in ("finetune", "bare"))
+            shape = f"{micro_batch} x {block}"
+            rows.append([shape, f"`{profile}`", times(ours), times(alone), ratio(ours, alone),
+                         ratio(ddp, ours), ratio(alone_ddp, alone)])  # fmt: skip
+    columns = ["micro batch x block", "profile", "finetune step ms (runs: range)", "torch alone step ms"]
+    columns += ["finetune / torch alone", "finetune vs its ddp", "torch alone vs its ddp"]
+    return markdown(columns, rows)
+
+
 def floor_traces(folder: Path) -> str:
     rows = []
     for traces in sorted(folder.glob("*/traces.json")):
@@ -625,6 +666,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "floor_repeats": floor_repeats,
     "floor_gc": floor_gc,
     "floor_traces": floor_traces,
+    "floor_bare": floor_bare,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
     "floor_against": floor_against,
