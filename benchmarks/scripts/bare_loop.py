@@ -17,8 +17,9 @@ was issued).
 
 usage: torchrun --standalone --nproc_per_node N benchmarks/scripts/bare_loop.py --profile fsdp
            [--model gpt2-medium] [--batch 8] [--block 1024] [--steps 20] [--eager] [--out FILE]
-(what `bash benchmarks/run.sh floor ... bare/PROFILE` runs; CPU dry run: --config_overrides
-n_layer=2,n_embd=64,n_head=2 --block 64)
+           [--trace DIR]
+(what `bash benchmarks/run.sh floor ... bare/PROFILE` runs, and `bare_trace/PROFILE` with --trace;
+CPU dry run: --config_overrides n_layer=2,n_embd=64,n_head=2 --block 64)
 """
 
 import argparse
@@ -27,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,6 +38,8 @@ from transformers import AutoConfig, GPT2LMHeadModel
 from finetune.arguments import DDP_BUCKET_CAP_MB
 from finetune.losses import align_output_matmul
 from finetune.profiles import Strategy, load_strategy
+
+TRACED_STEPS = 3
 
 
 def parse() -> argparse.Namespace:
@@ -50,7 +54,28 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--config_overrides", default="")
     parser.add_argument("--out")
+    parser.add_argument(
+        "--trace",
+        metavar="DIR",
+        help=f"after the timed steps, every rank's torch.profiler trace of {TRACED_STEPS} more, not "
+        "synchronized between them (DIR/rank<R>.trace.json, what trace_analysis.py reads)",
+    )
     return parser.parse_args()
+
+
+def write_trace(step: Callable[[], torch.Tensor], folder: str, on_gpu: bool) -> None:
+    """The steps profiled as rank_traces.py profiles finetune's, so that trace_analysis.py sets the two
+    side by side (finetune's steps are not synchronized one by one either)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
+    with profile(activities=activities) as profiler:
+        for _ in range(TRACED_STEPS):
+            step()
+        if on_gpu:
+            torch.cuda.synchronize()
+    profiler.export_chrome_trace(f"{folder}/rank{dist.get_rank()}.trace.json")
 
 
 def build_model(args: argparse.Namespace) -> GPT2LMHeadModel:
@@ -136,6 +161,8 @@ def main() -> int:
         synchronize()
         step_s.append(time.perf_counter() - began)
     step_time = statistics.median(step_s)
+    if args.trace:
+        write_trace(step, args.trace, on_gpu)
     result = {
         "tool": "bare_loop.py",
         "profile": args.profile,

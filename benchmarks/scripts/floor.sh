@@ -12,6 +12,7 @@
 #         plain: benchmarks/scripts/plain_trainer.py (the plain Trainer) under the same accelerate config
 #         bare: benchmarks/scripts/bare_loop.py (torch's FSDP2/DDP in a hand-written loop, no finetune,
 #               Trainer or accelerate) for single, ddp and the FSDP profiles
+#         bare_trace: bare, then every rank's trace of 3 more steps and trace_analysis.py's numbers
 #         base/: any of those with the code of $BASELINE (a folder with an older checkout) instead
 #   PROFILE a name in accelerate_configs/ or a path to a YAML; NAME~KEY=JSON~... a changed copy of it
 #         (profile_variant.py: fsdp~fsdp_config.fsdp_reshard_after_forward=false,
@@ -30,7 +31,7 @@ for CASE in "$@"; do
   while [[ $REST == *=*+* && ${REST%%+*} == *=* ]]; do ENVS="$ENVS ${REST%%+*}"; REST=${REST#*+}; done
   TAG=""; [[ $REST == *'#'* ]] && { TAG=${REST#*#}; REST=${REST%%#*}; }
   CODE=$HERE; [[ $REST == base/* ]] && { CODE=${BASELINE:?BASELINE=folder of the older checkout}; REST=${REST#base/}; }
-  TOOL=run; [[ $REST =~ ^(run|trace|plain|bare)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
+  TOOL=run; [[ $REST =~ ^(run|trace|plain|bare|bare_trace)/ ]] && { TOOL=${REST%%/*}; REST=${REST#*/}; }
   PROFILE=${REST%%:*}; EXTRA=$(echo "${REST#$PROFILE}" | sed 's/^://' | tr ',' ' ')
   CHANGES=(); if [[ $PROFILE == *~* ]]; then IFS='~' read -ra CHANGES <<< "${PROFILE#*~}"; PROFILE=${PROFILE%%~*}; fi
   [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
@@ -56,14 +57,15 @@ for CASE in "$@"; do
     plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
           --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \
           $([ -d "$MODEL" ] && echo "$MODEL" || echo "$FINETUNE_DATA_DIR/$MODEL") $BATCH $STEPS "$OUT/$NAME/plain.json") ;;
-    bare) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} torchrun --standalone \
-          --nproc_per_node $N $HERE/benchmarks/scripts/bare_loop.py --profile $CONFIG --model $MODEL --batch $BATCH \
-          --block ${BLOCK:-1024} --steps $STEPS --out "$OUT/$NAME/bare.json" $EXTRA) ;;
+    bare|bare_trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} torchrun \
+          --standalone --nproc_per_node $N $HERE/benchmarks/scripts/bare_loop.py --profile $CONFIG --model $MODEL \
+          --batch $BATCH --block ${BLOCK:-1024} --steps $STEPS --out "$OUT/$NAME/bare.json" \
+          $([ $TOOL = bare_trace ] && echo --trace /tmp/traces/$NAME) $EXTRA) ;;
     *) echo "floor.sh: unknown tool '$TOOL' in $CASE" >&2; exit 2 ;;
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?
   cp /tmp/floor/$NAME/run_summary.json "$OUT/$NAME/" 2>/dev/null
-  if [ $TOOL = trace ]; then
+  if [[ $TOOL == *trace ]]; then
     cp /tmp/traces/$NAME/*.syncs.json "$OUT/$NAME/" 2>/dev/null
     timeout 120 python benchmarks/scripts/trace_analysis.py /tmp/traces/$NAME 3 "$OUT/$NAME/traces.json" \
       > "$OUT/$NAME/analysis.log" 2>&1

@@ -256,6 +256,13 @@ case $CALL in
     BLOCK=64 RUN_TIMEOUT=70 phase bare-b1 260 $ALL floor gpt2-medium 1 20 ddp bare/ddp fsdp bare/fsdp \
       fsdp_grad_op bare/fsdp_grad_op
     ;;
+  24)  # the sharding floor: every rank's trace of finetune's FSDP2 step beside torch alone's (bare_loop.py)
+    # at micro batch 8, then the untraced pair (on the slower of two 2-H200 hosts, h200x2-2026-11-30f,
+    # finetune's fsdp step was 1.32x torch alone's; fsdp_grad_op's 1.02x)
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    RUN_TIMEOUT=150 phase traces 520 $ALL floor gpt2-medium 8 20 trace/fsdp bare_trace/fsdp trace/fsdp_grad_op \
+      bare_trace/fsdp_grad_op fsdp bare/fsdp
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
