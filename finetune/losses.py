@@ -24,7 +24,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from finetune.data_formats import IGNORE_INDEX
-from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT
+from finetune.loss_chunks import VOCAB_ALIGNMENT, tokens_per_chunk
 
 if TYPE_CHECKING:
     from finetune.profiles import Strategy
@@ -44,7 +44,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         vocab = weight.shape[0]
         padded = torch.nn.functional.pad(weight, (0, 0, 0, -vocab % VOCAB_ALIGNMENT))
-        chunk = max(1, CHUNK_LOGITS // padded.shape[0])
+        chunk = tokens_per_chunk(hidden.device.type, padded.shape[0], hidden.shape[-1])
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(padded.shape, dtype=torch.float32, device=weight.device)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -54,7 +54,10 @@ class LinearCrossEntropy(torch.autograd.Function):
             loss, grad_logits = _chunk_loss_and_grad(piece @ padded.T, targets, vocab)
             total += loss
             grad_hidden[start : start + chunk] = grad_logits @ padded
-            grad_weight += (grad_logits.T @ piece).float()
+            if grad_logits.dtype == grad_weight.dtype:  # fp32: no weight-sized product per chunk
+                grad_weight.addmm_(grad_logits.T, piece)
+            else:
+                grad_weight += (grad_logits.T @ piece).float()
         ctx.save_for_backward(grad_hidden, grad_weight[:vocab].to(weight.dtype))
         return total
 
@@ -131,12 +134,12 @@ def chunked_loss_sums(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
     dtype = compute_dtype(hidden)
     shifted = next_tokens(labels)
     weight = weight.to(dtype)
-    chunk = max(1, CHUNK_LOGITS // (weight.shape[0] * hidden.shape[0]))  # tokens of each sample
+    tokens_per_sample = max(1, tokens_per_chunk(hidden.device.type, *weight.shape) // hidden.shape[0])
     sums = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
     with torch.autocast(hidden.device.type, enabled=False):
-        for start in range(0, hidden.shape[1], chunk):
-            logits = (hidden[:, start : start + chunk].to(dtype) @ weight.T).float()
-            targets = shifted[:, start : start + chunk]
+        for start in range(0, hidden.shape[1], tokens_per_sample):
+            logits = (hidden[:, start : start + tokens_per_sample].to(dtype) @ weight.T).float()
+            targets = shifted[:, start : start + tokens_per_sample]
             valid = targets != IGNORE_INDEX
             target_logits = logits.gather(2, torch.where(valid, targets, 0)[..., None]).squeeze(2)
             sums += ((torch.logsumexp(logits, dim=-1) - target_logits) * valid).sum(dim=1).double()

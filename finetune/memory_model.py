@@ -83,7 +83,7 @@ from transformers.utils import logging
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
 from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
-from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT
+from finetune.loss_chunks import VOCAB_ALIGNMENT, tokens_per_chunk
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,
@@ -552,7 +552,7 @@ def chunked_loss_buffer_gib(shape: ModelShape, workload: Workload, layout: Paral
         return 0.0
     tokens = workload.micro_batch * workload.block_size / layout.sequence_parallel
     padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
-    chunk_logits = min(tokens, max(1, CHUNK_LOGITS // padded_vocab)) * padded_vocab
+    chunk_logits = min(tokens, tokens_per_chunk("cuda", padded_vocab, shape.hidden)) * padded_vocab
     weight_gradient = padded_vocab * shape.hidden * CHUNKED_WEIGHT_GRADIENT_BYTES
     return (chunk_logits * CHUNK_BYTES_PER_LOGIT + weight_gradient) / GIB
 

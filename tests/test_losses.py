@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 import finetune.losses
 from finetune.evaluation import loss_sums_per_sample
 from finetune.launched import Launch
+from finetune.loss_chunks import CHUNK_LOGITS, tokens_per_chunk
 from finetune.losses import (
     align_output_matmul,
     causal_lm_loss,
@@ -40,7 +41,7 @@ TINY_MODELS = {
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Chunks of 7 tokens, so every test crosses chunk boundaries."""
-    monkeypatch.setattr(finetune.losses, "CHUNK_LOGITS", 7 * 1024)
+    monkeypatch.setattr(finetune.losses, "tokens_per_chunk", lambda device_type, vocab, width: 7)
 
 
 def batch_with_ignored_labels():
@@ -257,6 +258,21 @@ def test_compiled_loss_under_adapters_replaces_the_base_models_loss():
     assert adapted.get_base_model().loss_function is not own_loss
     input_ids, labels = batch_with_ignored_labels()
     assert torch.isfinite(adapted(input_ids=input_ids, labels=labels).loss)
+
+
+def test_a_gpus_chunk_is_the_one_the_planner_counts():
+    assert tokens_per_chunk("cuda", 50304, 1024) == CHUNK_LOGITS // 50304
+
+
+def test_a_cpus_chunk_keeps_its_logits_below_mallocs_largest_mmap_threshold():
+    """On CPU a chunk's fp32 buffers above glibc's mmap threshold (32 MiB at most) are mapped and
+    unmapped each step, faulting their pages in again."""
+    assert tokens_per_chunk("cpu", 50304, 64) * 50304 * 4 <= 16 * 2**20
+
+
+def test_a_cpus_chunk_is_at_least_half_the_width_in_tokens():
+    """Each chunk reads the whole output weight three times: wide models take longer chunks."""
+    assert tokens_per_chunk("cpu", 50304, 1600) == 800
 
 
 def test_labels_are_shifted_to_the_next_token_with_the_last_ignored():
