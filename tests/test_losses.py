@@ -260,7 +260,8 @@ def test_compiled_loss_under_adapters_replaces_the_base_models_loss():
     assert torch.isfinite(adapted(input_ids=input_ids, labels=labels).loss)
 
 
-def test_a_gpus_chunk_is_the_one_the_planner_counts():
+def test_a_gpus_chunk_stays_the_one_the_planners_calibration_measured():
+    """The planner counts the chunk through the same function; its long-block rows ran 2^26 logits."""
     assert tokens_per_chunk("cuda", 50304, 1024) == CHUNK_LOGITS // 50304
 
 

@@ -614,16 +614,13 @@ def floor_bare(machine: Path) -> str:
         return f"{1e3 * statistics.median(runs):.0f} ({len(runs)}: {spread})"
 
     rows = []
-    for micro_batch, block, profile, tool in sorted(steps):
-        if tool == "finetune":
-            ours, alone = (
-                steps[(micro_batch, block, profile, tool)],
-                steps.get((micro_batch, block, profile, "bare")),
-            )
-            ddp, alone_ddp = (steps.get((micro_batch, block, "ddp", side)) for side in ("finetune", "bare"))
-            shape = f"{micro_batch} x {block}"
-            rows.append([shape, f"`{profile}`", times(ours), times(alone), ratio(ours, alone),
-                         ratio(ddp, ours), ratio(alone_ddp, alone)])  # fmt: skip
+    for (micro_batch, block, profile, tool), ours in sorted(steps.items()):
+        if tool == "bare":
+            continue
+        alone = steps.get((micro_batch, block, profile, "bare"))
+        ddp, alone_ddp = (steps.get((micro_batch, block, "ddp", side)) for side in ("finetune", "bare"))
+        rows.append([f"{micro_batch} x {block}", f"`{profile}`", times(ours), times(alone),
+                     ratio(ours, alone), ratio(ddp, ours), ratio(alone_ddp, alone)])  # fmt: skip
     columns = ["micro batch x block", "profile", "finetune step ms (runs: range)", "torch alone step ms"]
     columns += ["finetune / torch alone", "finetune vs its ddp", "torch alone vs its ddp"]
     return markdown(columns, rows)
