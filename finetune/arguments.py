@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
@@ -73,9 +72,16 @@ class FinetuneTrainingArguments(TrainingArguments):
     )
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     logging_first_step: bool = field(default=True, metadata={"help": "Log the first step's loss."})
-    dataloader_pin_memory: bool = field(
-        default_factory=torch.accelerator.is_available,
-        metadata={"help": "Page-locked batches for faster copies to the GPU (default: with an accelerator)."},
+    # None until resolve_launch_settings: HfArgumentParser gives a bool field without a plain default
+    # False, whatever its default_factory says.
+    dataloader_pin_memory: bool | None = field(
+        default=None,
+        metadata={
+            "nargs": "?",  # a bare switch is true, as TrainingArguments' own
+            "const": True,
+            "help": "Page-locked batches, copied to the GPU without waiting for it (default: on GPUs; "
+            "the copy is non-blocking unless --accelerator_config says otherwise).",
+        },
     )
     ddp_gradient_as_bucket_view: bool = field(
         default=False,
@@ -363,6 +369,17 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args, launch)
+    _apply_batch_copies(training_args, launch)
+
+
+def _apply_batch_copies(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
+    """On GPUs, batches in page-locked memory copied with accelerate's `non_blocking`: a blocking copy
+    waits for the GPU to finish the work queued before it (two host syncs a step in a several-GPU
+    trace, one per tensor of the batch), where a copy from page-locked memory queues behind it."""
+    if training_args.dataloader_pin_memory is None:
+        training_args.dataloader_pin_memory = launch.on_gpu and not training_args.use_cpu
+    if training_args.accelerator_config is None and training_args.dataloader_pin_memory:
+        training_args.accelerator_config = {"non_blocking": True}
 
 
 def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> None:

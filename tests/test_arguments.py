@@ -15,6 +15,7 @@ from finetune.arguments import (
     ModelArguments,
     compiles_by_default,
     parse_arguments,
+    resolve_launch_settings,
 )
 from finetune.errors import FinetuneError
 from finetune.launched import Launch
@@ -190,6 +191,32 @@ def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
     _, _, default = parse_arguments(output_flags)
     _, _, chosen = parse_arguments([*output_flags, "--ddp_bucket_cap_mb", "50"])
     assert (default.ddp_bucket_cap_mb, chosen.ddp_bucket_cap_mb) == (200, 50)
+
+
+def test_batches_on_gpus_are_page_locked_and_copied_without_waiting_for_the_gpu(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    resolve_launch_settings(training_args, Launch(load_strategy("ddp"), on_gpu=True))
+    assert training_args.dataloader_pin_memory is True
+    assert training_args.accelerator_config == {"non_blocking": True}
+
+
+def test_batches_on_cpus_are_neither_page_locked_nor_copied(output_flags):
+    _, _, training_args = parse_arguments(output_flags)
+    resolve_launch_settings(training_args, Launch(load_strategy("ddp"), on_gpu=False))
+    assert training_args.dataloader_pin_memory is False
+    assert training_args.accelerator_config is None
+
+
+def test_an_accelerator_config_given_is_kept_as_given(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--accelerator_config", '{"even_batches": false}'])
+    resolve_launch_settings(training_args, Launch(load_strategy("ddp"), on_gpu=True))
+    assert training_args.accelerator_config == '{"even_batches": false}'
+
+
+def test_unpinned_batches_asked_for_on_gpus_are_copied_as_transformers_copies_them(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--dataloader_pin_memory", "false"])
+    resolve_launch_settings(training_args, Launch(load_strategy("ddp"), on_gpu=True))
+    assert (training_args.dataloader_pin_memory, training_args.accelerator_config) == (False, None)
 
 
 def test_compilation_can_be_asked_for_on_cpu(output_flags):

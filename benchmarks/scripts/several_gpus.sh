@@ -263,6 +263,15 @@ case $CALL in
     RUN_TIMEOUT=150 phase traces 520 $ALL floor gpt2-medium 8 20 trace/fsdp bare_trace/fsdp trace/fsdp_grad_op \
       bare_trace/fsdp_grad_op fsdp bare/fsdp
     ;;
+  25)  # the sharding floor: batches page-locked and copied non-blocking (run.py's default on GPUs since
+    # h200x2-2026-12-01 found them never pinned) against the copies every earlier run made, beside torch
+    # alone, each pair twice; then rank 0's host syncs a step under the new default (trace/: 5.3 before)
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    OLD=--dataloader_pin_memory,false
+    RUN_TIMEOUT=90 phase copies 540 $ALL floor gpt2-medium 8 20 fsdp "fsdp:$OLD" bare/fsdp fsdp_grad_op \
+      "fsdp_grad_op:$OLD" bare/fsdp_grad_op 'fsdp#r2' "fsdp:$OLD#r2" 'bare/fsdp#r2' 'fsdp_grad_op#r2' \
+      "fsdp_grad_op:$OLD#r2" 'bare/fsdp_grad_op#r2' trace/fsdp
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
