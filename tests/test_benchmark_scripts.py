@@ -451,3 +451,35 @@ def test_a_collective_whose_ends_differ_more_than_the_clocks_allow_is_left_unpai
     write_trace(tmp_path, 0, [(gather, 100, 105, 1100)])
     write_trace(tmp_path, 1, [(gather, 100, 105, 5000)])
     assert trace_analysis.analyse(tmp_path, steps=1)["collectives"]["paired"] == 0
+
+
+host_samples = load_script("host_samples")
+LAUNCHER = 'process 10:"python torchrun bare_loop.py";'
+RANK = LAUNCHER + 'process 11:"python -u bare_loop.py";thread (11);main (bare_loop.py:154);'
+STEP = "main.<locals>.step (bare_loop.py:144);"
+SAMPLED = [
+    LAUNCHER + "thread (10);main (torch/distributed/run.py:900) 500",
+    RANK + STEP + "FSDPState._pre_forward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py:230) 30",
+    RANK + STEP + "Optimizer.step (torch/optim/optimizer.py:500);_fused_adamw (torch/optim/adamw.py:700) 10",
+    RANK + STEP + "_compile (torch/_dynamo/convert_frame.py:900);compile_fx (torch/_inductor/x.py:1) 400",
+    RANK + "build_model (bare_loop.py:90) 50",
+    "    import torch  # a piece of a worker's command line",
+]
+
+
+def test_host_samples_count_a_ranks_training_loop_without_its_compilation_and_leave_the_launcher_out():
+    [(pid, stacks)] = host_samples.rank_samples(SAMPLED).items()
+    summary = host_samples.summarize(stacks, rate=100, steps=2)
+    assert pid == "11"
+    assert (summary["loop_samples"], summary["compiling_samples"]) == (40, 400)
+    assert summary["host_ms_per_step"] == 200.0  # 40 samples at 100 Hz over 2 steps
+
+
+def test_host_samples_share_the_loop_by_what_each_sample_was_inside_and_name_the_self_time():
+    [stacks] = host_samples.rank_samples(SAMPLED).values()
+    summary = host_samples.summarize(stacks, rate=100, steps=2)
+    assert summary["share_by_category"] == {"FSDP2 hooks and collectives": 0.75, "optimizer step": 0.25}
+    assert summary["top_self"] == [
+        ["FSDPState._pre_forward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)", 0.75],
+        ["_fused_adamw (torch/optim/adamw.py)", 0.25],
+    ]

@@ -18,7 +18,8 @@
 #         (profile_variant.py: fsdp~fsdp_config.fsdp_reshard_after_forward=false,
 #         zero3~ds.timers.throughput.enabled=false)
 #   ENV=VALUE+ environment for that case alone (NCCL_PROTO=Simple+fsdp); PIN=1+ runs each rank on its own
-#         share of the cores (pin_and_run.py)
+#         share of the cores (pin_and_run.py); SPY=1+ samples every process with py-spy at $SPY_RATE
+#         (200) Hz, untraced (host_samples.py: each rank's host time in the training loop, by what)
 # e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--torch_compile,false trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
@@ -47,9 +48,13 @@ for CASE in "$@"; do
     CONFIG=/tmp/floor/variants/$NAME.yaml; cp $CONFIG /tmp/floor/variants/$NAME.json "$OUT/$NAME/" 2>/dev/null
   fi
   PIN=""; [[ " $ENVS " == *" PIN=1 "* ]] && PIN=$HERE/benchmarks/scripts/pin_and_run.py
+  SPY=(); if [[ " $ENVS " == *" SPY=1 "* ]]; then  # every process sampled by py-spy, from outside
+    SPY=("$(command -v py-spy || echo /tmp/site/bin/py-spy)" record --subprocesses --threads --nonblocking
+      --rate "${SPY_RATE:-200}" --format raw --output "/tmp/floor/$NAME.stacks" --); rm -f "/tmp/floor/$NAME.stacks"
+  fi
   START=$(date +%s)
   case $TOOL in
-    run) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
+    run) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} "${SPY[@]}" python -m finetune.launch \
           --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN finetune/run.py $FLAGS $EXTRA) ;;
     trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} python -m finetune.launch \
           --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN $HERE/benchmarks/scripts/rank_traces.py \
@@ -57,7 +62,7 @@ for CASE in "$@"; do
     plain) (cd $CODE && env $ENVS timeout ${RUN_TIMEOUT:-240} accelerate launch --config_file $CONFIG \
           --num_processes $N --main_process_port 0 $HERE/benchmarks/scripts/plain_trainer.py \
           $([ -d "$MODEL" ] && echo "$MODEL" || echo "$FINETUNE_DATA_DIR/$MODEL") $BATCH $STEPS "$OUT/$NAME/plain.json") ;;
-    bare|bare_trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} torchrun \
+    bare|bare_trace) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} "${SPY[@]}" torchrun \
           --standalone --nproc_per_node $N $HERE/benchmarks/scripts/bare_loop.py --profile $CONFIG --model $MODEL \
           --batch $BATCH --block ${BLOCK:-1024} --steps $STEPS --out "$OUT/$NAME/bare.json" \
           $([ $TOOL = bare_trace ] && echo --trace /tmp/traces/$NAME) $EXTRA) ;;
@@ -65,6 +70,12 @@ for CASE in "$@"; do
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?
   cp /tmp/floor/$NAME/run_summary.json "$OUT/$NAME/" 2>/dev/null
+  if [ -s "/tmp/floor/$NAME.stacks" ]; then  # bare_loop.py steps 5 warm-up steps more than it times
+    LOOP_STEPS=$STEPS; [[ $TOOL == bare* ]] && LOOP_STEPS=$((STEPS + 5))
+    python benchmarks/scripts/host_samples.py "/tmp/floor/$NAME.stacks" "${SPY_RATE:-200}" $LOOP_STEPS \
+      "$OUT/$NAME/host_samples.json" > "$OUT/$NAME/host_samples.log" 2>&1
+    gzip -c "/tmp/floor/$NAME.stacks" > "$OUT/$NAME/stacks.txt.gz"
+  fi
   if [[ $TOOL == *trace ]]; then
     cp /tmp/traces/$NAME/*.syncs.json "$OUT/$NAME/" 2>/dev/null
     timeout 120 python benchmarks/scripts/trace_analysis.py /tmp/traces/$NAME 3 "$OUT/$NAME/traces.json" \

@@ -1,5 +1,6 @@
 """One line for a floor.sh case folder: tokens/s per GPU, median step, peak memory, loss; the trace's
-numbers and the sync audit where the case was traced. usage: python floor_line.py CASE_DIR"""
+numbers and the sync audit where the case was traced, py-spy's host time where it was sampled.
+usage: python floor_line.py CASE_DIR"""
 
 import json
 import sys
@@ -30,6 +31,10 @@ def line(folder: Path) -> str:
             f"{rank0.get('gpu_nccl_ms')} idle {rank0.get('gpu_idle_ms')}; "
             f"last {collectives.get('last_to_arrive')} {collectives.get('why_last_was_late')}"
         )
+    samples = folder / "host_samples.json"
+    if samples.exists():
+        ranks = json.loads(samples.read_text())["ranks"].values()
+        parts.append("py-spy host ms a step " + ", ".join(str(rank["host_ms_per_step"]) for rank in ranks))
     syncs = sorted(folder.glob("rank*.syncs.json"))
     if syncs:
         parts.append(f"syncs rank0 {json.loads(syncs[0].read_text())['syncs']}")

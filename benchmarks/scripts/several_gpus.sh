@@ -272,6 +272,15 @@ case $CALL in
       "fsdp_grad_op:$OLD" bare/fsdp_grad_op 'fsdp#r2' "fsdp:$OLD#r2" 'bare/fsdp#r2' 'fsdp_grad_op#r2' \
       "fsdp_grad_op:$OLD#r2" 'bare/fsdp_grad_op#r2' trace/fsdp
     ;;
+  26)  # the sharding floor untraced: every process sampled by py-spy (host_samples.py: each rank's host
+    # time in the loop, by what) under finetune and torch alone at micro batch 8; torch.profiler doubled
+    # the FSDP2 step it traced and showed finetune's host no busier than torch's where untraced finetune's
+    # step was 1.07-1.34 of torch's (h200x2-2026-12-01). The unsampled pair last: py-spy's own cost.
+    # Needs py-spy staged: bash ../shared/gpu/stage.sh trl==1.16.0 liger-kernel==0.8.5 py-spy==0.4.3
+    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    RUN_TIMEOUT=100 phase spy 540 $ALL floor gpt2-medium 8 40 SPY=1+fsdp SPY=1+bare/fsdp SPY=1+fsdp_grad_op \
+      SPY=1+bare/fsdp_grad_op SPY=1+ddp SPY=1+bare/ddp fsdp bare/fsdp
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack

@@ -1,0 +1,114 @@
+"""Where each rank's host time goes in the training loop, from py-spy's samples of an untraced run.
+
+torch.profiler's own host cost doubled the several-GPU FSDP2 step it traced (90 -> 200 ms), hiding
+what finetune's host does beside a hand-written torch loop's; py-spy samples the processes from
+outside, at a rate that leaves the step as it was. floor.sh records a case under py-spy when its case
+string starts with `SPY=1+` (`py-spy record --subprocesses --threads --format raw`: one line per
+distinct stack, `process ...;thread ...;frame;...;frame COUNT`) and runs this on the result.
+
+usage: python benchmarks/scripts/host_samples.py STACKS RATE STEPS OUT_JSON
+(STEPS: the optimizer steps the loop ran, to give host milliseconds a step)
+
+Per rank (each process with samples inside the training loop: not the launcher, the data loader's
+workers or inductor's compile workers): the samples inside the training loop (the Trainer's
+`_inner_training_loop`, bare_loop.py's `step`), those compiling
+(dynamo's and inductor's frames) set apart; the loop's samples inclusively by what they were inside
+(FSDP2's hooks, the compiled regions, the optimizer, ...) and the functions with the most self time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+LOOP_FRAMES = re.compile(r"^(\S+\.)?_inner_training_loop \(transformers/trainer\.py|^main\.<locals>\.step \(")
+COMPILING = re.compile(r"torch/_inductor/(?!output_code)|torch/_dynamo/convert_frame\.py")
+# inclusive: a sample counts in every category one of its frames belongs to
+CATEGORIES = {
+    "FSDP2 hooks and collectives": r"torch/distributed/fsdp/_fully_shard/",
+    "DDP": r"torch/nn/parallel/distributed\.py",
+    "DeepSpeed": r"deepspeed/",
+    "compiled regions (guards, wrappers, launches)": r"torch/_dynamo/eval_frame\.py|_aot_autograd/",
+    "autograd (backward)": r"torch/autograd/",
+    "optimizer step": r"torch/optim/",
+    "gradient clipping": r"clip_grad",
+    "loss": r"finetune/losses\.py|transformers/loss/",
+    "batches (data loader, copies)": r"torch/utils/data/|accelerate/(data_loader|utils/operations)\.py",
+    "callbacks": r"transformers/trainer_callback\.py",
+    "garbage collection": r"finetune/garbage_collection\.py",
+}
+PROCESS = re.compile(r'process (\d+):"([^"]*)";')
+SAMPLE = re.compile(r"^(.*) (\d+)$")
+
+
+def rank_samples(lines: list[str]) -> dict[str, Counter[tuple[str, ...]]]:
+    """Each process's stacks (below its thread frame) and their sample counts, by process id, for the
+    processes that ran the training loop. Lines that are not samples (pieces of a command line that
+    held a newline) are skipped."""
+    ranks: dict[str, Counter[tuple[str, ...]]] = {}
+    for line in lines:
+        sample = SAMPLE.match(line)
+        if not line.startswith("process ") or not sample:
+            continue
+        stack, count = sample.group(1) + ";", int(sample.group(2))
+        processes = PROCESS.findall(stack)
+        if not processes:
+            continue
+        pid = processes[-1][0]
+        frames = tuple(PROCESS.sub("", stack).rstrip(";").split(";"))
+        ranks.setdefault(pid, Counter())[frames[1:] if frames[0].startswith("thread ") else frames] += count
+    return {pid: stacks for pid, stacks in ranks.items() if any(in_loop(frames) for frames in stacks)}
+
+
+def in_loop(frames: tuple[str, ...]) -> bool:
+    return any(LOOP_FRAMES.match(frame) for frame in frames)
+
+
+def frame_name(frame: str) -> str:
+    """`function (path:line)` without the line: one entry per function."""
+    return re.sub(r":\d+\)$", ")", frame)
+
+
+def summarize(stacks: Counter[tuple[str, ...]], rate: float, steps: int) -> dict:
+    loop = Counter({frames: n for frames, n in stacks.items() if in_loop(frames)})
+    compiling = Counter({frames: n for frames, n in loop.items() if any(COMPILING.search(f) for f in frames)})
+    steady = loop - compiling
+    total = sum(steady.values())
+    categories = {
+        name: sum(n for frames, n in steady.items() if any(re.search(pattern, f) for f in frames))
+        for name, pattern in CATEGORIES.items()
+    }
+    self_time = Counter()
+    for frames, n in steady.items():
+        self_time[frame_name(frames[-1])] += n
+    return {
+        "loop_samples": total,
+        "compiling_samples": sum(compiling.values()),
+        "host_ms_per_step": round(1e3 * total / rate / steps, 2) if steps else None,
+        "share_by_category": {name: round(n / max(total, 1), 3) for name, n in categories.items() if n},
+        "top_self": [[name, round(n / total, 3)] for name, n in self_time.most_common(15)],
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4:
+        print(__doc__.split("\n\n")[2], file=sys.stderr)
+        return 2
+    stacks, rate, steps, out = Path(argv[0]), float(argv[1]), int(argv[2]), Path(argv[3])
+    ranks = rank_samples(stacks.read_text(errors="replace").splitlines())
+    result = {
+        "rate_hz": rate,
+        "steps": steps,
+        "ranks": {pid: summarize(samples, rate, steps) for pid, samples in sorted(ranks.items())},
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for pid, rank in result["ranks"].items():
+        print(f"process {pid}: {rank['host_ms_per_step']} host ms a step ({rank['loop_samples']} samples)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
