@@ -9,7 +9,6 @@ token, DDP's find_unused_parameters).
 import sys
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, GPT2Config, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -120,12 +119,6 @@ def test_only_the_first_rank_of_the_run_prints(console, capsys):
     assert capsys.readouterr().out == ""
     console().on_log(args, state_at(40), control, logs=dict(GPU_LOG))
     assert capsys.readouterr().out.startswith("step 40/200 | loss 6.112 |")
-
-
-@pytest.mark.skipif(torch.accelerator.is_available(), reason="pinning is for machines with an accelerator")
-def test_batches_are_not_pinned_without_an_accelerator(output_flags):
-    _, _, training_args = parse_arguments(output_flags)
-    assert training_args.dataloader_pin_memory is False
 
 
 def test_ddp_does_not_search_every_step_for_unused_parameters(output_flags):
