@@ -483,3 +483,26 @@ def test_host_samples_share_the_loop_by_what_each_sample_was_inside_and_name_the
         ["FSDPState._pre_forward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)", 0.75],
         ["_fused_adamw (torch/optim/adamw.py)", 0.25],
     ]
+
+
+def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_shares_per_rank(tmp_path):
+    def sampled(name: str, shares: dict[str, float]) -> dict:
+        rank = {"host_ms_per_step": 90.4, "share_by_category": shares, "top_self": [[name, 0.2]]}
+        return {"ranks": {"11": rank, "12": {**rank, "host_ms_per_step": 80.0}}}
+
+    floor_case(tmp_path, "SPY=1_fsdp", 1.0, 1.0, step_time_median_s=0.1)
+    (tmp_path / "SPY=1_fsdp" / "host_samples.json").write_text(
+        json.dumps(sampled("hook (fsdp.py)", {"FSDP2 hooks and collectives": 0.5}))
+    )
+    bare_case(tmp_path, "SPY=1_bare_fsdp", 0.08)
+    (tmp_path / "SPY=1_bare_fsdp" / "host_samples.json").write_text(
+        json.dumps(sampled("step (adam.py)", {"optimizer step": 0.25}))
+    )
+    floor_case(tmp_path, "fsdp", 1.0, 1.0)  # not sampled: no row
+    rows = table_cells(tables.floor_spy(tmp_path))
+    assert rows == [
+        ["`SPY=1_bare_fsdp`", "80", "90, 80", "0.00/0.00", "0.00/0.00", "0.00/0.00", "0.25/0.25", "0.00/0.00",
+         "step (adam.py) (0.20)"],
+        ["`SPY=1_fsdp`", "100", "90, 80", "0.50/0.50", "0.00/0.00", "0.00/0.00", "0.00/0.00", "0.00/0.00",
+         "hook (fsdp.py) (0.20)"],
+    ]  # fmt: skip

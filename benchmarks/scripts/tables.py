@@ -24,6 +24,9 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE... | FLAGS]
                     floor.sh case writes them): the median rate's ratio and the peak's
   floor_traces      PATH one floor.sh call: per traced case, each rank's step (GPU compute, NCCL, idle)
                     and the collectives paired across ranks (who arrived last, how long the rest waited)
+  floor_spy         PATH one floor.sh call: per case sampled by py-spy (SPY=1+), its median step and each
+                    rank's host ms a step in the loop, the shares of FSDP2's hooks, the compiled regions,
+                    the backward, the optimizer and the batches, and the function with most self time
   resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
                     uninterrupted run's
   two_launchers     PATH PROFILE... (two_launchers.sh): two launchers' eval loss beside one launcher's
@@ -626,6 +629,38 @@ def floor_bare(machine: Path) -> str:
     return markdown(columns, rows)
 
 
+SPY_COLUMNS = {
+    "FSDP2 hooks": "FSDP2 hooks and collectives",
+    "compiled regions": "compiled regions (guards, wrappers, launches)",
+    "backward": "autograd (backward)",
+    "optimizer": "optimizer step",
+    "batches": "batches (data loader, copies)",
+}
+
+
+def floor_spy(folder: Path) -> str:
+    """What each rank's host did in the loop, untraced (host_samples.py's numbers): finetune's cases
+    and torch alone's side by side, the shares inclusive (a sample inside a hook inside the backward
+    counts in both)."""
+    rows = []
+    for samples in sorted(folder.glob("*/host_samples.json")):
+        case, ranks = samples.parent, list(read(samples)["ranks"].values())
+        result = case / "run_summary.json" if (case / "run_summary.json").exists() else case / "bare.json"
+        step = read(result).get("step_time_median_s") if result.exists() else None
+        host = ", ".join(f"{rank['host_ms_per_step']:.0f}" for rank in ranks)
+        shares = [
+            "/".join(f"{rank['share_by_category'].get(category, 0):.2f}" for rank in ranks)
+            for category in SPY_COLUMNS.values()
+        ]
+        top = ranks[0]["top_self"][0] if ranks and ranks[0]["top_self"] else None
+        rows.append([f"`{case.name}`", f"{1e3 * step:.0f}" if step else "n/a", host, *shares,
+                     f"{top[0]} ({top[1]:.2f})" if top else ""])  # fmt: skip
+    columns = ["case", "step ms (median)", "host ms a step in the loop (each rank)"]
+    columns += [f"{name} (share, each rank)" for name in SPY_COLUMNS]
+    columns.append("most self time, rank 0 (share)")
+    return markdown(columns, rows)
+
+
 def floor_traces(folder: Path) -> str:
     rows = []
     for traces in sorted(folder.glob("*/traces.json")):
@@ -664,6 +699,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "floor_gc": floor_gc,
     "floor_traces": floor_traces,
     "floor_bare": floor_bare,
+    "floor_spy": floor_spy,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
     "floor_against": floor_against,
