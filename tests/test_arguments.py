@@ -1,8 +1,10 @@
 """Flags and YAML recipes parse into ModelArguments, DataArguments and FinetuneTrainingArguments."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from finetune.arguments import (
     FinetuneTrainingArguments,
     ModelArguments,
     compiles_by_default,
+    make_parser,
     parse_arguments,
     resolve_launch_settings,
 )
@@ -191,6 +194,23 @@ def test_ddp_gradient_buckets_default_to_200_mb_and_can_be_set(output_flags):
     _, _, default = parse_arguments(output_flags)
     _, _, chosen = parse_arguments([*output_flags, "--ddp_bucket_cap_mb", "50"])
     assert (default.ddp_bucket_cap_mb, chosen.ddp_bucket_cap_mb) == (200, 50)
+
+
+def declared_default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+
+
+def test_every_flag_finetune_declares_parses_to_the_default_its_field_declares(output_flags):
+    """HfArgumentParser reads no default_factory of a bool field (it gives False): a default written that
+    way is lost before any code sees it, as the page-locked batches' was on every GPU run."""
+    parsed = vars(make_parser().parse_args(output_flags))
+    own = [field for cls in (ModelArguments, DataArguments) for field in dataclasses.fields(cls)]
+    own += [field for field in dataclasses.fields(FinetuneTrainingArguments)
+            if field.name in vars(FinetuneTrainingArguments)["__annotations__"]]  # fmt: skip
+    given = {"output_dir", "report_to"}
+    assert {field.name: parsed[field.name] for field in own if field.init and field.name not in given} == {
+        field.name: declared_default(field) for field in own if field.init and field.name not in given
+    }
 
 
 def test_batches_on_gpus_are_page_locked_and_copied_without_waiting_for_the_gpu(output_flags):
