@@ -355,8 +355,8 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
 
     The launcher's variables and the machine choose the FSDP units, the compile default, the mixed
     precision of `--precision auto`, the profile's DeepSpeed JSON (checked, and its NVMe folder filled
-    in and created) and how ranks without a GPU talk. `finetune doctor` resolves the same before its
-    checks (finetune/resolved.py), so it checks the run that would train.
+    in and created), how ranks without a GPU talk and how batches reach a GPU. `finetune doctor`
+    resolves the same before its checks (finetune/resolved.py), so it checks the run that would train.
     """
     config_path, deepspeed_config = launch.deepspeed_config_path, launch.deepspeed_config
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
