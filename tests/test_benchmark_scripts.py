@@ -506,3 +506,12 @@ def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_
         ["`SPY=1_fsdp`", "100", "90, 80", "0.50/0.50", "0.00/0.00", "0.00/0.00", "0.00/0.00", "0.00/0.00",
          "hook (fsdp.py) (0.20)"],
     ]  # fmt: skip
+
+
+def test_host_samples_count_the_steps_each_case_recorded_bare_loops_warm_up_steps_among_them(tmp_path):
+    floor_case(tmp_path, "SPY=1_fsdp", 1.0, 1.0, steps=40)
+    bare_case(tmp_path, "SPY=1_bare_fsdp", 0.08)
+    bare = tmp_path / "SPY=1_bare_fsdp" / "bare.json"
+    bare.write_text(json.dumps({**json.loads(bare.read_text()), "steps": 40, "warmup": 5}))
+    assert host_samples.loop_steps(tmp_path / "SPY=1_fsdp") == 40
+    assert host_samples.loop_steps(tmp_path / "SPY=1_bare_fsdp") == 45

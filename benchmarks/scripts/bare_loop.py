@@ -172,6 +172,7 @@ def main() -> int:
         "micro_batch": args.batch,
         "block_size": args.block,
         "steps": args.steps,
+        "warmup": args.warmup,
         "step_time_median_s": step_time,
         "step_time_spread_s": [min(step_s), max(step_s)],
         "host_time_median_s": statistics.median(host_s),

@@ -70,10 +70,9 @@ for CASE in "$@"; do
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?
   cp /tmp/floor/$NAME/run_summary.json "$OUT/$NAME/" 2>/dev/null
-  if [ -s "/tmp/floor/$NAME.stacks" ]; then  # bare_loop.py steps 5 warm-up steps more than it times
-    LOOP_STEPS=$STEPS; [[ $TOOL == bare* ]] && LOOP_STEPS=$((STEPS + 5))
-    python benchmarks/scripts/host_samples.py "/tmp/floor/$NAME.stacks" "${SPY_RATE:-200}" $LOOP_STEPS \
-      "$OUT/$NAME/host_samples.json" > "$OUT/$NAME/host_samples.log" 2>&1
+  if [ -s "/tmp/floor/$NAME.stacks" ]; then
+    python benchmarks/scripts/host_samples.py "/tmp/floor/$NAME.stacks" "${SPY_RATE:-200}" "$OUT/$NAME" \
+      > "$OUT/$NAME/host_samples.log" 2>&1
     gzip -c "/tmp/floor/$NAME.stacks" > "$OUT/$NAME/stacks.txt.gz"
   fi
   if [[ $TOOL == *trace ]]; then

@@ -6,8 +6,9 @@ outside, at a rate that leaves the step as it was. floor.sh records a case under
 string starts with `SPY=1+` (`py-spy record --subprocesses --threads --format raw`: one line per
 distinct stack, `process ...;thread ...;frame;...;frame COUNT`) and runs this on the result.
 
-usage: python benchmarks/scripts/host_samples.py STACKS RATE STEPS OUT_JSON
-(STEPS: the optimizer steps the loop ran, to give host milliseconds a step)
+usage: python benchmarks/scripts/host_samples.py STACKS RATE CASE_DIR
+(writes CASE_DIR/host_samples.json; the loop's steps, to give host milliseconds a step, are read from
+the case's own result: run_summary.json's steps, or bare.json's timed and warm-up steps)
 
 Per rank (each process with samples inside the training loop: not the launcher, the data loader's
 workers or inductor's compile workers): the samples inside the training loop (the Trainer's
@@ -40,7 +41,7 @@ CATEGORIES = {
     "callbacks": r"transformers/trainer_callback\.py",
     "garbage collection": r"finetune/garbage_collection\.py",
 }
-PROCESS = re.compile(r'process (\d+):"([^"]*)";')
+PROCESS = re.compile(r'process (\d+):"[^"]*";')
 SAMPLE = re.compile(r"^(.*) (\d+)$")
 
 
@@ -57,7 +58,7 @@ def rank_samples(lines: list[str]) -> dict[str, Counter[tuple[str, ...]]]:
         processes = PROCESS.findall(stack)
         if not processes:
             continue
-        pid = processes[-1][0]
+        pid = processes[-1]
         frames = tuple(PROCESS.sub("", stack).rstrip(";").split(";"))
         ranks.setdefault(pid, Counter())[frames[1:] if frames[0].startswith("thread ") else frames] += count
     return {pid: stacks for pid, stacks in ranks.items() if any(in_loop(frames) for frames in stacks)}
@@ -93,11 +94,20 @@ def summarize(stacks: Counter[tuple[str, ...]], rate: float, steps: int) -> dict
     }
 
 
+def loop_steps(case: Path) -> int:
+    """The steps the sampled loop ran: finetune's all, bare_loop.py's warm-up steps as well."""
+    if (case / "run_summary.json").exists():
+        return json.loads((case / "run_summary.json").read_text())["steps"]
+    bare = json.loads((case / "bare.json").read_text())
+    return bare["steps"] + bare["warmup"]
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 4:
+    if len(argv) != 3:
         print(__doc__.split("\n\n")[2], file=sys.stderr)
         return 2
-    stacks, rate, steps, out = Path(argv[0]), float(argv[1]), int(argv[2]), Path(argv[3])
+    stacks, rate, case = Path(argv[0]), float(argv[1]), Path(argv[2])
+    steps, out = loop_steps(case), case / "host_samples.json"
     ranks = rank_samples(stacks.read_text(errors="replace").splitlines())
     result = {
         "rate_hz": rate,
