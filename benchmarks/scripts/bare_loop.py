@@ -11,9 +11,10 @@ one process in fp32 under bf16 autocast (accelerate's wrap of the forward); each
 compiled on its own before sharding, the output layer's matmul at an aligned width (run.py's own
 `align_output_matmul`), fused AdamW, the gradient clipped at 1.0. Not mirrored: the loss, which
 run.py compiles beside the blocks and this loop leaves to the model (eager), and accelerate's FSDP2
-units of the embedding and of the output layer (here both in the root's unit). Each step ends with a
-synchronize, so its time is the GPU's as well as the host's (`host_time_median_s`: until the step
-was issued).
+units of the embedding and of the output layer (here both in the root's unit). Steps are timed on
+the clock finetune's ThroughputCallback uses (CUDA events between step ends, read after the last
+step): a synchronize at every step would keep the host from queueing the next step meanwhile and
+charge torch alone a latency finetune's steps hide (`host_time_median_s`: until the step was issued).
 
 usage: torchrun --standalone --nproc_per_node N benchmarks/scripts/bare_loop.py --profile fsdp
            [--model gpt2-medium] [--batch 8] [--block 1024] [--steps 20] [--eager] [--out FILE]
@@ -23,6 +24,7 @@ CPU dry run: --config_overrides n_layer=2,n_embd=64,n_head=2 --block 64)
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -36,6 +38,7 @@ import torch.distributed as dist
 from transformers import AutoConfig, GPT2LMHeadModel
 
 from finetune.arguments import DDP_BUCKET_CAP_MB
+from finetune.callbacks import CudaEventClock, WallClock
 from finetune.losses import align_output_matmul
 from finetune.profiles import Strategy, load_strategy
 
@@ -147,19 +150,15 @@ def main() -> int:
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    def synchronize() -> None:
-        if on_gpu:
-            torch.cuda.synchronize()
-
     losses = [step() for _ in range(args.warmup)]
-    synchronize()
-    step_s, host_s = [], []
+    clock = CudaEventClock() if on_gpu else WallClock()
+    marks, host_s = [clock.mark()], []
     for _ in range(args.steps):
         began = time.perf_counter()
         losses.append(step())
         host_s.append(time.perf_counter() - began)
-        synchronize()
-        step_s.append(time.perf_counter() - began)
+        marks.append(clock.mark())
+    step_s = [clock.seconds(start, end) for start, end in itertools.pairwise(marks)]
     step_time = statistics.median(step_s)
     if args.trace:
         write_trace(step, args.trace, on_gpu)
@@ -173,6 +172,7 @@ def main() -> int:
         "block_size": args.block,
         "steps": args.steps,
         "warmup": args.warmup,
+        "step_clock": "cuda_events" if on_gpu else "wall",
         "step_time_median_s": step_time,
         "step_time_spread_s": [min(step_s), max(step_s)],
         "host_time_median_s": statistics.median(host_s),
