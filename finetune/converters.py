@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from transformers import PreTrainedModel
 from transformers.utils import logging
 
 from finetune.adapters import adapter_flags, add_adapters
@@ -47,6 +48,25 @@ def chunked_loss(
     return model, {}
 
 
+def no_padding_check(input_ids: Any, attention_mask: Any) -> None:
+    """Stands in for transformers' `warn_if_padding_and_no_attention_mask` (see `without_padding_check`)."""
+
+
+def without_padding_check(
+    model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
+) -> tuple[Model, dict]:
+    """Every forward without an attention mask, transformers looks for the pad token at either end of
+    the batch to warn about unmasked padding: an index list copied to the device and an `.item()`,
+    two host syncs a forward that keep the host from queueing the step ahead of the GPU. finetune's
+    collators pass a mask wherever they pad (packed blocks part their examples by position ids), so
+    the check could only find the EOS that ends an answer, GPT-2's pad token: it is left out of
+    training (a saved model, loaded again, checks as transformers does)."""
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.warn_if_padding_and_no_attention_mask = no_padding_check
+    return model, {}
+
+
 def aligned_output_matmul(
     model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
 ) -> tuple[Model, dict]:
@@ -78,6 +98,7 @@ def adapters(
 
 
 CONVERTERS = (
+    Converter("padding_check", lambda model_args, training_args: True, without_padding_check),
     Converter("chunked_loss", lambda model_args, training_args: training_args.chunked_loss, chunked_loss),
     Converter("align_output_matmul", lambda model_args, training_args: training_args.align_output_matmul,
               aligned_output_matmul),
