@@ -291,6 +291,17 @@ case $CALL in
       bare/fsdp fsdp_grad_op base/fsdp_grad_op bare/fsdp_grad_op 'fsdp#r2' 'base/fsdp#r2' 'bare/fsdp#r2' \
       'fsdp_grad_op#r2' 'base/fsdp_grad_op#r2' 'bare/fsdp_grad_op#r2'
     ;;
+  28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
+    # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
+    # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
+    P=$([ "$CALL" = 28 ] && echo zero3 || echo fsdp)
+    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
+    SIZE=1b python benchmarks/scripts/make_llama.py /tmp/llama-1b > /dev/null
+    for i in 1 2 3 4 5 6 7 8; do cat "$FINETUNE_DATA_DIR/tiny-shakespeare/input.txt"; done > /tmp/long.txt
+    PROFILE=$P STEPS=6 WARMUP=2 RUN_TIMEOUT=130 \
+      RUN_FLAGS="--dataset /tmp/long.txt --validation_split_percentage 25 --chunked_loss true" \
+      phase long-$P 560 $ALL long_context /tmp/llama-1b $N $N 16384 65536
+    ;;
   *) echo "several_gpus.sh: unknown call $CALL" >&2; exit 2 ;;
 esac
 pack
