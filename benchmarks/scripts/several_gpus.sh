@@ -49,6 +49,8 @@ stalled_rank() {  # DIR: tests/stalled_run.py on GPUs 0 and 1 under NCCL, rank 1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m
   python -c "import torch, transformers, accelerate, deepspeed; print(torch.__version__, transformers.__version__, accelerate.__version__, deepspeed.__version__)"
 } > "$ROOT/gpu.txt" 2>&1
+N=$(nvidia-smi -L | wc -l)  # the calls' GPUs: all of this machine's
+ALL=$(seq -s, 0 $((N - 1)))
 case $CALL in
   1)  # issue 30: planner calibration on 2 GPUs (two pairs at once: peaks do not depend on the neighbour) and 4
     phase n2-a 200 0,1 calibrate 2 "gpt2-medium gpt2-xl" "ddp zero3" 8 &
@@ -59,14 +61,12 @@ case $CALL in
     ;;
   2)  # issue 30: compiled (the profiles' default) calibration rows on all GPUs, beside resume N -> N/2 of
     # two more profiles on the same GPUs (peaks do not depend on the neighbour; these speeds are not results)
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     COMPILE=1 phase n$N-compiled 420 $ALL calibrate $N "gpt2-medium gpt2-xl" "ddp zero3 fsdp" 8 20 &
     phase resume 400 $ALL resume_matches $N zero2 ddp &
     wait
     ;;
   3)  # issue 29: gpt2-medium on all GPUs, finetune's defaults beside the plain Trainer script launched with
     # the same profile, micro batch 8 x block 1024, 30 steps, one run each, in turn (timings)
-    N=$(nvidia-smi -L | wc -l)
     mkdir -p "$ROOT/speed"
     for P in ddp zero3 fsdp; do
       echo "== $P plain"
@@ -84,7 +84,6 @@ case $CALL in
     ;;
   4)  # issue 32: finetune doctor on 1, 2 and all GPUs beside a plain torch loop timed with CUDA events;
     # doctor under the offload profiles (op builds, host RAM, NVMe speed); run --doctor; a stalled rank
-    N=$(nvidia-smi -L | wc -l)
     mkdir -p "$ROOT/doctor"
     doctor_per_gpu_count
     doctor zero3_offload-2 0,1 zero3_offload
@@ -99,13 +98,11 @@ case $CALL in
     ls -la "$ROOT"/doctor/hang-step*
     ;;
   6)  # issue 32, the bandwidth part of call 4 alone (a short call): doctor and the torch loop on 1, 2, N GPUs
-    N=$(nvidia-smi -L | wc -l)
     mkdir -p "$ROOT/doctor"
     doctor_per_gpu_count
     ;;
   5)  # issue 31: every run checks the Launch and compile plan it resolved against accelerate's; on GPUs,
     # where the profiles compile by default (whole, per block, ZeRO-3 blocks, CUDA graphs), 20 steps each
-    N=$(nvidia-smi -L | wc -l)
     mkdir -p "$ROOT/launch"
     for P in single ddp fsdp zero2 zero3 zero3_offload; do
       G=$([ $P = single ] && echo 1 || echo 2)
@@ -138,7 +135,6 @@ case $CALL in
     ;;
   8)  # issue 38 target 4 and issue 39 target 3: LoRA beside full fine-tuning under the sharded profiles
     # (saved random weights: --peft refuses --from_scratch), then zero3_nvme on all GPUs with doctor's row
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     python benchmarks/scripts/save_initialised.py gpt2-medium /tmp/gpt2-medium-init
     RUN_TIMEOUT=100 phase lora 330 $ALL floor /tmp/gpt2-medium-init 8 20 fsdp fsdp:--peft,lora zero3 \
       zero3:--peft,lora
@@ -150,7 +146,6 @@ case $CALL in
     cp /tmp/nvme-run-out/run_summary.json "$ROOT/nvme/zero3_nvme.json"
     ;;
   9)  # issue 39 target 4: `finetune plan --largest --gpus N` for zero3 and fsdp, each trained for 4 steps
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     for P in zero3 fsdp; do
       SHAPE=$(largest_shape $P)
       echo "== largest $P on $N GPUs: $SHAPE"
@@ -170,7 +165,6 @@ case $CALL in
     ;;
   11)  # issue 38 target 4: LoRA against full fine-tuning where model states dominate (gpt2-xl with gradient
     # checkpointing), then gpt2-medium's ZeRO-3 LoRA with leaf blocks (adapters gathered by block since 2026-11-28c)
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
     RUN_TIMEOUT=125 phase lora-xl 520 $ALL floor /tmp/gpt2-xl-init 8 20 fsdp:--gradient_checkpointing,true \
       fsdp:--peft,lora,--gradient_checkpointing,true zero3:--gradient_checkpointing,true \
@@ -178,7 +172,6 @@ case $CALL in
     ;;
   12)  # issue 39 targets 3 and 4: zero3_nvme completed on all GPUs (the last profile not yet run on 4) with
     # doctor's NVMe row beside it; the zero3 --largest shape for 20 steps
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     mkdir -p "$ROOT/nvme" "$ROOT/doctor"
     timeout 200 python -m finetune run --profile zero3_nvme --num_processes $N --model gpt2 --from_scratch \
       --nvme_path /tmp/nvme-run --max_steps 10 --logging_steps 5 --max_eval_samples 8 --save_strategy no \
@@ -189,24 +182,20 @@ case $CALL in
     ;;
   13)  # issue 38: ZeRO-1/2 with DeepSpeed's 500M-value reduce buckets (1.53x "auto"'s hidden² on one
        # H200) beside the old "auto", ddp and zero3: does it hold where the reduction could overlap?
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     RUN_TIMEOUT=100 phase zero-stages 560 $ALL floor gpt2-medium 8 20 ddp zero2 \
       'zero2~ds.zero_optimization.reduce_bucket_size="auto"' zero1 zero3 'zero2#r2'
     ;;
   14)  # issue 39 target 4, fsdp: the --largest shape for 20 steps, its host memory with only rank 0 drawing
-    N=$(nvidia-smi -L | wc -l)
-    LARGEST_TIMEOUT=520 phase largest-fsdp 540 $(seq -s, 0 $((N - 1))) largest $N fsdp "$(largest_shape fsdp)" 20
+    LARGEST_TIMEOUT=520 phase largest-fsdp 540 $ALL largest $N fsdp "$(largest_shape fsdp)" 20
     ;;
   15)  # issue 39 target 2: resume on half the GPUs for the two profiles that shard parameters, zero3 and
     # fsdp (N -> N/2; ddp and zero2 were shown 2 -> 1): uninterrupted vs SIGTERM + resume vs resumed on N/2
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     phase resume-zero3 290 $ALL resume_matches $N zero3
     phase resume-fsdp 290 $ALL resume_matches $N fsdp
     ;;
   16)  # issue 39 target 1: the Llamas under zero3 with DeepSpeed's linear off (the stage-3 JSONs since
     # h200x2-2026-11-29b; the calibration rows had it on), their compiled peaks as rows; issue 38: DDP's
     # gradients as bucket views (4 bytes a parameter less) against copies on the 1B Llama, twice each
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 ))) N=$(nvidia-smi -L | wc -l)
     (SIZE=1b python benchmarks/scripts/make_llama.py /tmp/llama-1b; python benchmarks/scripts/make_llama.py /tmp/llama-0.36b) > /dev/null
     COMPILE=1 phase llama-zero3 200 $ALL calibrate $N "/tmp/llama-1b /tmp/llama-0.36b" "zero3" 8
     RUN_TIMEOUT=90 phase bucket-views 330 $ALL floor /tmp/llama-1b 8 20 ddp ddp:--ddp_gradient_as_bucket_view,true \
@@ -217,7 +206,6 @@ case $CALL in
     # checkpointing re-record or fail, so they are refused): full fine-tuning at micro batch 8 and 16
     # beside LoRA at 16 and 32, gpt2-xl checkpointed, the pair of the target twice; 18 fsdp, 19 zero3
     P=$([ "$CALL" = 18 ] && echo fsdp || echo zero3)
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     python benchmarks/scripts/save_initialised.py gpt2-xl /tmp/gpt2-xl-init
     RUN_TIMEOUT=110 phase lora-batch-$P 530 $ALL floor /tmp/gpt2-xl-init - 20 \
       $P:--gradient_checkpointing,true,--batch_size,8 $P:--peft,lora,--gradient_checkpointing,true,--batch_size,16 \
@@ -227,7 +215,6 @@ case $CALL in
   20|21)  # issue 39 target 1: compiled peaks where calibration.json has none on this many GPUs (zero1,
     # zero2 and fsdp_grad_op past gpt2-medium at micro batch 8; the 1B Llama beside them and under ddp
     # at 16): 20 gpt2-xl at micro batch 16, 21 the 1B Llama at 8, 4 steps each with --profile_memory
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     if [ "$CALL" = 20 ]; then
       # zero2 at 8 is a row from two H200 (h200x2-2026-11-30d; zero1 peaked the same there), and the
       # whole-model compiles take 100-130 s to their first step
@@ -243,7 +230,6 @@ case $CALL in
   22)  # `--profile auto`'s global batch rule on this GPU count: every profile at the micro batch it plans
     # for a share of 32 a GPU, gpt2-xl (on two H200, h200x2-2026-11-30e, every one compiled block by
     # block, 33-51 s to a first step: fsdp_grad_op 1.10x ddp's 16 x 2, the planner's pick)
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     G=--global_batch_size,$((32 * N))
     RUN_TIMEOUT=110 phase global-batch 570 $ALL floor gpt2-xl - 15 "fsdp_grad_op:$G" "ddp:$G" "zero2:$G" \
       "fsdp:$G" "zero3:$G" "zero1:$G"
@@ -251,7 +237,6 @@ case $CALL in
   23)  # the sharding floor: finetune's ddp and FSDP2 profiles beside the same in a hand-written torch loop
     # (bare_loop.py: no finetune, Trainer or accelerate) at micro batch 8 and at one sample of 64 tokens
     # (the host's floor; on one H200, h200-2026-11-30b, fsdp_grad_op's step at 8 was its floor)
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     RUN_TIMEOUT=80 phase bare-b8 320 $ALL floor gpt2-medium 8 20 ddp bare/ddp fsdp bare/fsdp fsdp_grad_op \
       bare/fsdp_grad_op
     BLOCK=64 RUN_TIMEOUT=70 phase bare-b1 260 $ALL floor gpt2-medium 1 20 ddp bare/ddp fsdp bare/fsdp \
@@ -260,14 +245,12 @@ case $CALL in
   24)  # the sharding floor: every rank's trace of finetune's FSDP2 step beside torch alone's (bare_loop.py)
     # at micro batch 8, then the untraced pair (on the slower of two 2-H200 hosts, h200x2-2026-11-30f,
     # finetune's fsdp step was 1.32x torch alone's; fsdp_grad_op's 1.02x)
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     RUN_TIMEOUT=150 phase traces 520 $ALL floor gpt2-medium 8 20 trace/fsdp bare_trace/fsdp trace/fsdp_grad_op \
       bare_trace/fsdp_grad_op fsdp bare/fsdp
     ;;
   25)  # the sharding floor: batches page-locked and copied non-blocking (run.py's default on GPUs since
     # h200x2-2026-12-01 found them never pinned) against the copies every earlier run made, beside torch
     # alone, each pair twice; then rank 0's host syncs a step under the new default (trace/: 5.3 before)
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     OLD=--dataloader_pin_memory,false
     RUN_TIMEOUT=90 phase copies 540 $ALL floor gpt2-medium 8 20 fsdp "fsdp:$OLD" bare/fsdp fsdp_grad_op \
       "fsdp_grad_op:$OLD" bare/fsdp_grad_op 'fsdp#r2' "fsdp:$OLD#r2" 'bare/fsdp#r2' 'fsdp_grad_op#r2' \
@@ -278,7 +261,6 @@ case $CALL in
     # the FSDP2 step it traced and showed finetune's host no busier than torch's where untraced finetune's
     # step was 1.07-1.34 of torch's (h200x2-2026-12-01). The unsampled pair last: py-spy's own cost.
     # Needs py-spy staged: bash ../shared/gpu/stage.sh trl==1.16.0 liger-kernel==0.8.5 py-spy==0.4.3
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     RUN_TIMEOUT=100 phase spy 540 $ALL floor gpt2-medium 8 40 SPY=1+fsdp SPY=1+bare/fsdp SPY=1+fsdp_grad_op \
       SPY=1+bare/fsdp_grad_op SPY=1+ddp SPY=1+bare/ddp fsdp bare/fsdp
     ;;
@@ -286,7 +268,6 @@ case $CALL in
     # since 0984b53, against that tree (`base/`: page-locked batches, the check on) and torch alone on
     # finetune's clock, fsdp and fsdp_grad_op, each twice. Needs the older tree beside this one, carried:
     # mkdir .baseline && git archive 0984b53 | tar -x -C .baseline && echo /.baseline/ >> .git/info/exclude
-    ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     BASELINE=$PWD/.baseline RUN_TIMEOUT=90 phase padding-check 540 $ALL floor gpt2-medium 8 20 fsdp base/fsdp \
       bare/fsdp fsdp_grad_op base/fsdp_grad_op bare/fsdp_grad_op 'fsdp#r2' 'base/fsdp#r2' 'bare/fsdp#r2' \
       'fsdp_grad_op#r2' 'base/fsdp_grad_op#r2' 'bare/fsdp_grad_op#r2'
@@ -295,7 +276,6 @@ case $CALL in
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
     P=$([ "$CALL" = 28 ] && echo zero3 || echo fsdp)
-    N=$(nvidia-smi -L | wc -l) ALL=$(seq -s, 0 $(( $(nvidia-smi -L | wc -l) - 1 )))
     SIZE=1b python benchmarks/scripts/make_llama.py /tmp/llama-1b > /dev/null
     for i in 1 2 3 4 5 6 7 8; do cat "$FINETUNE_DATA_DIR/tiny-shakespeare/input.txt"; done > /tmp/long.txt
     PROFILE=$P STEPS=6 WARMUP=2 RUN_TIMEOUT=130 \
