@@ -23,7 +23,8 @@ TORCHAO_OPTIONAL_KERNELS = ("torchao", "Failed to load ")
 PYTREE_ENUM_DEPRECATION = ("torch.utils._pytree", "is an Enum subclass and is now natively supported")
 # transformers warns when a batch holds the pad token without an attention mask. finetune's collators
 # pass a mask wherever they pad; packed blocks separate their examples by position ids instead, and
-# GPT-2's pad token is its EOS, which ends every answer: the warning fired on every packed run.
+# GPT-2's pad token is its EOS, which ends every answer. Training leaves the check out
+# (converters.without_padding_check); `finetune evaluate` on a saved model's packed blocks still runs it.
 PADDING_WITHOUT_MASK = ("transformers.modeling_utils", "We strongly recommend passing in an `attention_mask`")
 # transformers says how it draws resized embedding rows; run.py's own line says they were resized, by
 # how many tokens and to how many rows, and the docstring of models.resize_to_tokenizer how.
