@@ -21,6 +21,8 @@ import bisect
 from typing import Any
 
 import pyarrow.compute as pc
+import torch
+import transformers.masking_utils
 from datasets import Dataset
 from transformers import default_data_collator
 
@@ -85,3 +87,30 @@ def packed_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
     """Packed blocks stacked as they are, with use_cache=False so the model reads the position-id
     restarts (see the module docstring)."""
     return {**default_data_collator(features), "use_cache": False}
+
+
+def example_numbers(position_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's example within its row, counted from 0 at every restart of the position ids:
+    transformers' `find_packed_sequence_indices` without its closing check (see
+    `number_examples_without_reading_back`)."""
+    first = position_ids[:, :1] - 1
+    return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+
+def one_example_a_row(position_ids: torch.Tensor) -> None:
+    """Rows whose positions never restart: transformers' answer for them, None, without looking."""
+    return None
+
+
+def number_examples_without_reading_back(packed_examples: bool) -> None:
+    """Every forward without an attention mask, transformers numbers the examples of each row from the
+    position ids and then asks whether any row holds more than one (`.all()` on the device's answer):
+    a host sync a forward, which keeps the host from queueing ahead of the GPU. The run knows the
+    answer before it starts: packed instruction examples restart their positions in nearly every row,
+    and text blocks (or the arange the model makes itself) never do. So this process's masks take
+    that answer without reading it back: packed runs always mask within examples (a row of one example
+    gets the same causal mask, built instead of left to sdpa's is_causal), others never. Written by
+    hand: transformers has no switch for the check; it looks the function up by name at each call,
+    which is what this replaces."""
+    masking = transformers.masking_utils
+    masking.find_packed_sequence_indices = example_numbers if packed_examples else one_example_a_row

@@ -70,6 +70,7 @@ from finetune.models import (
     zero3_linear_warning,
 )
 from finetune.outputs import claim_output_dir
+from finetune.packing import number_examples_without_reading_back
 from finetune.launched import BatchGeometry, CompilePlan, Launch
 from finetune.resolved import resolve_run
 from finetune.sequence_parallel import (
@@ -183,6 +184,7 @@ def train_and_measure(
     record.update(data_fields(location, block_size, data.summary))
     packed_examples = data.summary.packing and data.summary.data_format != "text"
     check_data(split, degree, packed_examples)
+    number_examples_without_reading_back(packed_examples)
     attend_within_packed_examples(split, degree, packed_examples)  # before accelerate hands sdpa to Ulysses
     startup.mark("data")
     if training_args.process_index == 0:

@@ -3,12 +3,21 @@
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers.masking_utils
 from datasets import Dataset
 from tiny_configs import tiny_config
 from transformers import AutoModelForCausalLM
 
+from finetune.converters import without_padding_check
 from finetune.data_formats import IGNORE_INDEX
-from finetune.packing import best_fit_decreasing, pack_examples, packed_collator, truncate
+from finetune.packing import (
+    best_fit_decreasing,
+    example_numbers,
+    number_examples_without_reading_back,
+    pack_examples,
+    packed_collator,
+    truncate,
+)
 
 PAD = 0
 
@@ -55,6 +64,44 @@ def test_over_long_examples_are_cut_to_block_size_and_counted():
     assert [len(labels) for labels in cut["labels"]] == [16, 4, 16]
 
 
+@pytest.fixture
+def transformers_numbering(monkeypatch):
+    """transformers' own example numbering, put back after the test whatever the test installs."""
+    masking = transformers.masking_utils
+    monkeypatch.setattr(masking, "find_packed_sequence_indices", masking.find_packed_sequence_indices)
+
+
+@pytest.fixture(params=["transformers' check", "known without reading back"])
+def example_numbering(request, transformers_numbering):
+    """Packed batches' masks as transformers numbers the examples, and as run.py has them numbered."""
+    if request.param != "transformers' check":
+        number_examples_without_reading_back(packed_examples=True)
+
+
+@pytest.fixture
+def read_backs(monkeypatch) -> list[str]:
+    """Each tensor value a forward reads back to the host (on a GPU, each waits for the device)."""
+    reads: list[str] = []
+    for name in ("__bool__", "item", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(tensor, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def text_model(architecture: str):
+    """A tiny model as the Trainer runs it: no KV cache (`TrainingArguments.use_cache`), and as run.py
+    converts it, without transformers' padding check (its own read-backs, tests/test_converters.py)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config(architecture, vocab_size=1024)).eval()
+    model.config.use_cache = False
+    return without_padding_check(model, None, None, None, "fp32")[0]
+
+
 @pytest.mark.parametrize(
     "architecture, attention",
     # transformers has no flex attention for GPT-2 (it refuses to load it so)
@@ -66,7 +113,7 @@ def test_over_long_examples_are_cut_to_block_size_and_counted():
         pytest.param("llama", "flex_attention", marks=pytest.mark.integration),
     ],  # compiles flex: slow
 )
-def test_each_examples_loss_packed_equals_its_loss_alone(architecture, attention):
+def test_each_examples_loss_packed_equals_its_loss_alone(architecture, attention, example_numbering):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
         tiny_config(architecture, vocab_size=1024), attn_implementation=attention
@@ -107,3 +154,47 @@ def test_without_restarting_positions_the_examples_would_see_each_other():
         packed = model(input_ids=ids, position_ids=torch.tensor(blocks["position_ids"])).logits
         one_sequence = model(input_ids=ids).logits
     assert not torch.allclose(packed[0, 9:14], one_sequence[0, 9:14], atol=1e-3)
+
+
+def test_example_numbers_are_transformers_numbering_of_a_packed_row(transformers_numbering):
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 0, 1, 2, 3, 0, 1]])
+    expected = transformers.masking_utils.find_packed_sequence_indices(positions)
+    assert torch.equal(example_numbers(positions), expected)
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_transformers_reads_back_whether_a_text_block_holds_several_examples(
+    architecture, transformers_numbering, read_backs
+):
+    """The check below can fail: unchanged, a forward of text blocks waits on the device once."""
+    model = text_model(architecture)
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, 1024, (2, 16)))
+    assert read_backs == ["__bool__"]
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_a_forward_of_text_blocks_reads_nothing_back_once_the_run_knows_it_packs_no_examples(
+    architecture, transformers_numbering, read_backs
+):
+    model = text_model(architecture)
+    ids = torch.randint(0, 1024, (2, 16))
+    with torch.no_grad():
+        checked = model(input_ids=ids, labels=ids).loss
+        read_backs.clear()
+        number_examples_without_reading_back(packed_examples=False)
+        known = model(input_ids=ids, labels=ids).loss
+    assert read_backs == []
+    assert torch.equal(known, checked)
+
+
+def test_a_forward_of_packed_blocks_reads_nothing_back_once_the_run_knows_it_packs_examples(
+    transformers_numbering, read_backs
+):
+    model = text_model("llama")
+    blocks, _ = pack_examples(examples([9, 5, 14]), 16, PAD)
+    batch = packed_collator([{key: row[key] for key in ("input_ids", "position_ids")} for row in blocks])
+    number_examples_without_reading_back(packed_examples=True)
+    with torch.no_grad():
+        model(**batch)
+    assert read_backs == []
