@@ -2,11 +2,11 @@
 
 A step on CPU allocates and frees tensors of tens to hundreds of megabytes (the logits over GPT-2's
 vocabulary among them). glibc maps each such allocation anew and unmaps it when freed, so the kernel
-faults every 4 KiB page of it in again, every step, a good part of what the CPU quick start's step waited on
-(docs/speed.md, "CPU"). torch's own `THP_MEM_ALLOC_ENABLE=1` aligns allocations of
-2 MiB and more to huge pages and asks the kernel for them (`madvise`), which faults 512 times fewer
-pages. It is torch's opt-in; finetune opts in where no GPU is visible, and leaves GPU machines (whose
-host tensors are the batches, the checkpoints and offloaded states) as torch has them until measured
+faults every 4 KiB page of it in again, every step: a good part of what the CPU quick start's step
+waited on (docs/speed.md, "CPU"). torch's own `THP_MEM_ALLOC_ENABLE=1` aligns allocations of 2 MiB
+and more to huge pages and asks the kernel for them (`madvise`), which faults 512 times fewer pages.
+It is torch's opt-in; finetune opts in where no GPU is visible, and leaves GPU machines (whose host
+tensors are the batches, the checkpoints and offloaded states) as torch has them until measured
 there. A value the user set, 0 included, is kept.
 """
 
