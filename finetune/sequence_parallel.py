@@ -27,7 +27,6 @@ import torch
 
 from finetune.data_formats import IGNORE_INDEX
 from finetune.errors import FinetuneError
-from finetune.packing import example_numbers
 
 # Ulysses' attention over the whole sequence, after its all-to-all; the one the CPU tests run too.
 ATTENTION = "sdpa"
@@ -152,14 +151,16 @@ def attend_within_packed_examples(split: str | None, degree: int, packed_example
     beside it, which only flash attention's variable-length kernel reads: packed examples attended to
     each other (a split first loss of 5.55282 against the unsplit 5.55334, 1,024 byte-level tokens a
     block). This puts, in transformers' attention table, an sdpa that builds from those positions the
-    block-diagonal causal mask transformers builds for one process (`packing.example_numbers`),
-    where none is given (a row of one example gets the plain causal mask); accelerate then hands it
-    to DeepSpeed, which wraps it. Written by hand: neither library keeps packed examples apart there.
-    The mask is dense, block² booleans a sample at every layer (a megabyte at 1,024 tokens, 4 GiB at
-    65,536; sdpa's kernels may make an additive copy in the compute dtype), which the planner does not
-    count: packing is for instruction data's short examples."""
+    block-diagonal causal mask transformers builds for one process (its `find_packed_sequence_indices`,
+    which run.py answers without reading back: `packing.number_examples_without_reading_back`), where
+    none is given and the positions restart; accelerate then hands it to DeepSpeed, which wraps it.
+    Written by hand: neither library keeps packed examples apart there. The mask is dense, block²
+    booleans a sample at every layer (a megabyte at 1,024 tokens, 4 GiB at 65,536; sdpa's kernels may
+    make an additive copy in the compute dtype), which the planner does not count: packing is for
+    instruction data's short examples."""
     if not (split == "ulysses" and degree > 1 and packed_examples):
         return
+    from transformers import masking_utils
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     sdpa = ALL_ATTENTION_FUNCTIONS[ATTENTION]
@@ -175,10 +176,11 @@ def attend_within_packed_examples(split: str | None, degree: int, packed_example
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         positions = kwargs.get("position_ids")
         if attention_mask is None and positions is not None:
-            examples = example_numbers(positions)
-            length = examples.shape[-1]
-            causal = torch.ones(length, length, dtype=torch.bool, device=examples.device).tril()
-            attention_mask = ((examples[:, :, None] == examples[:, None, :]) & causal)[:, None]
+            examples = masking_utils.find_packed_sequence_indices(positions)  # as run.py has it answer
+            if examples is not None:
+                length = examples.shape[-1]
+                causal = torch.ones(length, length, dtype=torch.bool, device=examples.device).tril()
+                attention_mask = ((examples[:, :, None] == examples[:, None, :]) & causal)[:, None]
         return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
 
     ALL_ATTENTION_FUNCTIONS[ATTENTION] = sdpa_within_examples

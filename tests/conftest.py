@@ -17,7 +17,8 @@ validation/test files, Tiny Shakespeare) and what they write under pytest's temp
 - `reference_run(profile)` is the folder of that profile's finished 2-rank run (tests/runs.py), launched
   on first use and shared by every module for the session: read it, copy from it, never write into it.
 - `in_process_commands` undoes what `finetune.run.main` and `finetune.cli.main` install process-wide,
-  for tests that call them in the pytest process instead of launching one.
+  for tests that call them in the pytest process instead of launching one; the autouse
+  `transformers_packed_example_probe` undoes, after every test, what any in-process run installs.
 """
 
 import json
@@ -69,6 +70,16 @@ def offline_environment(monkeypatch, data_dir, tmp_path):
     for name in LAUNCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def transformers_packed_example_probe(monkeypatch):
+    """Every test: a run called in this process (run.main, bad input included) answers transformers'
+    packed-example probe for the process (finetune.packing); the next test gets transformers' own."""
+    from transformers import masking_utils
+
+    probe = masking_utils.find_packed_sequence_indices
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", probe)
 
 
 @pytest.fixture

@@ -64,16 +64,10 @@ def test_over_long_examples_are_cut_to_block_size_and_counted():
     assert [len(labels) for labels in cut["labels"]] == [16, 4, 16]
 
 
-@pytest.fixture
-def transformers_numbering(monkeypatch):
-    """transformers' own example numbering, put back after the test whatever the test installs."""
-    masking = transformers.masking_utils
-    monkeypatch.setattr(masking, "find_packed_sequence_indices", masking.find_packed_sequence_indices)
-
-
 @pytest.fixture(params=["transformers' check", "known without reading back"])
-def example_numbering(request, transformers_numbering):
-    """Packed batches' masks as transformers numbers the examples, and as run.py has them numbered."""
+def example_numbering(request):
+    """Packed batches' masks as transformers numbers the examples, and as run.py has them numbered
+    (conftest puts transformers' own back after every test)."""
     if request.param != "transformers' check":
         number_examples_without_reading_back(packed_examples=True)
 
@@ -156,16 +150,14 @@ def test_without_restarting_positions_the_examples_would_see_each_other():
     assert not torch.allclose(packed[0, 9:14], one_sequence[0, 9:14], atol=1e-3)
 
 
-def test_example_numbers_are_transformers_numbering_of_a_packed_row(transformers_numbering):
+def test_example_numbers_are_transformers_numbering_of_a_packed_row():
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 0, 1, 2, 3, 0, 1]])
     expected = transformers.masking_utils.find_packed_sequence_indices(positions)
     assert torch.equal(example_numbers(positions), expected)
 
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
-def test_transformers_reads_back_whether_a_text_block_holds_several_examples(
-    architecture, transformers_numbering, read_backs
-):
+def test_transformers_reads_back_whether_a_text_block_holds_several_examples(architecture, read_backs):
     """The check below can fail: unchanged, a forward of text blocks waits on the device once."""
     model = text_model(architecture)
     with torch.no_grad():
@@ -175,7 +167,7 @@ def test_transformers_reads_back_whether_a_text_block_holds_several_examples(
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
 def test_a_forward_of_text_blocks_reads_nothing_back_once_the_run_knows_it_packs_no_examples(
-    architecture, transformers_numbering, read_backs
+    architecture, read_backs
 ):
     model = text_model(architecture)
     ids = torch.randint(0, 1024, (2, 16))
@@ -188,9 +180,7 @@ def test_a_forward_of_text_blocks_reads_nothing_back_once_the_run_knows_it_packs
     assert torch.equal(known, checked)
 
 
-def test_a_forward_of_packed_blocks_reads_nothing_back_once_the_run_knows_it_packs_examples(
-    transformers_numbering, read_backs
-):
+def test_a_forward_of_packed_blocks_reads_nothing_back_once_the_run_knows_it_packs_examples(read_backs):
     model = text_model("llama")
     blocks, _ = pack_examples(examples([9, 5, 14]), 16, PAD)
     batch = packed_collator([{key: row[key] for key in ("input_ids", "position_ids")} for row in blocks])
