@@ -18,7 +18,7 @@ validation/test files, Tiny Shakespeare) and what they write under pytest's temp
   on first use and shared by every module for the session: read it, copy from it, never write into it.
 - `in_process_commands` undoes what `finetune.run.main` and `finetune.cli.main` install process-wide,
   for tests that call them in the pytest process instead of launching one; the autouse
-  `transformers_packed_example_probe` undoes, after every test, what any in-process run installs.
+  `transformers_packed_example_probe` gives every test transformers' own, whatever a run installed.
 """
 
 import json
@@ -40,6 +40,11 @@ os.environ["FINETUNE_DATA_DIR"] = str(SHARED_DATA_DIR)
 
 import pytest  # noqa: E402
 from huggingface_hub import constants as hub_constants  # noqa: E402
+from transformers import masking_utils  # noqa: E402
+
+# transformers' packed-example probe as imported: a run called in this process (run.main, in a test or
+# a module's fixture) answers it for the whole process (finetune.packing)
+TRANSFORMERS_PACKED_EXAMPLE_PROBE = masking_utils.find_packed_sequence_indices
 
 # Set by `accelerate launch`; a leftover value would change how TrainingArguments are built.
 LAUNCH_VARIABLES = (
@@ -74,12 +79,8 @@ def offline_environment(monkeypatch, data_dir, tmp_path):
 
 @pytest.fixture(autouse=True)
 def transformers_packed_example_probe(monkeypatch):
-    """Every test: a run called in this process (run.main, bad input included) answers transformers'
-    packed-example probe for the process (finetune.packing); the next test gets transformers' own."""
-    from transformers import masking_utils
-
-    probe = masking_utils.find_packed_sequence_indices
-    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", probe)
+    """Every test gets transformers' own probe, whatever an in-process run before it installed."""
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", TRANSFORMERS_PACKED_EXAMPLE_PROBE)
 
 
 @pytest.fixture
