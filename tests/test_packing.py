@@ -66,8 +66,8 @@ def test_over_long_examples_are_cut_to_block_size_and_counted():
 
 @pytest.fixture(params=["transformers' check", "known without reading back"])
 def example_numbering(request):
-    """Packed batches' masks as transformers numbers the examples, and as run.py has them numbered
-    (conftest puts transformers' own back after every test)."""
+    """Packed batches' masks as transformers numbers the examples (what conftest gives every test),
+    and as run.py has them numbered."""
     if request.param != "transformers' check":
         number_examples_without_reading_back(packed_examples=True)
 

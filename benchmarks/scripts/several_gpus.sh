@@ -267,7 +267,8 @@ case $CALL in
   27)  # the sharding floor: transformers' padding check and packed-example probe (three host syncs a
     # forward) left out of training since 0984b53, against that tree (`base/`: page-locked batches, both
     # on) and torch alone on finetune's clock, fsdp and fsdp_grad_op, each twice (one H200,
-    # h200-2026-12-01b: no sync left in a traced step but the tracer's, single 1.03x and 1.019x). Needs the older tree beside this one, carried:
+    # h200-2026-12-01b: no sync left in a traced step but the tracer's, single 1.03x and 1.019x).
+    # Needs the older tree beside this one, carried:
     # mkdir .baseline && git archive 0984b53 | tar -x -C .baseline && echo /.baseline/ >> .git/info/exclude
     BASELINE=$PWD/.baseline RUN_TIMEOUT=90 phase padding-check 540 $ALL floor gpt2-medium 8 20 fsdp base/fsdp \
       bare/fsdp fsdp_grad_op base/fsdp_grad_op bare/fsdp_grad_op 'fsdp#r2' 'base/fsdp#r2' 'bare/fsdp#r2' \
