@@ -46,8 +46,8 @@ def one_kernel_norm(deepspeed_norm: Callable[..., torch.Tensor]) -> Callable[...
         total = torch.sum(torch.pow(torch.stack(norms), 2.0))
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=optimizer._get_param_partition_group(params[0]))
         total = total ** (1.0 / 2.0)
-        not_finite = total.isnan().logical_or(total.isinf())
-        return torch.where(not_finite, torch.tensor(-1.0, device=device, dtype=torch.float), total)
+        # DeepSpeed's -1 for a non-finite norm, as a scalar: its own copies a tensor from the host
+        return torch.where(total.isnan().logical_or(total.isinf()), -1.0, total)
 
     get_grad_norm_direct.deepspeed_norm = deepspeed_norm  # type: ignore[attr-defined]
     return get_grad_norm_direct
