@@ -475,12 +475,35 @@ def test_host_samples_count_a_ranks_training_loop_without_its_compilation_and_le
     assert summary["host_ms_per_step"] == 200.0  # 40 samples at 100 Hz over 2 steps
 
 
+TRAINER = 'process 20:"python run.py";thread (20);Trainer._inner_training_loop (transformers/trainer.py:1);'
+TRAINER_SAMPLED = [
+    TRAINER + "Trainer._run_epoch (transformers/trainer.py:2);DeepSpeedEngine.step (deepspeed/e.py:3) 12",
+    TRAINER + "Trainer._prepare_for_training (transformers/trainer.py:4);Accelerator.prepare (a.py:5) 300",
+    TRAINER + "CallbackHandler.on_train_begin (transformers/trainer_callback.py:6) 50",
+    TRAINER + "Accelerator.free_memory (accelerate/accelerator.py:7) 40",
+]
+
+
+def test_host_samples_of_a_finetune_rank_leave_out_what_the_trainer_does_once_around_its_epochs():
+    """DeepSpeed's engine is built, and callbacks start, inside the Trainer's `_inner_training_loop`:
+    spread over the steps, a run's start-up would read as each step's host time."""
+    [stacks] = host_samples.rank_samples(TRAINER_SAMPLED).values()
+    summary = host_samples.summarize(stacks, rate=100, steps=2)
+    assert summary["loop_samples"] == 12
+    assert summary["share_by_category"] == {"DeepSpeed": 1.0}
+
+
 def test_host_samples_share_the_loop_by_what_each_sample_was_inside_and_name_the_self_time():
     [stacks] = host_samples.rank_samples(SAMPLED).values()
     summary = host_samples.summarize(stacks, rate=100, steps=2)
     assert summary["share_by_category"] == {"FSDP2 hooks and collectives": 0.75, "optimizer step": 0.25}
     assert summary["top_self"] == [
         ["FSDPState._pre_forward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)", 0.75],
+        ["_fused_adamw (torch/optim/adamw.py)", 0.25],
+    ]
+    assert summary["top_inclusive"] == [
+        ["FSDPState._pre_forward (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)", 0.75],
+        ["Optimizer.step (torch/optim/optimizer.py)", 0.25],
         ["_fused_adamw (torch/optim/adamw.py)", 0.25],
     ]
 

@@ -44,7 +44,7 @@ TABLES = [table for page in PAGES for table in generated_tables(page)]
 
 
 def test_docs_speed_page_has_its_generated_tables():
-    assert len(generated_tables(SPEED_PAGE)) == 66
+    assert len(generated_tables(SPEED_PAGE)) == 69
 
 
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
@@ -75,6 +75,10 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200-2026-12-01/call2/cal-llama",
         "benchmarks/h200-2026-12-01b/call2/m",
         "benchmarks/h200-2026-12-01b/call2/l",
+        "benchmarks/h200-2026-12-01c/call1/m16",
+        "benchmarks/h200-2026-12-01c/call1/xl32",
+        "benchmarks/h200-2026-12-01c/call1/l8",
+        "benchmarks/h200-2026-12-01c/call2/q8",
         "benchmarks/h200-2026-11-29/call1",
         "benchmarks/h200-2026-11-29c/call6",
         "benchmarks/h200-2026-11-29c/call7",

@@ -11,10 +11,13 @@ usage: python benchmarks/scripts/host_samples.py STACKS RATE CASE_DIR
 the case's own result: run_summary.json's steps, or bare.json's timed and warm-up steps)
 
 Per rank (each process with samples inside the training loop: not the launcher, the data loader's
-workers or inductor's compile workers): the samples inside the training loop (the Trainer's
-`_inner_training_loop`, bare_loop.py's `step`), those compiling
+workers or inductor's compile workers): the samples inside the training loop (the Trainer's epoch
+loop, `_run_epoch`, bare_loop.py's `step`: not what `_inner_training_loop` does once before it and
+after it, where accelerate builds DeepSpeed's engine and callbacks start, a run's once-only host
+work that divided by the steps would read as the step's), those compiling
 (dynamo's and inductor's frames) set apart; the loop's samples inclusively by what they were inside
-(FSDP2's hooks, the compiled regions, the optimizer, ...) and the functions with the most self time.
+(FSDP2's hooks, the compiled regions, the optimizer, ...), the functions with the most self time and
+those the most samples were inside.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-LOOP_FRAMES = re.compile(r"^(\S+\.)?_inner_training_loop \(transformers/trainer\.py|^main\.<locals>\.step \(")
+LOOP_FRAMES = re.compile(r"^(\S+\.)?_run_epoch \(transformers/trainer\.py|^main\.<locals>\.step \(")
 COMPILING = re.compile(r"torch/_inductor/(?!output_code)|torch/_dynamo/convert_frame\.py")
 # inclusive: a sample counts in every category one of its frames belongs to
 CATEGORIES = {
@@ -82,15 +85,23 @@ def summarize(stacks: Counter[tuple[str, ...]], rate: float, steps: int) -> dict
         name: sum(n for frames, n in steady.items() if any(re.search(pattern, f) for f in frames))
         for name, pattern in CATEGORIES.items()
     }
-    self_time = Counter()
+    self_time, inclusive = Counter(), Counter()
     for frames, n in steady.items():
         self_time[frame_name(frames[-1])] += n
+        for name in {frame_name(frame) for frame in frames}:  # a recursive function counts once
+            inclusive[name] += n
     return {
         "loop_samples": total,
         "compiling_samples": sum(compiling.values()),
         "host_ms_per_step": round(1e3 * total / rate / steps, 2) if steps else None,
         "share_by_category": {name: round(n / max(total, 1), 3) for name, n in categories.items() if n},
         "top_self": [[name, round(n / total, 3)] for name, n in self_time.most_common(15)],
+        # what the loop's time was inside, below the loop's own frames (every sample is inside those)
+        "top_inclusive": [
+            [name, round(n / total, 3)]
+            for name, n in sorted(inclusive.items(), key=lambda item: (-item[1], item[0]))
+            if n < total
+        ][:25],
     }
 
 

@@ -274,6 +274,14 @@ case $CALL in
       bare/fsdp fsdp_grad_op base/fsdp_grad_op bare/fsdp_grad_op 'fsdp#r2' 'base/fsdp#r2' 'bare/fsdp#r2' \
       'fsdp_grad_op#r2' 'base/fsdp_grad_op#r2' 'bare/fsdp_grad_op#r2'
     ;;
+  30)  # the sharding floor: ZeRO-3's gradient norm in one torch._foreach_norm (finetune/zero3_grad_norm.py)
+    # against the tree before it (`base/`: DeepSpeed's three operations a parameter), three times each,
+    # alternating, then both sampled by py-spy: on one process the host time fell by 40% and the step
+    # did not move; here every rank's GPU waits on its host. Needs that tree beside this one, carried:
+    # mkdir .baseline && git archive 3122ccb | tar -x -C .baseline && echo /.baseline/ >> .git/info/exclude
+    BASELINE=$PWD/.baseline RUN_TIMEOUT=90 phase zero3-norm 540 $ALL floor gpt2-medium 8 20 base/zero3 zero3 \
+      'base/zero3#r2' 'zero3#r2' 'base/zero3#r3' 'zero3#r3' SPY=1+base/zero3 SPY=1+zero3
+    ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
