@@ -42,6 +42,8 @@ import pytest  # noqa: E402
 from huggingface_hub import constants as hub_constants  # noqa: E402
 from transformers import masking_utils  # noqa: E402
 
+from launching import undo_what_commands_install  # noqa: E402
+
 # transformers' packed-example probe as imported: a run called in this process (run.main, in a test or
 # a module's fixture) answers it for the whole process (finetune.packing)
 TRANSFORMERS_PACKED_EXAMPLE_PROBE = masking_utils.find_packed_sequence_indices
@@ -184,14 +186,8 @@ def reference_run(tmp_path_factory):
 
 @pytest.fixture
 def in_process_commands(monkeypatch):
-    """The restricted checkpoint readers the commands install (finetune.checkpoint.load_weights_only)
-    stay in this test: later tests get torch.load and DCP's metadata reader as they were."""
-    import torch
-    from torch.distributed.checkpoint import FileSystemReader
-
-    monkeypatch.setattr(torch, "load", torch.load)
-    monkeypatch.setattr(FileSystemReader, "read_metadata", FileSystemReader.read_metadata)
-    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
+    """What a command run in this test installs process-wide stays in this test."""
+    undo_what_commands_install(monkeypatch)
 
 
 @pytest.fixture

@@ -88,3 +88,15 @@ def resolve_and_set_up(training_args, launch) -> None:
 
     resolve_launch_settings(training_args, launch)
     set_up_devices(training_args, launch)
+
+
+def undo_what_commands_install(patch: pytest.MonkeyPatch) -> None:
+    """A command run in this process installs restricted checkpoint readers process-wide
+    (finetune.checkpoint.load_weights_only); with `patch` undone, later tests get torch.load and DCP's
+    metadata reader as they were."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    patch.setattr(torch, "load", torch.load)
+    patch.setattr(FileSystemReader, "read_metadata", FileSystemReader.read_metadata)
+    patch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")

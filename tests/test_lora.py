@@ -40,6 +40,7 @@ from launching import (
     accelerate_launch,
     launch,
     nvme_flags,
+    undo_what_commands_install,
 )
 
 RANK = 4
@@ -88,13 +89,9 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory, base_dir, corpus):
     """One finished single-process LoRA run with checkpoints at steps 2 and 4; read, never written."""
-    import torch.distributed.checkpoint as dcp
-
     output_dir = tmp_path_factory.mktemp("lora-run") / "out"
     with pytest.MonkeyPatch.context() as patch:  # what the run installs process-wide stays in it
-        patch.setattr(torch, "load", torch.load)
-        patch.setattr(dcp.FileSystemReader, "read_metadata", dcp.FileSystemReader.read_metadata)
-        patch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
+        undo_what_commands_install(patch)
         run.main(
             run_flags(base_dir, corpus, output_dir, "--save_steps", "2", "--generation_prompt", "line 3")
         )
