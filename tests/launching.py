@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +102,29 @@ def undo_what_commands_install(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(torch, "load", torch.load)
     patch.setattr(FileSystemReader, "read_metadata", FileSystemReader.read_metadata)
     patch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0")
+
+
+ONE_GLOO_PROCESS = """
+import os, sys, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+dist.init_process_group("gloo")
+"""
+WITHOUT_TEARDOWN = """
+from finetune.run import exit_without_teardown
+exit_without_teardown(lambda: None)  # gloo's teardown at exit can abort under load, as a rank's can
+"""
+
+
+def one_process_script(script: str, *args: str) -> object:
+    """`script` run by a new Python in a gloo group of one process (`args` from sys.argv[2]), its result
+    the JSON it prints last: DeepSpeed's engines and zero.Init set up process groups and globals a
+    test's own process must not keep."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    whole = ONE_GLOO_PROCESS + script + WITHOUT_TEARDOWN
+    done = subprocess.run(
+        [sys.executable, "-c", whole, str(port), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -2,9 +2,6 @@
 
 import json
 import math
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +22,7 @@ from finetune.models import (
 )
 from finetune.run_flags import ModelArguments
 
-from launching import PROJECT_ROOT
+from launching import PROJECT_ROOT, one_process_script
 
 
 def load(args):
@@ -108,9 +105,7 @@ def test_gpt2_declares_the_causal_lm_loss_so_the_trainer_counts_shifted_tokens(d
 
 
 ZERO3_INIT_SCRIPT = """
-import json, os, sys, torch, deepspeed, torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-dist.init_process_group("gloo")
+import json, deepspeed
 from transformers import GPT2Config
 from transformers.integrations.deepspeed import HfDeepSpeedConfig
 from finetune.run_flags import ModelArguments
@@ -124,8 +119,6 @@ for name, weight in model.named_parameters():
     with deepspeed.zero.GatheredParameters([weight]):
         weights[name] = {"std": weight.std().item(), "sum": weight.double().sum().item()}
 print(json.dumps(weights))
-from finetune.run import exit_without_teardown
-exit_without_teardown(lambda: None)  # gloo's teardown at exit can abort under load, as a rank's can
 """
 
 
@@ -135,14 +128,7 @@ ZERO3_CONFIG = GPT2Config(n_layer=8, n_embd=128, n_head=2)
 @pytest.fixture(scope="module")
 def zero3_weights() -> dict[str, dict[str, float]]:
     """Spread and sum of every weight of a model built from scratch under ZeRO-3 (one process, seed 0)."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    done = subprocess.run(
-        [sys.executable, "-c", ZERO3_INIT_SCRIPT, str(port)], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return one_process_script(ZERO3_INIT_SCRIPT)
 
 
 @pytest.mark.integration
@@ -165,9 +151,7 @@ def test_zero3_from_scratch_starts_from_the_weights_every_other_profile_starts_f
 
 
 LINEAR_UNDER_ZERO3_SCRIPT = """
-import json, os, sys, torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-dist.init_process_group("gloo")
+import json, sys
 from transformers import LlamaConfig
 from transformers.integrations.deepspeed import HfDeepSpeedConfig
 from finetune.models import build_model, zero3_linear_warning
@@ -179,8 +163,6 @@ for zero in json.loads(sys.argv[2]):  # the shipped JSON's choice first: DeepSpe
     model = build_model(ModelArguments(from_scratch=True), config, "unused")
     warnings.append(zero3_linear_warning(model, model._no_split_modules))
 print(json.dumps(warnings))
-from finetune.run import exit_without_teardown
-exit_without_teardown(lambda: None)  # gloo's teardown at exit can abort under load, as a rank's can
 """
 
 
@@ -194,15 +176,7 @@ def test_shipped_zero3_keeps_torchs_linear_and_a_json_that_does_not_is_warned_of
         {"stage": 3, "memory_efficient_linear": shipped["memory_efficient_linear"]},
         {"stage": 3},  # DeepSpeed's default
     ]
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    done = subprocess.run(
-        [sys.executable, "-c", LINEAR_UNDER_ZERO3_SCRIPT, str(port), json.dumps(choices)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [None, ZERO3_LINEAR_WARNING]
+    assert one_process_script(LINEAR_UNDER_ZERO3_SCRIPT, json.dumps(choices)) == [None, ZERO3_LINEAR_WARNING]
 
 
 def test_random_numbers_drawn_while_the_model_is_built_do_not_change_its_weights(monkeypatch):

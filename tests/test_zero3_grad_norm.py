@@ -3,21 +3,15 @@ from a real stage-3 optimizer on one gloo process."""
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-
 import pytest
 
 from finetune.profiles import load_strategy
 from finetune.zero3_grad_norm import zero3_norm_in_one_kernel
 
+from launching import one_process_script
+
 NORMS_SCRIPT = """
-import json, math, os, sys, torch, torch.distributed as dist
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-dist.init_process_group("gloo")
-import deepspeed
+import json, math, torch, deepspeed
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
 from transformers import GPT2Config, GPT2LMHeadModel, set_seed
 from finetune.profiles import load_strategy
@@ -49,8 +43,6 @@ result = {
 engine.step()
 result["stepped"] = float(engine.get_global_grad_norm())
 print(json.dumps(result))
-from finetune.run import exit_without_teardown
-exit_without_teardown(lambda: None)  # gloo's teardown at exit can abort under load, as a rank's can
 """
 
 
@@ -58,14 +50,7 @@ exit_without_teardown(lambda: None)  # gloo's teardown at exit can abort under l
 def norms() -> dict:
     """One backward of a tiny GPT-2 under a real ZeRO-3 engine, its gradient partitions' norm taken
     both ways, then the step's own norm."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    done = subprocess.run(
-        [sys.executable, "-c", NORMS_SCRIPT, str(port)], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return one_process_script(NORMS_SCRIPT)
 
 
 @pytest.mark.integration
