@@ -2,14 +2,15 @@
 
 Every optimizer step, DeepSpeed's stage-3 optimizer computes the norm it clips by (and checks for
 overflow) from each parameter's gradient partition in a Python loop: a copy to the device, a cast to
-float64 and a norm, queued one parameter at a time. The step waits on that loop; in a one-process
-ZeRO-3 run of gpt2-medium sampled by py-spy it was the largest host cost of the step, larger than
-the forward's parameter hooks. `torch._foreach_norm` (what torch's own `clip_grad_norm_` calls)
-computes the same per-tensor norms in float64 in one launch per device and dtype; the sum of their
-squares, the all-reduce over the partition group, the root and the -1 for a non-finite norm stay
-DeepSpeed's. Written by hand: DeepSpeed has no switch for it. Runs that use what the loop handles
-beyond that (tensor or expert parallel groups, norms other than 2, gradients off the device) keep
-DeepSpeed's own loop; the optimizer-offload path never calls it.
+float64 and a norm, queued one parameter at a time. Sampled by py-spy in a one-process ZeRO-3 run of
+gpt2-medium, that loop was the largest part of the host's time a step, more than the forward's
+parameter hooks; on several GPUs ZeRO-3's steps wait on their hosts (docs/speed.md).
+`torch._foreach_norm` (what torch's own `clip_grad_norm_` calls) computes the same per-tensor norms in
+float64 in one launch per device and dtype; the sum of their squares, the all-reduce over the
+partition group, the root and the -1 for a non-finite norm stay DeepSpeed's. Written by hand:
+DeepSpeed has no switch for it. Runs that use what the loop handles beyond that (tensor or expert
+parallel groups, norms other than 2, gradients off the device) keep DeepSpeed's own loop; the
+optimizer-offload path never calls it.
 """
 
 from __future__ import annotations
