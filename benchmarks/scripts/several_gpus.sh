@@ -266,9 +266,8 @@ case $CALL in
     ;;
   27)  # the sharding floor: transformers' padding check and packed-example probe (three host syncs a
     # forward) left out of training since 0984b53, against that tree (`base/`: page-locked batches, both
-    # on) and torch alone on finetune's clock, fsdp and fsdp_grad_op, each twice (one H200,
-    # h200-2026-12-01b: no sync left in a traced step but the tracer's, single 1.03x and 1.019x).
-    # Needs the older tree beside this one, carried:
+    # on) and torch alone on finetune's clock, fsdp and fsdp_grad_op, each twice (on one GPU no sync
+    # was left in a traced step but the tracer's). Needs the older tree beside this one, carried:
     # mkdir .baseline && git archive 0984b53 | tar -x -C .baseline && echo /.baseline/ >> .git/info/exclude
     BASELINE=$PWD/.baseline RUN_TIMEOUT=90 phase padding-check 540 $ALL floor gpt2-medium 8 20 fsdp base/fsdp \
       bare/fsdp fsdp_grad_op base/fsdp_grad_op bare/fsdp_grad_op 'fsdp#r2' 'base/fsdp#r2' 'bare/fsdp#r2' \
@@ -276,8 +275,8 @@ case $CALL in
     ;;
   30)  # the sharding floor: ZeRO-3's gradient norm in one torch._foreach_norm (finetune/zero3_grad_norm.py)
     # against the tree before it (`base/`: DeepSpeed's three operations a parameter), three times each,
-    # alternating, then both sampled by py-spy: on one process the host time fell by 40% and the step
-    # did not move; here every rank's GPU waits on its host. Needs that tree beside this one, carried:
+    # alternating, then both sampled by py-spy: on one process it cut the host's time, not the step;
+    # here every rank's GPU waits on its host. Needs that tree beside this one, carried:
     # mkdir .baseline && git archive 3122ccb | tar -x -C .baseline && echo /.baseline/ >> .git/info/exclude
     BASELINE=$PWD/.baseline RUN_TIMEOUT=90 phase zero3-norm 540 $ALL floor gpt2-medium 8 20 base/zero3 zero3 \
       'base/zero3#r2' 'zero3#r2' 'base/zero3#r3' 'zero3#r3' SPY=1+base/zero3 SPY=1+zero3
