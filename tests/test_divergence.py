@@ -18,7 +18,7 @@ from finetune.divergence import DivergenceGuard
 from finetune.errors import DIVERGED_EXIT_CODE, Diverged
 from finetune.summary import read_summary
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
+from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, one_process_script
 
 VOCAB = 50257
 FLAGS = [
@@ -186,3 +186,53 @@ def test_two_ranks_stop_together_with_one_line_and_exit_3(tmp_path):
     assert "Traceback" not in result.stderr
     assert len([line for line in result.stderr.splitlines() if "diverged at step" in line]) == 1
     assert json.loads((output_dir / "run_summary.json").read_text())["status"] == "diverged"
+
+
+NAN_STEP_SCRIPT = """
+import json, math, sys, torch, deepspeed
+from transformers import GPT2Config, GPT2LMHeadModel, set_seed
+from finetune.divergence import DivergenceGuard
+from finetune.errors import Diverged
+from finetune.profiles import load_profile
+profile, check = sys.argv[2], json.loads(sys.argv[3])
+config = json.loads(load_profile(profile).deepspeed_config_path.read_text())
+config["bf16"]["enabled"], config["fp16"]["enabled"] = True, False
+if check is not None:
+    config["bf16"]["check_grad_overflow"] = check
+config.update(train_batch_size=2, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1,
+              gradient_clipping=1.0, zero_allow_untested_optimizer=True, zero_force_ds_cpu_optimizer=False)
+set_seed(0)
+model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
+ids = torch.randint(0, 64, (2, 16))
+engine.backward(engine(input_ids=ids, labels=ids).loss * math.nan)
+engine.step()
+guard, stopped = DivergenceGuard(10, 64), None
+try:
+    if not engine.optimizer.overflow:  # as finetune's Trainer: a step DeepSpeed skipped is not noted
+        guard.observe_gradient_norm(1, engine.get_global_grad_norm())
+    guard.check_observed()
+except Diverged as error:
+    stopped = str(error)
+print(json.dumps({"skipped": bool(engine.optimizer.overflow), "stopped": stopped,
+                  "weights_finite": all(p.isfinite().all().item() for p in engine.module.parameters())}))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("profile", ["zero1", "zero2", "zero2_offload"])
+def test_under_bf16_the_shipped_zero1_and_zero2_take_a_nan_step_and_the_guard_stops_at_it(profile):
+    """Their JSON (and zero2_offload's) turn DeepSpeed's bf16 overflow check off (a host sync and six
+    kernels per gradient partition every step): a NaN gradient is then stepped, as under ddp and fsdp,
+    and stops the run."""
+    nan_step = one_process_script(NAN_STEP_SCRIPT, profile, "null")
+    assert nan_step == {"skipped": False, "stopped": "diverged at step 1: gradient norm inf",
+                        "weights_finite": False}  # fmt: skip
+
+
+@pytest.mark.integration
+def test_with_deepspeeds_bf16_overflow_check_on_a_nan_step_is_skipped_unseen():
+    """What the check bought: the step is dropped and nothing stops (a NaN loss stops the run only
+    where it is logged)."""
+    nan_step = one_process_script(NAN_STEP_SCRIPT, "zero2", "true")
+    assert nan_step == {"skipped": True, "stopped": None, "weights_finite": True}

@@ -281,13 +281,12 @@ case $CALL in
     BASELINE=$PWD/.baseline RUN_TIMEOUT=90 phase zero3-norm 540 $ALL floor gpt2-medium 8 20 base/zero3 zero3 \
       'base/zero3#r2' 'zero3#r2' 'base/zero3#r3' 'zero3#r3' SPY=1+base/zero3 SPY=1+zero3
     ;;
-  31)  # the sharding floor: ZeRO-1/2's overflow check (six operations per gradient partition and an
-    # `.item()` every step, the largest part of ZeRO-1's host time on one process) left to DeepSpeed's
-    # own switch, `"bf16": {"check_grad_overflow": false}` (under bf16 an overflow shows as a
-    # non-finite norm, which finetune's divergence guard stops on), beside ddp, each twice
+  31)  # the sharding floor: ZeRO-1/2's bf16 overflow check (six operations per gradient partition and an
+    # `.item()` every step) is off in the shipped JSON; DeepSpeed's default turned back on beside them
+    # and ddp, each twice, to see what it costs where the ranks also wait for each other
     RUN_TIMEOUT=90 phase zero1-overflow 540 $ALL floor gpt2-medium 8 20 ddp zero1 \
-      'zero1~ds.bf16.check_grad_overflow=false' zero2 'zero2~ds.bf16.check_grad_overflow=false' 'ddp#r2' \
-      'zero1#r2' 'zero1~ds.bf16.check_grad_overflow=false#r2' 'zero2#r2' 'zero2~ds.bf16.check_grad_overflow=false#r2'
+      'zero1~ds.bf16.check_grad_overflow=true' zero2 'zero2~ds.bf16.check_grad_overflow=true' 'ddp#r2' \
+      'zero1#r2' 'zero1~ds.bf16.check_grad_overflow=true#r2' 'zero2#r2' 'zero2~ds.bf16.check_grad_overflow=true#r2'
     ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
