@@ -284,7 +284,7 @@ class CompilePlan:
         mode = compile_mode(training_args)
         if launch.strategy.deepcompile:
             scope = "whole"  # accelerate hands the engine to DeepSpeed's compile, DeepCompile's entry
-        elif launch.strategy.framework == "deepspeed" and launch.strategy.zero_stage == 3:
+        elif launch.strategy.is_zero3:
             scope = "zero3_blocks" if zero3_leaf_blocks else "none"
         elif launch.strategy.compiles_by_blocks:
             scope = "per_block"

@@ -456,7 +456,7 @@ def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) 
             return "fsdp_compiled" if strategy.compiles_by_blocks and workload.loss_compiled else "compiled"
         # ZeRO-3 compiles its leaf blocks (run.py), adapters' too, unless DeepSpeed's linear makes
         # them recompile until they run eager, keeping bf16's kind
-        zero3_blocks = strategy.zero_stage == 3 and compiled and not runs_deepspeed_linear(strategy, shape)
+        zero3_blocks = strategy.is_zero3 and compiled and not runs_deepspeed_linear(strategy, shape)
         return "zero3_compiled" if zero3_blocks and workload.loss_compiled else "bf16"
     if compiled:
         by_blocks = strategy.framework == "fsdp" and workload.loss_compiled
@@ -480,9 +480,7 @@ def loss_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
     Llama's checkpointed long blocks on one GPU were predicted 2.1x their peak with the eager loss's
     bytes)."""
     kind = calibration_kind(strategy, workload, shape)
-    zero3_loss_compiled = (
-        strategy.zero_stage == 3 and compiled_for(strategy, workload) and workload.loss_compiled
-    )
+    zero3_loss_compiled = strategy.is_zero3 and compiled_for(strategy, workload) and workload.loss_compiled
     return "zero3_compiled" if kind == "bf16" and zero3_loss_compiled else kind
 
 
@@ -667,10 +665,10 @@ def reduce_buffer_gib(
         return 0.0
     values = strategy.reduce_bucket_values or shape.hidden * shape.hidden  # "auto": transformers' fill
     value_bytes = COMPUTE_BYTES[workload.dtype]
-    if strategy.zero_stage == 3 and layout.sequence_parallel > 1:
+    if strategy.is_zero3 and layout.sequence_parallel > 1:
         value_bytes = strategy.sequence_parallel_gradient_bytes
     buffers = strategy.reduce_buffers * values * value_bytes
-    if strategy.zero_stage == 3:
+    if strategy.is_zero3:
         return buffers / GIB
     return max(0.0, buffers - logits_bytes(shape, workload, logit_bytes)) / GIB
 

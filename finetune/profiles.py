@@ -111,11 +111,17 @@ class Strategy:
         return self.framework != "single"
 
     @property
+    def is_zero3(self) -> bool:
+        """DeepSpeed's stage 3: parameters partitioned and gathered module by module in its hooks
+        (zero_stage is None outside DeepSpeed)."""
+        return self.zero_stage == 3
+
+    @property
     def gathers_weights_only_in_forward(self) -> bool:
         """ZeRO-3: a sharded weight is whole only inside its own module's forward, and its gradient is
         reduced from there, so a loss that reads the output weight outside it cannot train (the
         chunked loss: finetune/losses.py; the planner counts the model's own loss there)."""
-        return self.framework == "deepspeed" and self.zero_stage == 3
+        return self.is_zero3
 
     @property
     def sequence_split(self) -> str | None:
@@ -123,7 +129,7 @@ class Strategy:
         (DeepSpeed's Ulysses: attention heads over the group, ZeRO-3 partitioning the model), "ring"
         (torch's context parallel through accelerate: keys and values passed round the group, FSDP2
         sharding the model over it), or None where the profile keeps every sample on one process."""
-        if self.framework == "deepspeed" and self.zero_stage == 3:
+        if self.is_zero3:
             return "ulysses"
         if self.framework == "fsdp":
             return "ring"

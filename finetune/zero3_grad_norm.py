@@ -57,7 +57,7 @@ def one_kernel_norm(deepspeed_norm: Callable[..., torch.Tensor]) -> Callable[...
 def zero3_norm_in_one_kernel(strategy: Strategy) -> bool:
     """Under a ZeRO-3 profile, this process's stage-3 optimizers take the one-kernel norm (before the
     Trainer builds its engine). Whether it did."""
-    if strategy.zero_stage != 3:  # None outside DeepSpeed
+    if not strategy.is_zero3:
         return False
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 

@@ -300,10 +300,7 @@ def test_zero3s_several_gpu_full_fine_tuning_peaks_of_gpt2_shapes_are_predicted_
     rows = [
         m
         for m in read_measurements()
-        if m.strategy.zero_stage == 3
-        and m.layout.devices > 1
-        and m.workload.peft is None
-        and not m.shape.gated_mlp
+        if m.strategy.is_zero3 and m.layout.devices > 1 and m.workload.peft is None and not m.shape.gated_mlp
     ]
     assert rows
     for m in rows:

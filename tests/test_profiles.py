@@ -238,6 +238,13 @@ def test_only_nvme_offload_to_the_placeholder_folder_needs_nvme_path():
     assert [s.name for s in shipped_strategies() if s.needs_nvme_path] == ["zero3_nvme"]
 
 
+def test_zero3_is_deepspeeds_stage_3_whatever_the_profile_is_called(tmp_path):
+    zero3 = sorted(strategy.name for strategy in shipped_strategies() if strategy.is_zero3)
+    assert zero3 == ["zero3", "zero3_nvme", "zero3_offload"]
+    stage_3, _ = write_deepspeed_profile(tmp_path, {"stage": 3})
+    assert load_strategy(stage_3).is_zero3
+
+
 def test_offload_runs_eager_by_default_and_the_rest_compiled():
     eager = [s.name for s in shipped_strategies() if not s.compiled_by_default]
     assert eager == ["zero2_offload", "zero3_offload", "zero3_nvme"]
