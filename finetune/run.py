@@ -71,7 +71,7 @@ from finetune.models import (
 )
 from finetune.outputs import claim_output_dir
 from finetune.packing import number_examples_without_reading_back
-from finetune.zero_grad_norm import zero_norm_in_one_kernel
+from finetune.zero3_grad_norm import zero3_norm_in_one_kernel
 from finetune.launched import BatchGeometry, CompilePlan, Launch
 from finetune.resolved import resolve_run
 from finetune.sequence_parallel import (
@@ -229,7 +229,7 @@ def train_and_measure(
     )
 
     promote_cpu_fsdp(launch)
-    zero_norm_in_one_kernel(launch.strategy)  # before the Trainer builds DeepSpeed's optimizer
+    zero3_norm_in_one_kernel(launch.strategy)  # before the Trainer builds DeepSpeed's optimizer
     collate = data.collator
     if degree > 1:
         least_length = equal_batch_length(split, launch.on_gpu, block_size)
