@@ -25,8 +25,9 @@
   evaluation or checkpoint from diverged weights: a non-finite gradient norm (kept on the GPU and read
   only at steps that log, evaluate, save or end, so that the host never waits for a step's GPU work
   in between; the error names the first such step), a logged loss spike, or, before a checkpoint, a
-  weight that is not finite. `_get_grad_norm` leaves DeepSpeed's norm a tensor for the same reason (the
-  Trainer reads it with `.item()` at every step; its log converts it at logging steps).
+  weight that is not finite. `_clip_grad_norm` and `_get_grad_norm` leave DeepSpeed's norm a tensor
+  for the same reason (accelerate and the Trainer read it with `.item()` at every step; the log
+  converts it at logging steps).
 - `training_step` and `prediction_step` mark a new CUDA-graph step before each forward when the
   compile mode records CUDA graphs (reduce-overhead, as the single profile asks, or max-autotune):
   torch's graph trees cannot tell the Trainer's steps apart on their own, and a block-by-block
@@ -127,13 +128,19 @@ class FinetuneTrainer(Trainer):
             self.divergence.check_observed()
         super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
+    def _clip_grad_norm(self, model: Any) -> Any:
+        """DeepSpeed clipped in its own step, inside the backward: only its norm is read here, as the
+        tensor its engine computed (accelerate's reading calls `.item()`, a host sync every step)."""
+        if self.accelerator.distributed_type != DistributedType.DEEPSPEED:
+            return super()._clip_grad_norm(model)
+        wrapped = self.accelerator.deepspeed_engine_wrapped
+        return wrapped.engine.get_global_grad_norm() if wrapped is not None else None
+
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
-        """DeepSpeed's norm as the tensor its engine computed (the Trainer reads it at every step)."""
+        """DeepSpeed's norm left a tensor (the Trainer reads it with `.item()` at every step)."""
         if self.accelerator.distributed_type != DistributedType.DEEPSPEED:
             return super()._get_grad_norm(model, grad_norm)
-        if grad_norm is None:  # DeepSpeed clips in its step; this only reads the norm it computed
-            grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), float("inf"))
-        return grad_norm
+        return self._clip_grad_norm(model) if grad_norm is None else grad_norm
 
     def _init_training_state(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         """Once the state is restored, take the loss sum its checkpoint recorded."""

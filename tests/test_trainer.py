@@ -1,7 +1,10 @@
-"""The project's Trainer: what it changes about the Trainer's data loading."""
+"""The project's Trainer: what it changes about the Trainer's data loading and the norms it reads."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
 
@@ -113,3 +116,20 @@ def test_ring_attention_training_batches_carry_their_labels_shifted_before_the_c
     assert torch.equal(prepared["shift_labels"], torch.tensor([[6, 7, 8, -100]]))
     _, prepared = trainer._prepare_context_parallel_inputs(trainer.model.eval(), batch)
     assert "shift_labels" not in prepared  # evaluation runs each sample whole and shifts it itself
+
+
+def test_deepspeeds_gradient_norm_is_passed_on_as_its_engines_tensor_not_read_on_the_host(
+    trainer_for, monkeypatch
+):
+    """accelerate's reading of it calls `.item()`: a host sync every step, where the divergence guard
+    reads the norm only before a log, evaluation or save."""
+    norm = torch.tensor(2.5)
+    engine = SimpleNamespace(get_global_grad_norm=lambda: norm)
+    trainer = trainer_for(torch_compile=False)
+    deepspeed = SimpleNamespace(
+        distributed_type=DistributedType.DEEPSPEED, deepspeed_engine_wrapped=SimpleNamespace(engine=engine)
+    )
+    monkeypatch.setattr(trainer, "accelerator", deepspeed)
+    assert trainer._clip_grad_norm(trainer.model) is norm
+    assert trainer._get_grad_norm(trainer.model) is norm
+    assert trainer._get_grad_norm(trainer.model, grad_norm=norm) is norm

@@ -274,12 +274,13 @@ case $CALL in
       'fsdp_grad_op#r2' 'base/fsdp_grad_op#r2' 'bare/fsdp_grad_op#r2'
     ;;
   30)  # the sharding floor: ZeRO-3's gradient norm in one torch._foreach_norm (finetune/zero3_grad_norm.py)
-    # against the tree before it (`base/`: DeepSpeed's three operations a parameter), three times each,
-    # alternating, then both sampled by py-spy: on one process it cut the host's time, not the step;
-    # here every rank's GPU waits on its host. Needs that tree beside this one, carried:
+    # and read as the engine's tensor (accelerate's reading calls .item() every step: finetune/trainer.py)
+    # against the tree before both (`base/`), three times each, alternating, then both sampled by py-spy:
+    # on one process the norm cut the host's time, not the step; here every rank's GPU waits on its
+    # host. Every rank's traces (trace/) say which of the two moved it. Needs that tree beside this one, carried:
     # mkdir .baseline && git archive 3122ccb | tar -x -C .baseline && echo /.baseline/ >> .git/info/exclude
     BASELINE=$PWD/.baseline RUN_TIMEOUT=90 phase zero3-norm 540 $ALL floor gpt2-medium 8 20 base/zero3 zero3 \
-      'base/zero3#r2' 'zero3#r2' 'base/zero3#r3' 'zero3#r3' SPY=1+base/zero3 SPY=1+zero3
+      'base/zero3#r2' 'zero3#r2' 'base/zero3#r3' 'zero3#r3' SPY=1+base/zero3 SPY=1+zero3 trace/zero3
     ;;
   31)  # the sharding floor: ZeRO-1/2's bf16 overflow check (six operations per gradient partition and an
     # `.item()` every step) is off in the shipped JSON; DeepSpeed's default turned back on beside them
