@@ -8,12 +8,14 @@ Compilation is not one of them: what is compiled is the compile plan's (finetune
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedModel
-from transformers.utils import logging
+from transformers.utils import ModelOutput, logging
 
 from finetune.adapters import adapter_flags, add_adapters
 from finetune.errors import FinetuneError
@@ -67,6 +69,29 @@ def without_padding_check(
     return model, {}
 
 
+def without_training_logits(
+    model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
+) -> tuple[Model, dict]:
+    """A training forward that computed its loss returns it without the logits. The Trainer reads only
+    the loss there, while accelerate's mixed precision (`convert_outputs_to_fp32`, every profile but
+    DeepSpeed's) copies each bf16 output to fp32: a 4-byte copy of every logit, written at the end of
+    each forward beside the logits the loss keeps for backward, a share of the step and of its memory
+    peak (docs/speed.md). Evaluation, generation and a loss computed outside the model (label
+    smoothing: the Trainer takes the labels away) get the logits as before."""
+    own_forward = model.forward
+
+    # the forward's own signature kept: the Trainer reads it to choose the dataset columns it passes
+    @functools.wraps(getattr(own_forward, "__func__", type(model).forward))
+    def forward(self: PreTrainedModel, *args: Any, **kwargs: Any) -> Any:
+        outputs = own_forward(*args, **kwargs)
+        if self.training and isinstance(outputs, ModelOutput) and outputs.get("loss") is not None:
+            outputs["logits"] = None  # item assignment: ModelOutput keeps a None attribute in its dict
+        return outputs
+
+    model.forward = types.MethodType(forward, model)
+    return model, {}
+
+
 def aligned_output_matmul(
     model: Model, model_args: Any, training_args: Any, launch: Any, dtype: str
 ) -> tuple[Model, dict]:
@@ -100,6 +125,7 @@ def adapters(
 CONVERTERS = (
     Converter("padding_check", lambda model_args, training_args: True, without_padding_check),
     Converter("chunked_loss", lambda model_args, training_args: training_args.chunked_loss, chunked_loss),
+    Converter("training_logits", lambda model_args, training_args: True, without_training_logits),
     Converter("align_output_matmul", lambda model_args, training_args: training_args.align_output_matmul,
               aligned_output_matmul),
     Converter("fp8", lambda model_args, training_args: training_args.fp8, float8, float8_refusal),

@@ -3,14 +3,16 @@ ask for: each tested by what it changes in a forward."""
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate import Accelerator
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from finetune.converters import convert, without_padding_check
+from finetune.converters import convert, without_padding_check, without_training_logits
 
 
 @pytest.fixture
@@ -66,8 +68,78 @@ def test_leaving_out_the_padding_check_changes_no_logit(model_with_a_pad_token):
         assert torch.equal(model(ids).logits, before)
 
 
+NO_FLAGS = SimpleNamespace(peft=None, chunked_loss=False, align_output_matmul=False, fp8=False)
+
+
 def test_every_run_converts_its_model_without_the_padding_check(model_with_a_pad_token, padding_checks):
-    no_flags = SimpleNamespace(peft=None, chunked_loss=False, align_output_matmul=False, fp8=False)
-    model, _ = convert(model_with_a_pad_token, no_flags, no_flags, None, "fp32")
+    model, _ = convert(model_with_a_pad_token, NO_FLAGS, NO_FLAGS, None, "fp32")
     model(batch_ending_in_the_pad_token(model))
     assert padding_checks == []
+
+
+@pytest.fixture
+def bf16_prepared(tiny_gpt2_dir):
+    """(unconverted, converted): the same tiny GPT-2 each under accelerate's bf16 mixed precision, whose
+    forward wrapper copies every bf16 output to fp32; in training mode, as the Trainer sets it."""
+
+    def prepared(model):
+        return Accelerator(mixed_precision="bf16", cpu=True).prepare(model.train())
+
+    converted, _ = without_training_logits(
+        AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), None, None, None, "bf16"
+    )
+    return prepared(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)), prepared(converted)
+
+
+def test_an_unconverted_training_forward_returns_logits_copied_to_fp32(bf16_prepared):
+    unconverted, _ = bf16_prepared
+    ids = torch.randint(0, 1000, (2, 16))
+    assert unconverted(input_ids=ids, labels=ids).logits.dtype == torch.float32
+
+
+def test_a_training_forward_with_labels_returns_its_loss_without_logits(bf16_prepared):
+    _, converted = bf16_prepared
+    ids = torch.randint(0, 1000, (2, 16))
+    outputs = converted(input_ids=ids, labels=ids)
+    assert outputs.loss is not None and outputs.logits is None and "logits" not in outputs
+
+
+def test_leaving_out_the_training_logits_changes_no_loss_and_no_gradient(bf16_prepared):
+    unconverted, converted = bf16_prepared
+    ids = torch.randint(0, 1000, (2, 16))
+    losses = []
+    for model in (unconverted, converted):
+        torch.manual_seed(0)  # the same dropout masks
+        losses.append(model(input_ids=ids, labels=ids).loss)
+        losses[-1].backward()
+    assert torch.equal(losses[0], losses[1])
+    for before, after in zip(unconverted.parameters(), converted.parameters(), strict=True):
+        assert torch.equal(before.grad, after.grad)
+
+
+def test_the_forward_without_training_logits_keeps_the_models_signature(tiny_gpt2_dir):
+    """The Trainer passes only the dataset columns the forward's signature names."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
+    own = inspect.signature(model.forward)
+    converted, _ = without_training_logits(model, None, None, None, "bf16")
+    assert inspect.signature(converted.forward) == own
+
+
+def test_evaluation_still_returns_the_logits(bf16_prepared):
+    _, converted = bf16_prepared
+    converted.eval()
+    ids = torch.randint(0, 1000, (2, 16))
+    assert converted(input_ids=ids, labels=ids).logits.shape == (2, 16, converted.config.vocab_size)
+
+
+def test_a_training_forward_without_labels_still_returns_the_logits(bf16_prepared):
+    """The Trainer's label smoothing takes the labels away and computes the loss from the logits."""
+    _, converted = bf16_prepared
+    assert converted(input_ids=torch.randint(0, 1000, (2, 16))).logits is not None
+
+
+def test_training_logits_stay_out_under_adapters_added_after(model_with_a_pad_token):
+    model, _ = convert(model_with_a_pad_token, NO_FLAGS, NO_FLAGS, None, "fp32")
+    adapted = get_peft_model(model, LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True)).train()
+    ids = torch.randint(0, 1000, (2, 16))
+    assert adapted(input_ids=ids, labels=ids).logits is None
