@@ -78,12 +78,14 @@ def without_training_logits(
     each forward beside the logits the loss keeps for backward, a share of the step and of its memory
     peak (docs/speed.md). Evaluation, generation and a loss computed outside the model (label
     smoothing: the Trainer takes the labels away) get the logits as before."""
-    own_forward = model.forward
+    # called on `self`, not bound to this model: accelerate's regional compilation rebinds the forward
+    # to a copy of the model whose blocks are the compiled ones
+    own_forward = model.forward.__func__
 
     # the forward's own signature kept: the Trainer reads it to choose the dataset columns it passes
-    @functools.wraps(getattr(own_forward, "__func__", type(model).forward))
+    @functools.wraps(own_forward)
     def forward(self: PreTrainedModel, *args: Any, **kwargs: Any) -> Any:
-        outputs = own_forward(*args, **kwargs)
+        outputs = own_forward(self, *args, **kwargs)
         if self.training and isinstance(outputs, ModelOutput) and outputs.get("loss") is not None:
             outputs["logits"] = None  # item assignment: ModelOutput keeps a None attribute in its dict
         return outputs
