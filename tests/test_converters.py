@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import compile_regions
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
@@ -86,10 +87,13 @@ def bf16_prepared(tiny_gpt2_dir):
     def prepared(model):
         return Accelerator(mixed_precision="bf16", cpu=True).prepare(model.train())
 
+    # accelerate's state is per process and another test in it may have set its precision
+    AcceleratorState._reset_state(reset_partial_state=True)
     converted, _ = without_training_logits(
         AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), None, None, None, "bf16"
     )
-    return prepared(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)), prepared(converted)
+    yield prepared(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)), prepared(converted)
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_an_unconverted_training_forward_returns_logits_copied_to_fp32(bf16_prepared):
