@@ -686,13 +686,16 @@ def optimizer_step_gib(
     return min(partition, strategy.optimizer_sub_group_values) * SUB_GROUP_STEP_BYTES / GIB
 
 
-def ddp_bucket_gib(strategy: Strategy, framework: str, shape: ModelShape, workload: Workload) -> float:
+def ddp_bucket_gib(
+    strategy: Strategy, framework: str, shape: ModelShape, workload: Workload, layout: ParallelLayout
+) -> float:
     """DDP's gradient buckets: its Reducer allocates, when the model is wrapped, flat buffers of all
     trained parameters' gradients, held through every phase. Counted, its ddp rows went from
     0.93-0.99 of their peaks to 0.97-1.03 (docs/planner.md). They are allocated with the gradients
     views into them too (`--ddp_gradient_as_bucket_view`): those only spare the gradients' own copy,
-    made in the backward (`estimate`)."""
-    if strategy.framework != "ddp":
+    made in the backward (`estimate`). A single process is not wrapped: accelerate runs the ddp
+    profile there without DDP (its summary's distributed_type is NO)."""
+    if strategy.framework != "ddp" or layout.world_size == 1:
         return 0.0
     return trained_parameters(shape, workload) * STATE_BYTES[framework]["gradients"] / GIB
 
@@ -762,7 +765,7 @@ def estimate(
     # whose the gradients are, not whose bytes they take: DeepSpeed keeps its partitions in fp32 too
     if workload.gradient_checkpointing and strategy.framework != "deepspeed" and workload.accumulation == 1:
         gradients_held = 0.0
-    buckets = ddp_bucket_gib(strategy, framework, shape, workload)
+    buckets = ddp_bucket_gib(strategy, framework, shape, workload, layout)
     # gradients as views into the buckets are the buckets: no copy beside them once the backward
     # has made them; before it, neither way holds any (the 1B Llama's peak on two H200 was the
     # same with views, at the backward's start: docs/planner.md)

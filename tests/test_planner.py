@@ -340,6 +340,16 @@ def test_ddp_holds_its_gradient_buckets_beside_the_gradients_through_every_phase
         assert total - single.phase_totals[phase] == pytest.approx(buckets), phase
 
 
+def test_ddp_on_one_process_holds_no_gradient_buckets(gpt2_xl, calibration):
+    """accelerate runs the ddp profile on one process without DDP: the 1B Llama's compiled ddp peak
+    at 16 x 1024 on one H200 was below single's (calibration.json), not 4 bytes a parameter above."""
+    ddp, single = (
+        estimate(load_strategy(name), gpt2_xl, Workload(8, 1024), ParallelLayout(1), calibration)
+        for name in ("ddp", "single")
+    )
+    assert ddp.phase_totals == single.phase_totals
+
+
 def test_ddp_gradients_as_bucket_views_spare_their_copy_only_once_the_backward_made_it(gpt2_xl, calibration):
     """The buckets are allocated either way, and no gradient exists at the backward's start, where
     both peaked alike on two H200 (calibration.json's ddp_bucket_views rows)."""
