@@ -8,8 +8,6 @@ Compilation is not one of them: what is compiled is the compile plan's (finetune
 
 from __future__ import annotations
 
-import functools
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +17,7 @@ from transformers.utils import ModelOutput, logging
 
 from finetune.adapters import adapter_flags, add_adapters
 from finetune.errors import FinetuneError
+from finetune.forwards import replace_forward
 from finetune.losses import align_output_matmul, chunked_loss_problem, model_loss_problem, use_chunked_loss
 
 logger = logging.get_logger("finetune")
@@ -75,23 +74,20 @@ def without_training_logits(
     """A training forward that computed its loss returns it without the logits. The Trainer reads only
     the loss there, while accelerate's mixed precision (`convert_outputs_to_fp32`, every profile but
     DeepSpeed's) copies each bf16 output to fp32: a 4-byte copy of every logit, written at the end of
-    each forward beside the logits the loss keeps for backward, a share of the step and of its memory
-    peak (docs/speed.md). Evaluation, generation and a loss computed outside the model (label
-    smoothing: the Trainer takes the labels away) get the logits as before."""
-    # called on `self`, not bound to this model: accelerate's regional compilation rebinds the forward
-    # to a copy of the model whose blocks are the compiled ones
-    own_forward = model.forward.__func__
-
-    # the forward's own signature kept: the Trainer reads it to choose the dataset columns it passes
-    @functools.wraps(own_forward)
-    def forward(self: PreTrainedModel, *args: Any, **kwargs: Any) -> Any:
-        outputs = own_forward(self, *args, **kwargs)
-        if self.training and isinstance(outputs, ModelOutput) and outputs.get("loss") is not None:
-            outputs["logits"] = None  # item assignment: ModelOutput keeps a None attribute in its dict
-        return outputs
-
-    model.forward = types.MethodType(forward, model)
+    each forward beside the logits the loss keeps for backward: a share of the step's time (the step
+    peaks later, so not of its memory: docs/speed.md). Evaluation, generation and a loss computed
+    outside the model (label smoothing: the Trainer takes the labels away) get the logits as before."""
+    replace_forward(model, _without_logits_in_training)
     return model, {}
+
+
+def _without_logits_in_training(
+    self: PreTrainedModel, own: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    outputs = own(self, *args, **kwargs)
+    if self.training and isinstance(outputs, ModelOutput) and outputs.get("loss") is not None:
+        outputs["logits"] = None  # item assignment: ModelOutput keeps a None attribute in its dict
+    return outputs
 
 
 def aligned_output_matmul(

@@ -15,7 +15,7 @@ equal up to floating-point summation order.
 from __future__ import annotations
 
 import contextlib
-import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +24,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from finetune.data_formats import IGNORE_INDEX
+from finetune.forwards import replace_forward
 from finetune.loss_chunks import VOCAB_ALIGNMENT, tokens_per_chunk
 
 if TYPE_CHECKING:
@@ -234,10 +235,10 @@ def use_chunked_loss(model: PreTrainedModel, in_training: bool = True) -> PreTra
     evaluation returns each sample's loss sum and token count as its "logits", the [batch, 2]
     that evaluation.loss_sums_per_sample makes of full logits, which it passes through.
     """
-    own_forward = model.forward
 
     def forward(
         self: PreTrainedModel,
+        own_forward: Callable[..., Any],
         input_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
@@ -245,12 +246,12 @@ def use_chunked_loss(model: PreTrainedModel, in_training: bool = True) -> PreTra
         **kwargs: Any,
     ) -> Any:
         # the model's own loss: in training where not chunked there, in evaluation of a split sequence
-        own = in_training is False if self.training else shift_labels is not None
-        if labels is None or own:
+        its_own_loss = in_training is False if self.training else shift_labels is not None
+        if labels is None or its_own_loss:
             for name, value in (("num_items_in_batch", num_items_in_batch), ("shift_labels", shift_labels)):
                 if value is not None:
                     kwargs[name] = value
-            return own_forward(input_ids=input_ids, labels=labels, **kwargs)
+            return own_forward(self, input_ids=input_ids, labels=labels, **kwargs)
         hidden = self.base_model(input_ids=input_ids, **kwargs).last_hidden_state
         weight = self.get_output_embeddings().weight
         if not self.training:
@@ -261,5 +262,5 @@ def use_chunked_loss(model: PreTrainedModel, in_training: bool = True) -> PreTra
         loss = causal_lm_loss(hidden, weight, labels, num_items_in_batch, shift_labels)
         return CausalLMOutputWithCrossAttentions(loss=loss)
 
-    model.forward = types.MethodType(forward, model)
+    replace_forward(model, forward)  # the Trainer keeps the dataset columns the model's forward names
     return model

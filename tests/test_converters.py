@@ -3,14 +3,12 @@ ask for: each tested by what it changes in a forward."""
 
 from __future__ import annotations
 
-import inspect
 from types import SimpleNamespace
 
 import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import compile_regions
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
@@ -120,27 +118,6 @@ def test_leaving_out_the_training_logits_changes_no_loss_and_no_gradient(bf16_pr
     assert torch.equal(losses[0], losses[1])
     for before, after in zip(unconverted.parameters(), converted.parameters(), strict=True):
         assert torch.equal(before.grad, after.grad)
-
-
-def test_the_forward_without_training_logits_keeps_the_models_signature(tiny_gpt2_dir):
-    """The Trainer passes only the dataset columns the forward's signature names."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
-    own = inspect.signature(model.forward)
-    converted, _ = without_training_logits(model, None, None, None, "bf16")
-    assert inspect.signature(converted.forward) == own
-
-
-def test_the_forward_without_training_logits_runs_the_blocks_regional_compilation_compiled(tiny_gpt2_dir):
-    """accelerate's regional compilation copies the model around its compiled blocks and rebinds its
-    forward to the copy: the forward must run the copy's blocks, not the original's."""
-    converted, _ = without_training_logits(
-        AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), None, None, None, "bf16"
-    )
-    copy = compile_regions(converted.train(), backend="eager")
-    calls = []
-    copy.transformer.h[0].register_forward_hook(lambda *args: calls.append(1))
-    ids = torch.randint(0, 1000, (2, 16))
-    assert copy(input_ids=ids, labels=ids).logits is None and calls == [1]
 
 
 def test_evaluation_still_returns_the_logits(bf16_prepared):
