@@ -17,6 +17,16 @@ def passed_through(self, own, *args, **kwargs):
     return own(self, *args, **kwargs)
 
 
+def runs_the_compiled_blocks(model) -> bool:
+    """Whether a forward (without labels) of regional compilation's copy of `model` runs the copy's
+    compiled blocks."""
+    copy = compile_regions(model, backend="eager")
+    calls = []
+    copy.transformer.h[0].register_forward_hook(lambda *args: calls.append(1))
+    copy(input_ids=torch.randint(0, 1000, (2, 16)))
+    return calls == [1]
+
+
 def test_a_replaced_forward_keeps_the_models_signature(tiny_gpt2_dir):
     """The Trainer passes only the dataset columns the forward's signature names."""
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
@@ -30,11 +40,7 @@ def test_a_replaced_forward_runs_the_blocks_regional_compilation_compiled(tiny_g
     forward to the copy: the forward must run the copy's blocks, not the original's."""
     model = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)
     replace_forward(model, passed_through)
-    copy = compile_regions(model, backend="eager")
-    calls = []
-    copy.transformer.h[0].register_forward_hook(lambda *args: calls.append(1))
-    copy(input_ids=torch.randint(0, 1000, (2, 16)))
-    assert calls == [1]
+    assert runs_the_compiled_blocks(model)
 
 
 def test_a_packed_batchs_position_ids_reach_a_model_under_the_chunked_loss(tiny_gpt2_dir):
@@ -45,9 +51,4 @@ def test_a_packed_batchs_position_ids_reach_a_model_under_the_chunked_loss(tiny_
 
 
 def test_generation_under_the_chunked_loss_runs_the_compiled_blocks(tiny_gpt2_dir):
-    model = use_chunked_loss(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir))
-    copy = compile_regions(model, backend="eager")
-    calls = []
-    copy.transformer.h[0].register_forward_hook(lambda *args: calls.append(1))
-    copy(input_ids=torch.randint(0, 1000, (2, 16)))
-    assert calls == [1]
+    assert runs_the_compiled_blocks(use_chunked_loss(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)))
