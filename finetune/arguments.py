@@ -275,6 +275,9 @@ class FinetuneTrainingArguments(TrainingArguments):
     # line gave (a flag given at its default value still fixes it), and why the batch is what it is.
     batch_flags_given: frozenset[str] = field(default=frozenset(), init=False, repr=False)
     batch_choice: str | None = field(default=None, init=False, repr=False)
+    # Set by parse_arguments from --attn_implementation: whether a profile's CUDA graphs can be kept
+    # (BatchGeometry.apply).
+    attention_kernel: str = field(default="sdpa", init=False, repr=False)
 
     def __post_init__(self) -> None:
         """Check the values and fill the defaults that depend on nothing else; finish nothing.
@@ -550,6 +553,7 @@ def parse_arguments(
         raise FinetuneError(first_line(error)) from None
     if training_args.global_batch_size is not None:
         training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
+    training_args.attention_kernel = model_args.attn_implementation
     model_args.model = absolute_if_local(model_args.model)
     model_args.tokenizer = model_args.tokenizer and absolute_if_local(model_args.tokenizer)
     return model_args, data_args, training_args

@@ -216,17 +216,24 @@ class BatchGeometry:
 
         A profile's CUDA graphs (the single profile's reduce-overhead) are then switched off where they
         fail: with gradient accumulation, which failed on an H100 at the first backward ("accessing
-        tensor output of CUDAGraphs that has been overwritten by a subsequent run"), and with gradient
+        tensor output of CUDAGraphs that has been overwritten by a subsequent run"), with gradient
         checkpointing, whose backward runs the recorded forward again (asked for explicitly, that is
-        refused when parsing); --torch_compile_mode asks for a mode explicitly and is kept. A DeepSpeed
-        JSON given to TrainingArguments (`--deepspeed FILE`) had its "auto" batch sizes filled from the
-        old values: it is filled again as transformers' own hyperparameter search does, or DeepSpeed
-        would train the old batch. A profile's JSON is filled by accelerate later.
+        refused when parsing), and under flex attention, whose block mask is a new tensor every batch
+        that the graphs hold as a static input: they were recorded again at every step, an order of
+        magnitude slower than without them; --torch_compile_mode asks for a mode explicitly and is
+        kept. A DeepSpeed JSON given to TrainingArguments (`--deepspeed FILE`) had its "auto" batch
+        sizes filled from the old values: it is filled again as transformers' own hyperparameter
+        search does, or DeepSpeed would train the old batch. A profile's JSON is filled by accelerate
+        later.
         """
         training_args.per_device_train_batch_size = self.micro
         training_args.gradient_accumulation_steps = self.accumulation
         if (
-            (training_args.gradient_checkpointing or self.accumulation > 1)
+            (
+                training_args.gradient_checkpointing
+                or self.accumulation > 1
+                or training_args.attention_kernel == "flex_attention"
+            )
             and training_args.torch_compile
             and training_args.torch_compile_mode is None
             and os.environ.get("ACCELERATE_DYNAMO_MODE") in CUDA_GRAPH_MODES

@@ -141,9 +141,12 @@ def test_no_compilation_by_default_on_a_machine_without_gpu(output_flags):
     ("flags", "mode"),
     [(["--gradient_checkpointing", "true"], "default"), ([], None),
      (["--gradient_accumulation_steps", "2"], "default"),
-     (["--gradient_accumulation_steps", "2", "--torch_compile_mode", "reduce-overhead"], "reduce-overhead")],
+     (["--gradient_accumulation_steps", "2", "--torch_compile_mode", "reduce-overhead"], "reduce-overhead"),
+     (["--attn_implementation", "flex_attention"], "default"),
+     (["--attn_implementation", "flex_attention", "--torch_compile_mode", "reduce-overhead"],
+      "reduce-overhead")],
 )  # fmt: skip
-def test_a_profiles_cuda_graphs_are_not_used_with_gradient_checkpointing_or_accumulation(
+def test_a_profiles_cuda_graphs_are_not_used_with_checkpointing_accumulation_or_flex_attention(
     output_flags, monkeypatch, flags, mode
 ):
     monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")  # as the single profile launches
