@@ -118,7 +118,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "torch_compile_mode": (
         "str?",
         "torch.compile's mode when compiled: reduce-overhead (CUDA graphs, as the single profile asks) "
-        "or default",
+        "or default (also where the profile's graphs are left off: gradient accumulation or "
+        "checkpointing, flex attention)",
     ),
     "loss_compiled": (
         "bool?",
