@@ -109,6 +109,18 @@ import os, sys, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 dist.init_process_group("gloo")
 """
+# For a script of `one_process_script`: a two-layer GPT-2 under a DeepSpeed engine built from a config
+# (micro batch 2), and a batch of token ids for it.
+TINY_DEEPSPEED_ENGINE = """
+import torch, deepspeed
+from transformers import GPT2Config, GPT2LMHeadModel, set_seed
+def tiny_gpt2_engine(config):
+    set_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+    optimizer = torch.optim.AdamW(model.parameters())
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine, torch.randint(0, 64, (2, 16))
+"""
 WITHOUT_TEARDOWN = """
 from finetune.run import exit_without_teardown
 exit_without_teardown(lambda: None)  # gloo's teardown at exit can abort under load, as a rank's can

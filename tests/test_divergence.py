@@ -18,7 +18,14 @@ from finetune.divergence import DivergenceGuard
 from finetune.errors import DIVERGED_EXIT_CODE, Diverged
 from finetune.summary import read_summary
 
-from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, one_process_script
+from launching import (
+    ENVIRONMENT,
+    LAUNCH_TIMEOUT_S,
+    PROJECT_ROOT,
+    TINY_DEEPSPEED_ENGINE,
+    TINY_MODEL,
+    one_process_script,
+)
 
 VOCAB = 50257
 FLAGS = [
@@ -188,9 +195,10 @@ def test_two_ranks_stop_together_with_one_line_and_exit_3(tmp_path):
     assert json.loads((output_dir / "run_summary.json").read_text())["status"] == "diverged"
 
 
-NAN_STEP_SCRIPT = """
-import json, math, sys, torch, deepspeed
-from transformers import GPT2Config, GPT2LMHeadModel, set_seed
+NAN_STEP_SCRIPT = (
+    TINY_DEEPSPEED_ENGINE
+    + """
+import json, math, sys
 from finetune.divergence import DivergenceGuard
 from finetune.errors import Diverged
 from finetune.profiles import load_profile
@@ -201,10 +209,7 @@ if check is not None:
     config["bf16"]["check_grad_overflow"] = check
 config.update(train_batch_size=2, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1,
               gradient_clipping=1.0, zero_allow_untested_optimizer=True, zero_force_ds_cpu_optimizer=False)
-set_seed(0)
-model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
-engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
-ids = torch.randint(0, 64, (2, 16))
+engine, ids = tiny_gpt2_engine(config)
 engine.backward(engine(input_ids=ids, labels=ids).loss * math.nan)
 engine.step()
 guard, stopped = DivergenceGuard(10, 64), None
@@ -217,6 +222,7 @@ except Diverged as error:
 print(json.dumps({"skipped": bool(engine.optimizer.overflow), "stopped": stopped,
                   "weights_finite": all(p.isfinite().all().item() for p in engine.module.parameters())}))
 """
+)
 
 
 @pytest.mark.integration

@@ -8,22 +8,20 @@ import pytest
 from finetune.profiles import load_strategy
 from finetune.zero3_grad_norm import zero3_norm_in_one_kernel
 
-from launching import one_process_script
+from launching import TINY_DEEPSPEED_ENGINE, one_process_script
 
-NORMS_SCRIPT = """
-import json, math, torch, deepspeed
+NORMS_SCRIPT = (
+    TINY_DEEPSPEED_ENGINE
+    + """
+import json, math
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
-from transformers import GPT2Config, GPT2LMHeadModel, set_seed
 from finetune.profiles import load_strategy
 from finetune.zero3_grad_norm import zero3_norm_in_one_kernel
 deepspeeds = Stage3.get_grad_norm_direct
 installed = [zero3_norm_in_one_kernel(load_strategy("zero3")) for _ in range(2)]
-set_seed(0)
-model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
 config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
           "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 3}}
-engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
-ids = torch.randint(0, 64, (2, 16))
+engine, ids = tiny_gpt2_engine(config)
 engine.backward(engine(input_ids=ids, labels=ids).loss)
 zero = engine.optimizer
 gradients, params = zero.averaged_gradients[0], zero.fp16_groups[0]
@@ -44,6 +42,7 @@ engine.step()
 result["stepped"] = float(engine.get_global_grad_norm())
 print(json.dumps(result))
 """
+)
 
 
 @pytest.fixture(scope="module")
