@@ -162,6 +162,31 @@ def test_cuda_graphs_asked_for_with_gradient_checkpointing_are_refused_in_one_li
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("profile", ["fsdp", "fsdp_grad_op", "zero3", "zero3_offload"])
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graphs_asked_for_under_fsdp_or_zero3_are_refused_in_one_line(output_flags, profile, mode):
+    _, _, training_args = parse_arguments([*output_flags, "--torch_compile_mode", mode])
+    with pytest.raises(
+        FinetuneError, match=f"--torch_compile_mode {mode} records CUDA graphs, which profile {profile}"
+    ) as error:
+        resolve_launch_settings(training_args, Launch(load_strategy(profile)))
+    assert "\n" not in str(error.value)
+
+
+def test_a_profiles_own_cuda_graphs_under_fsdp_are_refused_when_compiled(output_flags, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "reduce-overhead")  # a user's FSDP profile asking for them
+    _, _, training_args = parse_arguments([*output_flags, "--torch_compile", "true"])
+    with pytest.raises(FinetuneError, match="the profile's dynamo_mode reduce-overhead records CUDA graphs"):
+        resolve_launch_settings(training_args, Launch(load_strategy("fsdp")))
+
+
+@pytest.mark.parametrize("profile", ["ddp", "zero1", "zero2"])
+def test_cuda_graphs_asked_for_under_ddp_or_zero1_2_are_kept(output_flags, profile):
+    _, _, training_args = parse_arguments([*output_flags, "--torch_compile_mode", "reduce-overhead"])
+    resolve_launch_settings(training_args, Launch(load_strategy(profile)))
+    assert training_args.torch_compile_mode == "reduce-overhead"
+
+
 def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert compiles_by_default(False, Launch.from_environment()) is True
