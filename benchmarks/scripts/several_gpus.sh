@@ -289,6 +289,13 @@ case $CALL in
       'zero1~ds.bf16.check_grad_overflow=true' zero2 'zero2~ds.bf16.check_grad_overflow=true' 'ddp#r2' \
       'zero1#r2' 'zero1~ds.bf16.check_grad_overflow=true#r2' 'zero2#r2' 'zero2~ds.bf16.check_grad_overflow=true#r2'
     ;;
+  32)  # the sharding floor: CUDA graphs (--torch_compile_mode reduce-overhead) under ddp, zero1 and zero2,
+    # whose reduce hooks run on NCCL between the graphs' replays; on one process they made ZeRO-1/2's
+    # host-bound step 1.25-1.67x faster and ddp's no slower (h200-2026-12-01g). Each case twice, alternating
+    G=--torch_compile_mode,reduce-overhead
+    RUN_TIMEOUT=90 phase graphs 560 $ALL floor gpt2-medium 8 20 ddp ddp:$G zero1 zero1:$G zero2 zero2:$G \
+      'ddp#r2' "ddp:$G#r2" 'zero1#r2' "zero1:$G#r2" 'zero2#r2' "zero2:$G#r2"
+    ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
