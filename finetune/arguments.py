@@ -34,7 +34,7 @@ from finetune.launched import (
     CUDA_GRAPH_MODES,
     BatchGeometry,
     Launch,
-    compile_mode,
+    check_cuda_graphs,
     precision_on,
     visible_gpu_supports_bf16,
 )
@@ -369,7 +369,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     _apply_sequence_parallel(training_args, launch)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
-    _check_cuda_graphs(training_args, launch)
+    check_cuda_graphs(training_args, launch.strategy)
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
@@ -422,35 +422,6 @@ def _apply_sequence_parallel(training_args: FinetuneTrainingArguments, launch: L
     check_device(split, degree, launch.on_gpu)
     if degree > 1:
         training_args.parallelism_config = parallelism_config(degree, split, launch.world_size)
-
-
-def _check_cuda_graphs(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
-    """CUDA graphs (--torch_compile_mode, or a profile's dynamo_mode, asking for them) refused in one
-    line under FSDP2 and ZeRO-3 (docs/profiles.md). A graph holds its inputs' addresses and FSDP2
-    gathers each block's weights into new memory every step, so its compiled blocks were recorded
-    again at every step, an order of magnitude slower than without graphs; ZeRO-3's blocks, compiled
-    between DeepSpeed's hooks, missed the graphs' fast path while training and failed at evaluation."""
-    mode = compile_mode(training_args)
-    compiled = training_args.torch_compile or training_args.torch_compile_mode is not None
-    strategy = launch.strategy
-    if not (compiled and mode in CUDA_GRAPH_MODES and (strategy.framework == "fsdp" or strategy.is_zero3)):
-        return
-    asked = (
-        f"--torch_compile_mode {mode}"
-        if training_args.torch_compile_mode is not None
-        else f"the profile's dynamo_mode {mode}"
-    )
-    why = (
-        "FSDP2 gathers each block's weights into new memory every step and the graphs were recorded again "
-        "at every step"
-        if strategy.framework == "fsdp"
-        else "ZeRO-3's compiled blocks missed the graphs' fast path and failed at evaluation reading "
-        "outputs a later replay had overwritten"
-    )
-    raise FinetuneError(
-        f"{asked} records CUDA graphs, which profile {strategy.name} cannot use ({why}): "
-        "use --torch_compile_mode default"
-    )
 
 
 def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch: Launch) -> None:

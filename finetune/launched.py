@@ -5,7 +5,8 @@ batch, and how the model is compiled.
 torchtitan's ParallelDims); `Launch.check_against` holds it to the Accelerator the Trainer sets up, so
 that what the run records is what ran. Everything else reads it: the resume identity, the run
 summary and name, the planner, doctor. `BatchGeometry.apply` is the only writer of the batch flags;
-`CompilePlan.for_run` the only place that decides what is compiled.
+`CompilePlan.for_run` the only place that decides what is compiled, beside `check_cuda_graphs`, which
+refuses CUDA graphs where the strategy cannot keep them.
 
 How the processes divide the work (data and sequence parallel degrees) is the launch's
 `layout` (finetune/layout.py); a new parallel dimension is one field there and one planner term.
@@ -251,6 +252,34 @@ class BatchGeometry:
 def compile_mode(training_args: Any) -> str:
     """--torch_compile_mode, else the profile's (accelerate's dynamo_mode), else torch's default."""
     return training_args.torch_compile_mode or os.environ.get("ACCELERATE_DYNAMO_MODE", "default")
+
+
+def check_cuda_graphs(training_args: Any, strategy: Strategy) -> None:
+    """CUDA graphs (--torch_compile_mode, or a profile's dynamo_mode, asking for them) refused in one
+    line under FSDP2 and ZeRO-3 (docs/profiles.md). A graph holds its inputs' addresses and FSDP2
+    gathers each block's weights into new memory every step, so its compiled blocks were recorded
+    again at every step, an order of magnitude slower than without graphs; ZeRO-3's blocks, compiled
+    between DeepSpeed's hooks, missed the graphs' fast path while training and failed at evaluation."""
+    mode = compile_mode(training_args)
+    compiled = training_args.torch_compile or training_args.torch_compile_mode is not None
+    if not (compiled and mode in CUDA_GRAPH_MODES and (strategy.framework == "fsdp" or strategy.is_zero3)):
+        return
+    asked = (
+        f"--torch_compile_mode {mode}"
+        if training_args.torch_compile_mode is not None
+        else f"the profile's dynamo_mode {mode}"
+    )
+    why = (
+        "FSDP2 gathers each block's weights into new memory every step and the graphs were recorded again "
+        "at every step"
+        if strategy.framework == "fsdp"
+        else "ZeRO-3's compiled blocks missed the graphs' fast path and failed at evaluation reading "
+        "outputs a later replay had overwritten"
+    )
+    raise FinetuneError(
+        f"{asked} records CUDA graphs, which profile {strategy.name} cannot use ({why}): "
+        "use --torch_compile_mode default"
+    )
 
 
 @dataclass(frozen=True)
