@@ -191,8 +191,9 @@ FIELDS: dict[str, tuple[str, str]] = {
     ),
     "startup_phases_s": (
         "dict?",
-        "time_to_first_step_s by phase, in order: imports (and arguments), data, model, wrapping (the "
-        "Trainer and accelerate's prepare), first step (compilation in it)",
+        "time_to_first_step_s by phase, in order: imports (with the arguments read and the devices and "
+        "process group set up), data, model, wrapping (the Trainer and accelerate's prepare), first step "
+        "(compilation in it)",
     ),
     "throughput_warmup_steps": ("int?", "first steps left out of the throughput"),
     "gc_interval": ("int?", "--gc_interval: the young generations collected every N steps (0: automatic)"),
