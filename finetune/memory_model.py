@@ -31,6 +31,9 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   dropout's mask (LORA_DROPOUT_MASK_BYTES); memory snapshots of eager LoRA steps found both
   (docs/planner.md). Compiled layers keep other amounts (COMPILED_ADAPTER_INPUT_BYTES by calibration
   kind, more for a gated-MLP model and under DeepSpeed's linear), read off compiled LoRA peaks.
+  DoRA also keeps each adapted layer's two outputs, the frozen layer's and the adapter's, for its
+  magnitude's gradient (DORA_OUTPUT_BYTES per adapted output feature and token, by framework eager
+  and by calibration kind compiled), read off DoRA peaks.
 - Host RAM is also taken while the model is built: every process builds the whole fp32 model
   (4Ψ) before it is moved or sharded, except under ZeRO-3, whose `zero.Init` partitions each
   layer as it is created. Host RAM per GPU is the larger of the two.
@@ -118,7 +121,10 @@ COMPILED_ADAPTER_INPUT_BYTES = MEASURED["compiled_adapter_input_bytes"]
 COMPILED_GATED_MLP_ADAPTER_BYTES = MEASURED["compiled_gated_mlp_adapter_bytes"]
 DEEPSPEED_LINEAR_ADAPTER_BYTES = MEASURED["deepspeed_linear_adapter_bytes"]
 CHECKPOINTED_LOGIT_BYTES = MEASURED["checkpointed_logit_bytes"]
+RETURNED_LOGIT_BYTES = MEASURED["returned_logit_bytes"]
 LORA_DROPOUT_MASK_BYTES = MEASURED["lora_dropout_mask_bytes"]
+DORA_OUTPUT_BYTES = MEASURED["dora_output_bytes"]
+COMPILED_DORA_OUTPUT_BYTES = MEASURED["compiled_dora_output_bytes"]
 
 OFFLOADED_GRADIENT_BYTES = 4
 # a step's phases that can hold its peak (`estimate`), as the plan names them
@@ -207,6 +213,9 @@ class Workload:
     loss_compiled: bool = True
     chunked_loss: bool = False  # as asked; under ZeRO-3 `estimate` counts the model's own loss
     ddp_bucket_views: bool = False  # --ddp_gradient_as_bucket_view: DDP's gradients live in its buckets
+    # the training forward returned its logits: runs from before run.py dropped them
+    # (converters.without_training_logits), kept in calibration.json as they ran
+    training_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,7 +234,8 @@ class Measurement:
         """`strategy` is the row's profile as shipped now; a row says where it ran otherwise
         (`compiled_by_blocks`: ddp's and ZeRO-1/2's rows from when they compiled the whole model;
         `memory_efficient_linear`: ZeRO-3's rows from before the stage-3 JSONs turned DeepSpeed's
-        linear off)."""
+        linear off; the workload's `loss_compiled` and `training_logits`: rows from before run.py
+        compiled the loss and dropped the training logits)."""
         if "compiled_by_blocks" in row:
             strategy = replace(strategy, compiles_by_blocks=row["compiled_by_blocks"])
         if "memory_efficient_linear" in row:
@@ -254,6 +264,7 @@ class Measurement:
             row.get("loss_compiled", True),
             row.get("chunked_loss", False),
             row.get("ddp_bucket_views", False),
+            row.get("training_logits", False),
         )
         return cls(
             shape,
@@ -530,13 +541,16 @@ def checkpointed_activation_gib(
     gradient alive, or in the last layer's recompute, which starts after the output layer's backward
     has freed them: the larger of the two counts, not their sum. The model's own loss keeps fewer
     bytes a logit here than the fit of unchecked rows gives its kind (CHECKPOINTED_LOGIT_BYTES:
-    measured on checkpointed peaks, where the logits are most of the step). The chunked loss's
+    measured on checkpointed peaks, where the logits are most of the step; RETURNED_LOGIT_BYTES more
+    for the compiled kind where the training forward returned its logits). The chunked loss's
     hidden-state gradient is held through the whole backward. At the backward's end the inputs are
     freed and every gradient exists (`estimate` adds them)."""
     tokens = workload.micro_batch * workload.block_size
     inputs = shape.layers * tokens * shape.hidden * checkpointed_input_bytes(strategy, workload) / GIB
     one_layer = tokens * shape.hidden * layer_bytes / GIB + adapter_activation_gib(shape, workload, strategy)
     logit_bytes = CHECKPOINTED_LOGIT_BYTES.get(loss_kind_name, LOGIT_BYTES + LOGIT_GRADIENT_BYTES)
+    if workload.training_logits and loss_kind_name == "compiled":
+        logit_bytes += RETURNED_LOGIT_BYTES
     loss = logits_bytes(shape, workload, logit_bytes) / GIB
     held = hidden_gradient_gib(shape, workload)
     return inputs + held + max(loss, one_layer), one_layer + held
@@ -595,7 +609,7 @@ def adapter_input_bytes(strategy: Strategy, workload: Workload, shape: ModelShap
         return 0.0
     kind = calibration_kind(strategy, workload, shape)
     if kind not in COMPILED_ADAPTER_INPUT_BYTES:
-        return ADAPTER_INPUT_BYTES[strategy.framework]
+        return ADAPTER_INPUT_BYTES[adapter_dtype_source(strategy)]
     gated = COMPILED_GATED_MLP_ADAPTER_BYTES if shape.gated_mlp else 0.0
     # the adapters are nn.Linear in any model, so DeepSpeed's linear, where on, runs them
     deepspeed_linear = DEEPSPEED_LINEAR_ADAPTER_BYTES if strategy.deepspeed_linear else 0.0
@@ -606,13 +620,34 @@ def adapter_activation_gib(shape: ModelShape, workload: Workload, strategy: Stra
     """What the adapters keep beyond the frozen layers' activations; one layer's with checkpointing."""
     if workload.peft is None:
         return 0.0
-    per_feature = adapter_input_bytes(strategy, workload, shape)
+    per_input = adapter_input_bytes(strategy, workload, shape)
     if workload.lora_dropout > 0:
-        per_feature += LORA_DROPOUT_MASK_BYTES
-    features = shape.adapted_in_out - shape.adapted_out  # adapted input features over all layers
+        per_input += LORA_DROPOUT_MASK_BYTES
+    inputs = shape.adapted_in_out - shape.adapted_out  # adapted input features over all layers
+    per_output = dora_output_bytes(strategy, workload, shape) if workload.peft == "dora" else 0.0
+    per_token = inputs * per_input + shape.adapted_out * per_output
     if workload.gradient_checkpointing:
-        features /= shape.layers
-    return workload.micro_batch * workload.block_size * features * per_feature / GIB
+        per_token /= shape.layers
+    return workload.micro_batch * workload.block_size * per_token / GIB
+
+
+def dora_output_bytes(strategy: Strategy, workload: Workload, shape: ModelShape) -> float:
+    """What DoRA keeps of each adapted output feature beyond LoRA: the frozen layer's output and the
+    adapter's, for the magnitude's gradient, in the adapter's output dtype (fp32 under ZeRO-3's fp32
+    adapters, and everywhere in fp32); compiled, by calibration kind."""
+    kind = calibration_kind(strategy, workload, shape)
+    if kind in COMPILED_DORA_OUTPUT_BYTES:
+        return COMPILED_DORA_OUTPUT_BYTES[kind]
+    return DORA_OUTPUT_BYTES["zero3" if workload.dtype == "fp32" else adapter_dtype_source(strategy)]
+
+
+def adapter_dtype_source(strategy: Strategy) -> str:
+    """Whose rule sets the adapters' dtype, which the eager adapter constants are keyed by: DeepSpeed
+    casts every parameter of a ZeRO-1/2 model to bf16 when its engine is set up, the adapters too,
+    while ZeRO-3's partitioned model keeps them fp32 as peft made them."""
+    if strategy.framework != "deepspeed":
+        return strategy.framework
+    return "zero3" if strategy.is_zero3 else "zero1_2"
 
 
 def trained_parameters(shape: ModelShape, workload: Workload) -> int:

@@ -52,10 +52,15 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200-2026-11-29e/call1",
         "benchmarks/h200-2026-11-29e/call2",
         "benchmarks/h200-2026-11-29e/call4",
+        "benchmarks/h200-2026-12-02/call5",
+        "benchmarks/h200-2026-12-02/call3",
+        "benchmarks/h200-2026-12-02/call4",
         "benchmarks/h200x4-2026-11-28c/call1",
         "benchmarks/h200-2026-11-29d/call1",
         "benchmarks/h200-2026-11-29d/call2",
         "benchmarks/h200-2026-11-29d/call4",
+        "benchmarks/h200-2026-12-02/call1",
+        "benchmarks/h200-2026-12-02/call2",
         "benchmarks/h100x4-2026-11-26/call1",
         "benchmarks/h100x2-2026-11-26",
         "benchmarks/h100x4-2026-11-27b",
@@ -98,8 +103,8 @@ def test_the_planner_page_counts_the_calibration_rows_there_are():
     lora = sum(1 for row in rows if row.get("peft"))
     checkpointed = sum(1 for row in rows if row["gradient_checkpointing"])
     counts = (
-        f"{len(rows)} training peaks on 1, 2 and 4 GPUs ({by_gpus}; {compiled} compiled, {lora} with LoRA, "
-        f"{checkpointed} checkpointed), "
+        f"{len(rows)} training peaks on 1, 2 and 4 GPUs ({by_gpus}; {compiled} compiled, "
+        f"{lora} with LoRA or DoRA, {checkpointed} checkpointed), "
         f"{len(calibration['with_accumulation'])} with gradient accumulation, "
         f"{len(calibration['long_blocks'])} long checkpointed blocks and "
         f"{len(calibration['out_of_memory'])} runs that ran out of memory"

@@ -28,7 +28,15 @@ from finetune.errors import FinetuneError
 from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
 from finetune.layout import ParallelLayout
-from finetune.memory_model import CALIBRATION_KINDS, Calibration, ModelShape, Workload, estimate
+from finetune.memory_model import (
+    CALIBRATION_KINDS,
+    Calibration,
+    ModelShape,
+    Workload,
+    adapter_activation_gib,
+    adapter_input_bytes,
+    estimate,
+)
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
 
@@ -184,6 +192,37 @@ def test_dora_adds_one_magnitude_per_adapted_output():
         "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
     )
     assert shape.adapter_parameters("dora", 2) - shape.adapter_parameters("lora", 2) == 40
+
+
+@pytest.mark.parametrize(
+    ("profile", "output_bytes"), [("single", 4), ("fsdp", 4), ("zero2", 4), ("zero3", 8)]
+)
+def test_dora_keeps_each_adapted_layers_two_outputs_beyond_loras_activations(profile, output_bytes):
+    """The frozen layer's output and the adapter's, kept for the magnitude's gradient, in the
+    adapter's output dtype: bf16 but under ZeRO-3, whose adapters stay fp32 (eager here)."""
+    shape = ModelShape(
+        "tiny", parameters=1000, layers=2, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
+    )
+    lora = Workload(4, 64, "bf16", compiled=False, peft="lora", lora_dropout=0.0)
+    dora = Workload(4, 64, "bf16", compiled=False, peft="dora", lora_dropout=0.0)
+    strategy = load_strategy(profile)
+    extra = adapter_activation_gib(shape, dora, strategy) - adapter_activation_gib(shape, lora, strategy)
+    assert extra * GIB == pytest.approx(4 * 64 * 40 * output_bytes)
+
+
+def test_zero1_and_zero2_adapters_are_bf16_like_their_input_and_zero3s_are_cast_to():
+    """DeepSpeed casts a ZeRO-1/2 model's parameters to bf16 at set-up, the adapters too: no cast copy
+    of their input, as under FSDP2; ZeRO-3's partitioned model keeps them fp32 as peft made them."""
+    shape = ModelShape(
+        "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
+    )
+    eager = Workload(4, 64, "bf16", compiled=False, peft="lora")
+    cast = {
+        name: adapter_input_bytes(load_strategy(name), eager, shape)
+        for name in ("fsdp", "zero1", "zero2", "zero3")
+    }
+    assert cast["zero1"] == cast["zero2"] == cast["fsdp"] == 0
+    assert cast["zero3"] > 0
 
 
 def test_a_frozen_weight_counts_4_flops_per_token_not_6():

@@ -20,6 +20,7 @@ from finetune.memory_model import (
     GATED_MLP_ACTIVATION_SCALE,
     GIB,
     OPTIMIZER_STEP,
+    RETURNED_LOGIT_BYTES,
     Calibration,
     ModelShape,
     Workload,
@@ -226,6 +227,21 @@ def test_a_checkpointed_step_holds_the_logits_or_a_layers_recompute_not_both(gpt
     one_layer = tokens * 1600 * 30.0 / GIB
     assert logits > one_layer
     assert (held, at_end) == pytest.approx((inputs + logits, one_layer))
+
+
+def test_a_checkpointed_row_from_when_the_forward_returned_its_logits_is_predicted_with_them(
+    gpt2_xl, calibration
+):
+    """Rows from before run.py dropped the training logits (converters.without_training_logits) are
+    kept as they ran: the whole-model kind's loss held 2 bytes a logit more."""
+    single, today = load_strategy("single"), Workload(8, 1024, gradient_checkpointing=True)
+    before = replace(today, training_logits=True)
+    held_before, _ = checkpointed_activation_gib(gpt2_xl, before, single, 30.0, "compiled")
+    held_today, _ = checkpointed_activation_gib(gpt2_xl, today, single, 30.0, "compiled")
+    assert held_before - held_today == pytest.approx(8 * 1024 * 50257 * RETURNED_LOGIT_BYTES / GIB)
+    fsdp_before, _ = checkpointed_activation_gib(gpt2_xl, before, single, 30.0, "fsdp_compiled")
+    fsdp_today, _ = checkpointed_activation_gib(gpt2_xl, today, single, 30.0, "fsdp_compiled")
+    assert fsdp_before == fsdp_today
 
 
 @pytest.mark.parametrize(
