@@ -55,6 +55,11 @@ RANK = 4
 STEPS = 4
 GIB = 2**30
 
+# adapted layers of 60 input and 40 output features in all (r·(in + out) = 200 parameters at rank 2)
+ADAPTED_SHAPE = ModelShape(
+    "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
+)
+
 
 def gpt2(layers: int = 2, width: int = 64) -> AutoModelForCausalLM:
     torch.manual_seed(0)
@@ -169,16 +174,13 @@ def test_planner_counts_the_same_adapters_peft_adds():
 
 
 def test_planner_keeps_gradients_and_optimizer_states_for_the_adapters_only():
-    shape = ModelShape(
-        "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
-    )
     workload = Workload(1, 8, "bf16", peft="lora", lora_rank=2)  # 200 adapter parameters
     no_activations = Calibration(dict.fromkeys(CALIBRATION_KINDS, 0.0))
-    ddp = estimate(load_strategy("ddp"), shape, workload, ParallelLayout(2), no_activations)
+    ddp = estimate(load_strategy("ddp"), ADAPTED_SHAPE, workload, ParallelLayout(2), no_activations)
     # torch autocast: base 1000 x 2 bytes (bf16, frozen), adapters fp32 4 + 4 gradients + 8 Adam, and
     # DDP's buckets a second copy of the adapters' gradients
     assert (ddp.parameters * GIB, ddp.gradients * GIB, ddp.optimizer * GIB) == (2800, 800 + 800, 1600)
-    zero3 = estimate(load_strategy("zero3"), shape, workload, ParallelLayout(2), no_activations)
+    zero3 = estimate(load_strategy("zero3"), ADAPTED_SHAPE, workload, ParallelLayout(2), no_activations)
     # DeepSpeed: adapters 2 + 2 + 12 bytes; everything sharded over the 2 GPUs, beside ZeRO-3's
     # gradient reduce buffer of reduce_bucket_size bf16 values, whatever is trained, and the frozen
     # base's weights gathered whole for the backward (1000 x 2 bytes, within its reuse distance)
@@ -188,10 +190,7 @@ def test_planner_keeps_gradients_and_optimizer_states_for_the_adapters_only():
 
 
 def test_dora_adds_one_magnitude_per_adapted_output():
-    shape = ModelShape(
-        "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
-    )
-    assert shape.adapter_parameters("dora", 2) - shape.adapter_parameters("lora", 2) == 40
+    assert ADAPTED_SHAPE.adapter_parameters("dora", 2) - ADAPTED_SHAPE.adapter_parameters("lora", 2) == 40
 
 
 @pytest.mark.parametrize(
@@ -200,25 +199,20 @@ def test_dora_adds_one_magnitude_per_adapted_output():
 def test_dora_keeps_each_adapted_layers_two_outputs_beyond_loras_activations(profile, output_bytes):
     """The frozen layer's output and the adapter's, kept for the magnitude's gradient, in the
     adapter's output dtype: bf16 but under ZeRO-3, whose adapters stay fp32 (eager here)."""
-    shape = ModelShape(
-        "tiny", parameters=1000, layers=2, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
-    )
     lora = Workload(4, 64, "bf16", compiled=False, peft="lora", lora_dropout=0.0)
     dora = Workload(4, 64, "bf16", compiled=False, peft="dora", lora_dropout=0.0)
     strategy = load_strategy(profile)
-    extra = adapter_activation_gib(shape, dora, strategy) - adapter_activation_gib(shape, lora, strategy)
+    with_dora = adapter_activation_gib(ADAPTED_SHAPE, dora, strategy)
+    extra = with_dora - adapter_activation_gib(ADAPTED_SHAPE, lora, strategy)
     assert extra * GIB == pytest.approx(4 * 64 * 40 * output_bytes)
 
 
 def test_zero1_and_zero2_adapters_are_bf16_like_their_input_and_zero3s_are_cast_to():
     """DeepSpeed casts a ZeRO-1/2 model's parameters to bf16 at set-up, the adapters too: no cast copy
     of their input, as under FSDP2; ZeRO-3's partitioned model keeps them fp32 as peft made them."""
-    shape = ModelShape(
-        "tiny", parameters=1000, layers=1, hidden=8, vocab=10, adapted_in_out=100, adapted_out=40
-    )
     eager = Workload(4, 64, "bf16", compiled=False, peft="lora")
     cast = {
-        name: adapter_input_bytes(load_strategy(name), eager, shape)
+        name: adapter_input_bytes(load_strategy(name), eager, ADAPTED_SHAPE)
         for name in ("fsdp", "zero1", "zero2", "zero3")
     }
     assert cast["zero1"] == cast["zero2"] == cast["fsdp"] == 0
