@@ -4,9 +4,9 @@ __version__ = "0.1.0"
 
 import sys
 
-from finetune.cpu_allocator import huge_pages_without_gpus
+from finetune.startup_environment import set_startup_environment
 
-huge_pages_without_gpus()  # before torch loads (the next import loads it)
+set_startup_environment()  # before torch loads (the next import loads it)
 try:
     from finetune.quiet import silence_known_noise  # before any library logs at import; imports torch
 

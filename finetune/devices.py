@@ -4,13 +4,12 @@ Launched with a GPU profile on a CPU-only machine, accelerate picks no process-g
 each rank would silently train alone. These two adjustments give every profile its real semantics
 over gloo: DDP becomes accelerate's MULTI_CPU DDP, DeepSpeed gets an explicit gloo backend, and
 FSDP2 is promoted the way accelerate promotes it on GPUs. On a GPU machine they do nothing; there
-a lone process trains on one GPU (`one_gpu_per_process`), and run.py sets the environment CUDA and
-NCCL read at their start (`set_gpu_environment_defaults`).
+a lone process trains on one GPU (`one_gpu_per_process`); what CUDA and NCCL read at their start is
+set by `import finetune` (finetune/startup_environment.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -23,30 +22,6 @@ if TYPE_CHECKING:  # transformers' classes cost every `finetune` command seconds
     from transformers import TrainingArguments
 
     from finetune.launched import Launch
-
-
-# Each set where the user set neither of its names (torch 2.9 renamed both; the old names still work)
-ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-EXPANDABLE_SEGMENTS = "expandable_segments:True"
-FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-FLIGHT_RECORDER_ENTRIES = "2000"
-
-
-def set_gpu_environment_defaults() -> None:
-    """Before CUDA starts: NCCL's flight recorder, which the watchdog dumps, and the caching
-    allocator's expandable segments. Without them a long block's activations, freed and allocated
-    in sizes that change from layer to layer, leave reserved blocks too fragmented to reuse: a run
-    the planner says fits ran out of memory with a quarter of the GPU reserved and unallocated, and
-    trained with them (docs/long-context.md). torchtitan's launcher sets the same."""
-    if not torch.cuda.is_available():
-        return
-    renamed = torch.__version__ >= "2.9"  # the old names warn from there on
-    for names, value in (
-        (ALLOCATOR_VARIABLES, EXPANDABLE_SEGMENTS),
-        (FLIGHT_RECORDER_VARIABLES, FLIGHT_RECORDER_ENTRIES),
-    ):
-        if not any(os.environ.get(name) for name in names):
-            os.environ[names[0] if renamed else names[1]] = value
 
 
 def adapt_arguments_to_cpu(args: TrainingArguments, launch: Launch) -> None:

@@ -43,7 +43,7 @@ from finetune.checkpoint import (
 )
 from finetune.converters import convert, refuse_incompatible
 from finetune.data import PreparedData, build_datasets
-from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp, set_gpu_environment_defaults
+from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
 from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
 from finetune.divergence import check_weights_finite
 from finetune.errors import FinetuneError, StoppedForResume, exit_on_user_error
@@ -375,7 +375,6 @@ def evaluate_save_and_generate(
 
 
 def main(argv: list[str] | None = None) -> None:
-    set_gpu_environment_defaults()
     load_weights_only()
     logging.set_verbosity_info() if os.environ.get("FINETUNE_VERBOSE") else logging.set_verbosity_warning()
     with exit_on_user_error():
