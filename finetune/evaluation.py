@@ -32,6 +32,7 @@ from finetune.data_formats import IGNORE_INDEX
 from finetune.errors import FinetuneError
 from finetune.generate import complete_greedily
 from finetune.instruction import detect_format, encode, template_for
+from finetune.loss_chunks import CHUNK_LOGITS
 from finetune.models import SavedModel, choose_block_size, context_length
 from finetune.packing import truncate
 from finetune.run_flags import DataArguments
@@ -43,23 +44,28 @@ def loss_sums_per_sample(
 ) -> torch.Tensor:
     """[batch, 2]: each sample's summed next-token loss and its number of predicted tokens.
 
-    One sample at a time, so the float32 copy of the logits is one sample's, not the batch's. A
-    model evaluating through the chunked loss (losses.use_chunked_loss) returns these already, in
-    place of [batch, tokens, vocabulary] logits: passed through.
+    A chunk of one sample's tokens at a time (the chunked loss's chunk, finetune/loss_chunks.py), so
+    the float32 copy of the logits and the softmax over them are a chunk's, not the batch's or the
+    sample's: a long block's were twice its logits again, and a block the planner says fits ran out
+    of memory in its evaluation. A model evaluating through the chunked loss
+    (losses.use_chunked_loss) returns these sums already, in place of [batch, tokens, vocabulary]
+    logits: passed through.
     """
     if isinstance(logits, tuple):
         logits = logits[0]
     if logits.dim() == 2:
         return logits
     targets = labels[:, 1:]
-    sums = torch.stack(
-        [
-            F.cross_entropy(
-                logits[i, :-1].float(), targets[i], ignore_index=IGNORE_INDEX, reduction="sum"
+    predicted = targets.shape[1]  # the last position predicts nothing
+    chunk = max(1, CHUNK_LOGITS // logits.shape[-1])
+    sums = torch.zeros(logits.shape[0], dtype=torch.float64, device=logits.device)
+    for i in range(logits.shape[0]):
+        for begin in range(0, predicted, chunk):
+            end = min(begin + chunk, predicted)
+            chunk_logits = logits[i, begin:end].float()
+            sums[i] += F.cross_entropy(
+                chunk_logits, targets[i, begin:end], ignore_index=IGNORE_INDEX, reduction="sum"
             ).double()
-            for i in range(logits.shape[0])
-        ]
-    )
     counts = (targets != IGNORE_INDEX).sum(dim=1).double()
     return torch.stack([sums, counts], dim=1)
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, EvalPrediction
 
+from finetune import evaluation
 from finetune.data import arrange_splits, load_raw, split_tokens
 from finetune.errors import FinetuneError
 from finetune.evaluation import (
@@ -31,6 +32,26 @@ def test_loss_sums_reproduce_the_models_shifted_mean_loss():
     expected = F.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1))
     assert sums[:, 1].tolist() == [5.0, 5.0]
     assert (sums[:, 0].sum() / sums[:, 1].sum()).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_a_long_sample_is_summed_a_chunk_of_tokens_at_a_time_to_the_same_loss(monkeypatch):
+    """The float32 copy and softmax of a long block's logits are a chunk's, not the block's."""
+    monkeypatch.setattr(evaluation, "CHUNK_LOGITS", 4 * 11)  # 4 tokens of an 11-entry vocabulary
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 10, 11).bfloat16(), torch.randint(0, 11, (2, 10))
+    labels[1, 6:] = -100
+    seen: list[int] = []
+    cross_entropy = F.cross_entropy
+    monkeypatch.setattr(
+        evaluation.F,
+        "cross_entropy",
+        lambda chunk, *args, **kwargs: seen.append(len(chunk)) or cross_entropy(chunk, *args, **kwargs),
+    )
+    sums = loss_sums_per_sample(logits, labels)
+    assert seen == [4, 4, 1, 4, 4, 1]
+    whole = [F.cross_entropy(logits[i, :-1].float(), labels[i, 1:], reduction="sum").item() for i in range(2)]
+    assert sums[:, 0].tolist() == pytest.approx(whole, rel=1e-6)
+    assert sums[:, 1].tolist() == [9.0, 5.0]
 
 
 def test_padding_labels_are_not_counted():
