@@ -16,8 +16,9 @@ from typing import TextIO
 
 import torch
 
-# torchao (imported by peft when installed) tries its optional fused kernels on import and logs every
-# one this machine's CUDA cannot load; only --fp8 uses torchao, and it fails there in its own words.
+# torchao (imported by transformers' quantizers when installed) tries its optional fused kernels on
+# import and logs every one this machine's CUDA cannot load; only --fp8 uses torchao, and it fails
+# there in its own words.
 TORCHAO_OPTIONAL_KERNELS = ("torchao", "Failed to load ")
 # torchao registers its enums with torch's pytree, which torch now deprecates (a torchao matter).
 PYTREE_ENUM_DEPRECATION = ("torch.utils._pytree", "is an Enum subclass and is now natively supported")

@@ -3,8 +3,8 @@
 Each setting is made only where the user set none of its names, and the processes launched from this
 one (accelerate's ranks) inherit it. It has to come before torch loads, not at the top of run.py's
 `main`: CUDA reads its allocator's settings when it starts, and importing a library can start it
-(peft imports torchao where installed, and torchao's import does), after which a setting made in
-`main` is silently never read.
+(transformers' model classes import torchao where it is installed, for its quantizer, and
+torchao's import does), after which a setting made in `main` is silently never read.
 
 - Without a GPU: torch's CPU allocator on huge pages. A step on CPU allocates and frees tensors of tens
   to hundreds of megabytes (the logits over GPT-2's vocabulary among them). glibc maps each such
