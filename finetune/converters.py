@@ -18,7 +18,13 @@ from transformers.utils import ModelOutput, logging
 from finetune.adapters import adapter_flags, add_adapters
 from finetune.errors import FinetuneError
 from finetune.forwards import replace_forward
-from finetune.losses import align_output_matmul, chunked_loss_problem, model_loss_problem, use_chunked_loss
+from finetune.losses import (
+    align_output_matmul,
+    chunked_loss_problem,
+    loss_sums_per_sample,
+    model_loss_problem,
+    use_chunked_loss,
+)
 
 logger = logging.get_logger("finetune")
 
@@ -75,8 +81,11 @@ def without_training_logits(
     the loss there, while accelerate's mixed precision (`convert_outputs_to_fp32`, every profile but
     DeepSpeed's) copies each bf16 output to fp32: a 4-byte copy of every logit, written at the end of
     each forward beside the logits the loss keeps for backward: a share of the step's time (the step
-    peaks later, so not of its memory: docs/speed.md). Evaluation, generation and a loss computed
-    outside the model (label smoothing: the Trainer takes the labels away) get the logits as before."""
+    peaks later, so not of its memory: docs/speed.md). An evaluation forward given its labels returns
+    the metrics' per-sample loss sums in their place (losses.loss_sums_per_sample, the same numbers:
+    bf16 to fp32 is exact), so evaluation holds no float32 copy of a block's logits either.
+    Generation, a split sequence's evaluation (`shift_labels`) and a loss computed outside the model
+    (label smoothing: the Trainer takes the labels away) get the logits as before."""
     replace_forward(model, _without_logits_in_training)
     return model, {}
 
@@ -85,9 +94,20 @@ def _without_logits_in_training(
     self: PreTrainedModel, own: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> Any:
     outputs = own(self, *args, **kwargs)
-    if self.training and isinstance(outputs, ModelOutput) and outputs.get("loss") is not None:
+    if not isinstance(outputs, ModelOutput) or outputs.get("loss") is None:
+        return outputs
+    if self.training:
         outputs["logits"] = None  # item assignment: ModelOutput keeps a None attribute in its dict
+    elif evaluated_whole(outputs, kwargs):
+        outputs["logits"] = loss_sums_per_sample(outputs.logits, kwargs["labels"])
     return outputs
+
+
+def evaluated_whole(outputs: ModelOutput, inputs: dict[str, Any]) -> bool:
+    """An evaluation forward of whole samples with their labels, which returned full logits."""
+    logits = outputs.get("logits")
+    whole = inputs.get("shift_labels") is None and inputs.get("labels") is not None
+    return whole and logits is not None and logits.dim() == 3
 
 
 def aligned_output_matmul(

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from accelerate import PartialState
 from accelerate.utils import gather_object
 from datasets import Dataset
@@ -32,42 +31,11 @@ from finetune.data_formats import IGNORE_INDEX
 from finetune.errors import FinetuneError
 from finetune.generate import complete_greedily
 from finetune.instruction import detect_format, encode, template_for
-from finetune.loss_chunks import CHUNK_LOGITS
+from finetune.losses import loss_sums_per_sample
 from finetune.models import SavedModel, choose_block_size, context_length
 from finetune.packing import truncate
 from finetune.run_flags import DataArguments
 from finetune.run_folder import SUMMARY_FILE
-
-
-def loss_sums_per_sample(
-    logits: torch.Tensor | tuple[torch.Tensor, ...], labels: torch.Tensor
-) -> torch.Tensor:
-    """[batch, 2]: each sample's summed next-token loss and its number of predicted tokens.
-
-    A chunk of one sample's tokens at a time (the chunked loss's chunk, finetune/loss_chunks.py), so
-    the float32 copy of the logits and the softmax over them are a chunk's, not the batch's or the
-    sample's: a long block's were twice its logits again, and a block the planner says fits ran out
-    of memory in its evaluation. A model evaluating through the chunked loss
-    (losses.use_chunked_loss) returns these sums already, in place of [batch, tokens, vocabulary]
-    logits: passed through.
-    """
-    if isinstance(logits, tuple):
-        logits = logits[0]
-    if logits.dim() == 2:
-        return logits
-    targets = labels[:, 1:]
-    predicted = targets.shape[1]  # the last position predicts nothing
-    chunk = max(1, CHUNK_LOGITS // logits.shape[-1])
-    sums = torch.zeros(logits.shape[0], dtype=torch.float64, device=logits.device)
-    for i in range(logits.shape[0]):
-        for begin in range(0, predicted, chunk):
-            end = min(begin + chunk, predicted)
-            chunk_logits = logits[i, begin:end].float()
-            sums[i] += F.cross_entropy(
-                chunk_logits, targets[i, begin:end], ignore_index=IGNORE_INDEX, reduction="sum"
-            ).double()
-    counts = (targets != IGNORE_INDEX).sum(dim=1).double()
-    return torch.stack([sums, counts], dim=1)
 
 
 def perplexity(loss: float) -> float:

@@ -19,13 +19,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from finetune.data_formats import IGNORE_INDEX
 from finetune.forwards import replace_forward
-from finetune.loss_chunks import VOCAB_ALIGNMENT, tokens_per_chunk
+from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT, tokens_per_chunk
 
 if TYPE_CHECKING:
     from finetune.profiles import Strategy
@@ -124,6 +125,38 @@ def causal_lm_loss(
     if torch.is_tensor(divisor):
         divisor = divisor.to(total.device)
     return total / divisor
+
+
+def loss_sums_per_sample(
+    logits: torch.Tensor | tuple[torch.Tensor, ...], labels: torch.Tensor
+) -> torch.Tensor:
+    """[batch, 2]: each sample's summed next-token loss and its number of predicted tokens.
+
+    A chunk of one sample's tokens at a time (the chunked loss's chunk, finetune/loss_chunks.py), so
+    the float32 copy of the logits and the softmax over them are a chunk's, not the batch's or the
+    sample's: a long block's were twice its logits again, and a block the planner says fits ran out
+    of memory in its evaluation. Called by the evaluation forward itself
+    (converters.without_training_logits) and by the Trainer's `preprocess_logits_for_metrics` where
+    the forward kept its logits; sums, which a model evaluating through the chunked loss
+    (use_chunked_loss) returns too, are passed through.
+    """
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    if logits.dim() == 2:
+        return logits
+    targets = labels[:, 1:]
+    predicted = targets.shape[1]  # the last position predicts nothing
+    chunk = max(1, CHUNK_LOGITS // logits.shape[-1])
+    sums = torch.zeros(logits.shape[0], dtype=torch.float64, device=logits.device)
+    for i in range(logits.shape[0]):
+        for begin in range(0, predicted, chunk):
+            end = min(begin + chunk, predicted)
+            chunk_logits = logits[i, begin:end].float()
+            sums[i] += F.cross_entropy(
+                chunk_logits, targets[i, begin:end], ignore_index=IGNORE_INDEX, reduction="sum"
+            ).double()
+    counts = (targets != IGNORE_INDEX).sum(dim=1).double()
+    return torch.stack([sums, counts], dim=1)
 
 
 @torch.no_grad()

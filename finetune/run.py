@@ -48,14 +48,14 @@ from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_prob
 from finetune.divergence import check_weights_finite
 from finetune.errors import FinetuneError, StoppedForResume, exit_on_user_error
 from finetune.garbage_collection import GarbageCollectionCallback
-from finetune.evaluation import loss_sums_per_sample, token_weighted_loss
+from finetune.evaluation import token_weighted_loss
 from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
 from finetune.data_formats import CHAT_FORMATS
 from finetune.fsdp_units import count_units
 from finetune.generate import Chat, Sampling, generate
 from finetune.instruction import end_of_turn_ids
-from finetune.losses import compile_loss
+from finetune.losses import compile_loss, loss_sums_per_sample
 from finetune.models import (
     build_model,
     check_attention_implementation,

@@ -13,6 +13,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from finetune.converters import convert, without_padding_check, without_training_logits
+from finetune.losses import loss_sums_per_sample
 
 
 @pytest.fixture
@@ -120,11 +121,27 @@ def test_leaving_out_the_training_logits_changes_no_loss_and_no_gradient(bf16_pr
         assert torch.equal(before.grad, after.grad)
 
 
-def test_evaluation_still_returns_the_logits(bf16_prepared):
+def test_evaluation_returns_the_metrics_loss_sums_in_place_of_the_logits(bf16_prepared):
+    """The same numbers the Trainer's preprocess makes of the fp32 copy (bf16 to fp32 is exact),
+    without the copy of a block's logits."""
+    unconverted, converted = bf16_prepared
+    ids = torch.randint(0, 1000, (2, 16))
+    with torch.no_grad():
+        sums = converted.eval()(input_ids=ids, labels=ids).logits
+        logits = unconverted.eval()(input_ids=ids, labels=ids).logits
+    assert logits.dtype == torch.float32 and logits.shape == (2, 16, converted.config.vocab_size)
+    assert torch.equal(sums, loss_sums_per_sample(logits, ids))
+
+
+def test_evaluation_without_labels_or_of_a_split_sequence_returns_the_logits(bf16_prepared):
+    """Generation, and a Ulysses rank's slice, whose labels come shifted (`shift_labels`)."""
     _, converted = bf16_prepared
     converted.eval()
     ids = torch.randint(0, 1000, (2, 16))
-    assert converted(input_ids=ids, labels=ids).logits.shape == (2, 16, converted.config.vocab_size)
+    with torch.no_grad():
+        assert converted(input_ids=ids).logits.dim() == 3
+        shifted = torch.nn.functional.pad(ids, (0, 1), value=-100)[..., 1:].contiguous()
+        assert converted(input_ids=ids, labels=ids, shift_labels=shifted).logits.dim() == 3
 
 
 def test_a_training_forward_without_labels_still_returns_the_logits(bf16_prepared):

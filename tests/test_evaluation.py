@@ -9,19 +9,19 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, EvalPrediction
 
-from finetune import evaluation
+from finetune import losses
 from finetune.data import arrange_splits, load_raw, split_tokens
 from finetune.errors import FinetuneError
 from finetune.evaluation import (
     Window,
     evaluate_saved_model,
-    loss_sums_per_sample,
     perplexity,
     sliding_window_loss,
     sliding_windows,
     token_weighted_loss,
     window_labels,
 )
+from finetune.losses import loss_sums_per_sample
 from finetune.run_flags import DataArguments
 
 
@@ -36,14 +36,14 @@ def test_loss_sums_reproduce_the_models_shifted_mean_loss():
 
 def test_a_long_sample_is_summed_a_chunk_of_tokens_at_a_time_to_the_same_loss(monkeypatch):
     """The float32 copy and softmax of a long block's logits are a chunk's, not the block's."""
-    monkeypatch.setattr(evaluation, "CHUNK_LOGITS", 4 * 11)  # 4 tokens of an 11-entry vocabulary
+    monkeypatch.setattr(losses, "CHUNK_LOGITS", 4 * 11)  # 4 tokens of an 11-entry vocabulary
     torch.manual_seed(0)
     logits, labels = torch.randn(2, 10, 11).bfloat16(), torch.randint(0, 11, (2, 10))
     labels[1, 6:] = -100
     seen: list[int] = []
     cross_entropy = F.cross_entropy
     monkeypatch.setattr(
-        evaluation.F,
+        losses.F,
         "cross_entropy",
         lambda chunk, *args, **kwargs: seen.append(len(chunk)) or cross_entropy(chunk, *args, **kwargs),
     )

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from finetune import cli, run
 from finetune.data import build_datasets
-from finetune.evaluation import loss_sums_per_sample
+from finetune.losses import loss_sums_per_sample
 from finetune.models import load_tokenizer, resolve_model
 from finetune.run_flags import DataArguments, ModelArguments
 from finetune.summary import read_summary, validate_summary
