@@ -86,13 +86,11 @@ def without_training_logits(
     bf16 to fp32 is exact), so evaluation holds no float32 copy of a block's logits either.
     Generation, a split sequence's evaluation (`shift_labels`) and a loss computed outside the model
     (label smoothing: the Trainer takes the labels away) get the logits as before."""
-    replace_forward(model, _without_logits_in_training)
+    replace_forward(model, _without_full_logits)
     return model, {}
 
 
-def _without_logits_in_training(
-    self: PreTrainedModel, own: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
+def _without_full_logits(self: PreTrainedModel, own: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     outputs = own(self, *args, **kwargs)
     if not isinstance(outputs, ModelOutput) or outputs.get("loss") is None:
         return outputs
