@@ -60,7 +60,11 @@ class FinetuneTrainingArguments(TrainingArguments):
 
     output_dir: str | None = field(default="outputs/run", metadata={"help": "Where the model and logs go."})
     per_device_train_batch_size: int = field(
-        default=8, metadata={"aliases": ["--batch_size"], "help": "Micro batch per device."}
+        default=8,
+        metadata={
+            "aliases": ["--batch_size"],
+            "help": "Micro batch per device, training and (unless --per_device_eval_batch_size) evaluation.",
+        },
     )
     num_train_epochs: float = field(
         default=1.0, metadata={"aliases": ["--epochs"], "help": "Training epochs."}
@@ -272,8 +276,9 @@ class FinetuneTrainingArguments(TrainingArguments):
             "GPU's; without a GPU the micro batch is at most 8, the default --batch_size)."
         },
     )
-    # Set by parse_arguments and planner.apply_global_batch, not flags: which batch flags the command
-    # line gave (a flag given at its default value still fixes it), and why the batch is what it is.
+    # Set by parse_arguments and planner.apply_global_batch, not flags: which batch flags (BATCH_FLAGS)
+    # the command line gave (a flag given at its default value still fixes it), and why the batch is
+    # what it is.
     batch_flags_given: frozenset[str] = field(default=frozenset(), init=False, repr=False)
     batch_choice: str | None = field(default=None, init=False, repr=False)
     # Set by parse_arguments from --attn_implementation: whether a profile's CUDA graphs can be kept
@@ -553,15 +558,14 @@ def parse_arguments(
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:
         raise FinetuneError(first_line(error)) from None
-    if training_args.global_batch_size is not None:
-        training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
+    training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     training_args.attention_kernel = model_args.attn_implementation
     model_args.model = absolute_if_local(model_args.model)
     model_args.tokenizer = model_args.tokenizer and absolute_if_local(model_args.tokenizer)
     return model_args, data_args, training_args
 
 
-BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "per_device_eval_batch_size")
 
 
 def absolute_if_local(name: str) -> str:

@@ -215,6 +215,11 @@ class BatchGeometry:
     def apply(self, training_args: Any) -> None:
         """Set the run's micro batch and accumulation: the only writer of both.
 
+        Evaluation takes the same micro batch unless --per_device_eval_batch_size says otherwise: it
+        keeps no activations for a backward, so a micro batch that trains (the one the planner fits)
+        evaluates, where the Trainer's own default of 8 asks a long block that trains one sample at a
+        time for eight samples' logits at once.
+
         A profile's CUDA graphs (the single profile's reduce-overhead) are then switched off where they
         fail: with gradient accumulation, which failed on an H100 at the first backward ("accessing
         tensor output of CUDAGraphs that has been overwritten by a subsequent run"), with gradient
@@ -229,6 +234,8 @@ class BatchGeometry:
         """
         training_args.per_device_train_batch_size = self.micro
         training_args.gradient_accumulation_steps = self.accumulation
+        if "per_device_eval_batch_size" not in training_args.batch_flags_given:
+            training_args.per_device_eval_batch_size = self.micro
         if (
             (
                 training_args.gradient_checkpointing

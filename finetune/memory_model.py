@@ -86,7 +86,7 @@ from transformers.utils import logging
 from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
 from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
-from finetune.loss_chunks import VOCAB_ALIGNMENT, tokens_per_chunk
+from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT, tokens_per_chunk
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,
@@ -106,6 +106,8 @@ SUB_GROUP_STEP_BYTES = 2 + 4
 # weight's gradient in fp32 for the whole step; the hidden states' gradient, one value per token and
 # width in the training dtype, kept from forward for backward
 CHUNK_BYTES_PER_LOGIT = 2 + 4 + 4 + 2
+# evaluation's loss sums (losses.loss_sums_per_sample) take a chunk's fp32 copy and its log-softmax
+EVALUATION_CHUNK_BYTES = 4 + 4
 CHUNKED_WEIGHT_GRADIENT_BYTES = 4
 # The model's measured constants, each with why and where it was measured, are data: calibration.json.
 MEASURED = {
@@ -129,6 +131,7 @@ COMPILED_DORA_OUTPUT_BYTES = MEASURED["compiled_dora_output_bytes"]
 OFFLOADED_GRADIENT_BYTES = 4
 # a step's phases that can hold its peak (`estimate`), as the plan names them
 BACKWARD_START, BACKWARD_END, OPTIMIZER_STEP = "backward's start", "backward's end", "optimizer step"
+EVALUATION = "evaluation"  # not a step's phase: the run's evaluation, beside the states a step leaves
 HOST_BUFFER_FACTOR = MEASURED["host_buffer_factor"]
 BUILD_BYTES = 4
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a value in the training dtype
@@ -216,6 +219,7 @@ class Workload:
     # the training forward returned its logits: runs from before run.py dropped them
     # (converters.without_training_logits), kept in calibration.json as they ran
     training_logits: bool = False
+    eval_micro_batch: int | None = None  # --per_device_eval_batch_size; None: the training micro batch
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,7 @@ class Measurement:
     layout: ParallelLayout  # the processes it was measured on ("gpus" in calibration.json)
     peak_allocated_gib: float
     forward_activations_gib: float | None = None
+    eval_peak_allocated_gib: float | None = None  # the final evaluation's, where it was measured
 
     @classmethod
     def from_row(cls, row: dict[str, Any], strategy: Strategy) -> Measurement:
@@ -265,6 +270,7 @@ class Measurement:
             row.get("chunked_loss", False),
             row.get("ddp_bucket_views", False),
             row.get("training_logits", False),
+            row.get("eval_micro_batch"),
         )
         return cls(
             shape,
@@ -273,6 +279,7 @@ class Measurement:
             ParallelLayout(row["gpus"], row.get("sequence_parallel", 1)),
             row["peak_allocated_gib"],
             row.get("forward_activations_gib"),
+            row.get("eval_peak_allocated_gib"),
         )
 
 
@@ -519,6 +526,36 @@ def forward_activation_gib(
     tokens = workload.micro_batch * workload.block_size
     layers = shape.layers * tokens * shape.hidden * layer_bytes
     return (layers + logits_bytes(shape, workload, logit_bytes)) / GIB + hidden_gradient_gib(shape, workload)
+
+
+def evaluation_activation_gib(
+    shape: ModelShape, workload: Workload, strategy: Strategy, layout: ParallelLayout
+) -> float:
+    """What an evaluation holds beside the model states, at the output layer, where it peaks: its
+    forward keeps nothing for a backward, so a micro batch's logits in the compute dtype (one chunk's
+    with --chunked_loss, which evaluates through `losses.chunked_loss_sums`); the final norm's output
+    in the residual stream's dtype, and where that is fp32 under autocast its copy that the output
+    layer multiplies in the compute dtype; the loss's fp32 copy and
+    log-softmax of one chunk (`losses.loss_sums_per_sample`: the forward returns those sums in place
+    of the logits, so accelerate's fp32 copy of its outputs is a copy of sums). Ulysses splits an
+    evaluation's samples as it splits training's; ring attention runs them whole on each rank
+    (FinetuneTrainer). Counted from the code, not fitted: calibration.json's `evaluations` check it."""
+    micro = workload.eval_micro_batch or workload.micro_batch
+    tokens = micro * workload.block_size
+    if strategy.sequence_split == "ulysses":
+        tokens /= layout.sequence_parallel
+    compute = COMPUTE_BYTES[workload.dtype]
+    stream = checkpointed_input_bytes(strategy, workload)
+    hidden = tokens * shape.hidden * (stream + (compute if stream != compute else 0))
+    if workload.chunked_loss:
+        padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
+        chunk_tokens = tokens_per_chunk("cuda", padded_vocab, shape.hidden)
+        logits = min(tokens, chunk_tokens) * padded_vocab * CHUNK_BYTES_PER_LOGIT
+    else:
+        logits = (
+            tokens * shape.vocab * compute + min(tokens * shape.vocab, CHUNK_LOGITS) * EVALUATION_CHUNK_BYTES
+        )
+    return (hidden + logits) / GIB
 
 
 def checkpointed_input_bytes(strategy: Strategy, workload: Workload) -> int:
@@ -809,10 +846,16 @@ def estimate(
     step = optimizer_step_gib(strategy, shape, workload, layout)
     parameters = states["parameters"]
     gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout)
+    # torch's gradients are freed by the step's `zero_grad` and ZeRO-1/2's partitions by their step;
+    # ZeRO-3's partition and reduce buffers and DDP's buckets stay (each run's allocated memory at the
+    # end of training: docs/planner.md)
+    gradients_evaluating = (states["gradients"] if strategy.is_zero3 else 0.0) + buckets
+    evaluating = evaluation_activation_gib(shape, workload, strategy, layout)
     phases = {  # (parameters, gradients, optimizer, activations) at each
         BACKWARD_START: (gathered, gradients_held, optimizer, held / split + beside),
         BACKWARD_END: (parameters, gradients, optimizer, at_end / split + beside),
         OPTIMIZER_STEP: (parameters, gradients, optimizer + step, 0.0),
+        EVALUATION: (parameters, gradients_evaluating, optimizer, evaluating),
     }
     totals = {phase: sum(held_then) for phase, held_then in phases.items()}
     parameters, gradients, optimizer, activations = phases[peak_phase(totals)]

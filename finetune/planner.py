@@ -163,8 +163,19 @@ def what_would_fit(
     calibration: Calibration,
     margin: float = DEFAULT_MARGIN,
 ) -> list[str]:
-    """Changes that make some profile fit, cheapest first: smaller micro batch, checkpointing, more GPUs."""
+    """Changes that make some profile fit, cheapest first: a smaller evaluation micro batch where one
+    was asked for, a smaller micro batch, checkpointing, more GPUs."""
     suggestions = []
+    batch = (workload.eval_micro_batch or 0) // 2
+    while batch >= 1:
+        smaller = replace(workload, eval_micro_batch=batch)
+        found = recommend(plan(shape, smaller, layout, calibration), gpu_memory_gib, margin)
+        if found:
+            suggestions.append(
+                f"--per_device_eval_batch_size {batch} with {found.profile}: {found.total:.1f} GiB"
+            )
+            break
+        batch //= 2
     batch = workload.micro_batch // 2
     while batch >= 1:
         smaller = replace(workload, micro_batch=batch)
@@ -381,7 +392,16 @@ def run_workload(
         accumulation=training_args.gradient_accumulation_steps,
         chunked_loss=training_args.chunked_loss,
         ddp_bucket_views=training_args.ddp_gradient_as_bucket_view,
+        eval_micro_batch=evaluation_micro_batch(training_args),
     )
+
+
+def evaluation_micro_batch(training_args: Any) -> int | None:
+    """--per_device_eval_batch_size where given; None (the training micro batch, as the run evaluates
+    by default: BatchGeometry.apply) otherwise."""
+    if "per_device_eval_batch_size" not in training_args.batch_flags_given:
+        return None
+    return training_args.per_device_eval_batch_size
 
 
 def largest_micro_batch_for_run(

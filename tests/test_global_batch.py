@@ -337,3 +337,25 @@ def test_a_run_records_and_prints_the_batch_choice_and_its_start_up(
     assert "  start-up    " in printed.out
     assert list(summary["startup_phases_s"]) == ["imports", "data", "model", "wrapping", "first step"]
     assert f"first step {summary['startup_phases_s']['first step']:.1f})" in printed.out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation's micro batch
+
+
+def test_evaluation_takes_the_training_micro_batch(output_flags):
+    _, _, training_args = launched([*output_flags, "--batch_size", "3"])
+    assert training_args.per_device_eval_batch_size == 3
+
+
+def test_evaluation_takes_the_micro_batch_the_global_batch_chose(output_flags):
+    model_args, data_args, training_args = launched([*output_flags, "--global_batch_size", "12"])
+    apply_global_batch(model_args, data_args, training_args, Launch.from_environment())
+    assert (training_args.per_device_train_batch_size, training_args.per_device_eval_batch_size) == (6, 6)
+
+
+def test_a_given_evaluation_batch_is_kept(output_flags):
+    flags = [*output_flags, "--global_batch_size", "12", "--per_device_eval_batch_size", "8"]
+    model_args, data_args, training_args = launched(flags)
+    apply_global_batch(model_args, data_args, training_args, Launch.from_environment())
+    assert (training_args.per_device_train_batch_size, training_args.per_device_eval_batch_size) == (6, 8)

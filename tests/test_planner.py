@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig
 
+from finetune.arguments import parse_arguments
 from finetune.cli import main as cli_main
 from finetune.commands.run import auto_profile
 from finetune.errors import FinetuneError
@@ -17,6 +18,7 @@ from finetune.memory_model import (
     BACKWARD_END,
     BACKWARD_START,
     CHECKPOINTED_LOGIT_BYTES,
+    EVALUATION,
     GATED_MLP_ACTIVATION_SCALE,
     GIB,
     OPTIMIZER_STEP,
@@ -33,6 +35,7 @@ from finetune.memory_model import (
     compiled_for,
     estimate,
     estimate_for,
+    evaluation_activation_gib,
     forward_activation_gib,
     out_of_memory_runs,
     read_measurements,
@@ -49,6 +52,7 @@ from finetune.planner import (
     plan,
     planned_strategies,
     recommend,
+    run_workload,
     shape_of,
     what_would_fit,
 )
@@ -915,6 +919,67 @@ def test_long_blocks_with_the_models_own_loss_are_predicted_within_15_percent(ca
     for measurement in own_loss:
         predicted = estimate_for(measurement, calibration).total
         assert predicted == pytest.approx(measurement.peak_allocated_gib, rel=0.15), measurement
+
+
+# ---------------------------------------------------------------------------------------------------
+# The final evaluation
+
+
+def test_evaluations_are_predicted_within_10_percent(calibration):
+    """The evaluation phase is counted from the code, not fitted: evaluations of gpt2-xl at micro
+    batch 128 under four profiles and of a 1B Llama at blocks of 286,720 and 349,184 tokens check it."""
+    rows = read_measurements(section="evaluations")
+    assert len(rows) >= 6
+    for m in rows:
+        predicted = estimate_for(m, calibration).phase_totals[EVALUATION]
+        assert predicted == pytest.approx(m.eval_peak_allocated_gib, rel=0.10), (
+            m.shape.name,
+            m.strategy.name,
+        )
+
+
+def test_evaluation_takes_the_training_micro_batch_unless_told(gpt2_xl):
+    single, layout = load_strategy("single"), ParallelLayout(1)
+
+    def evaluation(workload: Workload) -> float:
+        return evaluation_activation_gib(gpt2_xl, workload, single, layout)
+
+    default = Workload(8, 1024)
+    assert evaluation(default) == evaluation(replace(default, eval_micro_batch=8))
+    assert evaluation(replace(default, eval_micro_batch=32)) > 2 * evaluation(default)
+
+
+def test_an_evaluation_micro_batch_far_above_trainings_is_the_plans_peak(gpt2_xl, calibration):
+    workload = Workload(1, 1024, eval_micro_batch=512)
+    assert (
+        estimate(load_strategy("single"), gpt2_xl, workload, ParallelLayout(1), calibration).peak
+        == EVALUATION
+    )
+
+
+def test_an_evaluation_that_does_not_fit_is_answered_with_a_smaller_evaluation_micro_batch(
+    gpt2_xl, calibration
+):
+    workload = Workload(1, 1024, eval_micro_batch=512)
+    suggestions = what_would_fit(gpt2_xl, workload, ParallelLayout(1), 80, calibration)
+    assert suggestions[0].startswith("--per_device_eval_batch_size 256 with single")
+
+
+def test_ulysses_splits_an_evaluations_samples_and_the_ring_runs_them_whole(calibration):
+    shape, _ = shape_of("gpt2-medium")
+    workload, split = Workload(1, 8192), ParallelLayout(2, 2)
+    whole = evaluation_activation_gib(shape, workload, load_strategy("fsdp"), ParallelLayout(2))
+    assert evaluation_activation_gib(shape, workload, load_strategy("fsdp"), split) == whole
+    unsplit = evaluation_activation_gib(shape, workload, ZERO3, ParallelLayout(2))
+    assert evaluation_activation_gib(shape, workload, ZERO3, split) < unsplit
+
+
+def test_plan_reads_the_evaluation_micro_batch_from_the_run_flags():
+    flags = ["--model", "gpt2-xl", "--batch_size", "2", "--per_device_eval_batch_size", "64"]
+    _, workload = run_workload(*parse_arguments([*flags, "--output_dir", "unused"]))
+    assert (workload.micro_batch, workload.eval_micro_batch) == (2, 64)
+    _, default = run_workload(*parse_arguments([*flags[:4], "--output_dir", "unused"]))
+    assert default.eval_micro_batch is None
 
 
 def test_a_split_long_block_row_is_predicted_with_its_sequence_degree(calibration):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -57,7 +58,20 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         "layer_norm": shape.layer_norm,  # what the planner's activation model reads of the architecture
         "gated_mlp": shape.gated_mlp,
         **(adapter_fields(summary, shape) if summary.get("peft") else {}),
+        **evaluation_fields(summary),
     }
+
+
+def evaluation_fields(summary: dict) -> dict:
+    """The final evaluation's peak and its largest micro batch (the flag's, or fewer where each
+    process had fewer samples), where the run evaluated: calibration.json's `evaluations` check the
+    planner's evaluation phase against them."""
+    peak = summary.get("memory_eval_peak_allocated_gib_max")
+    if peak is None or not summary.get("eval_samples"):
+        return {}
+    per_process = math.ceil(summary["eval_samples"] / summary["data_parallel_size"])
+    micro = min(summary["arguments"]["per_device_eval_batch_size"], per_process)
+    return {"eval_micro_batch": micro, "eval_peak_allocated_gib": round(peak, 3)}
 
 
 def compile_scope(summary: dict) -> dict:

@@ -1,4 +1,5 @@
-"""What is alive at a training step's memory peak, by the code that allocated it (issue 17 item 7).
+"""What is alive at a training step's memory peak, by the code that allocated it (issue 17 item 7),
+or with SNAPSHOT_OF=evaluation at the final evaluation's.
 
 finetune/run.py as it is, with torch's CUDA allocator history recorded over the first STEPS
 optimizer steps. The trace is replayed (allocations against completed frees) to find the moment the
@@ -16,6 +17,7 @@ usage: accelerate launch --config_file PROFILE.yaml --num_processes N \\
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 from collections import defaultdict
@@ -107,23 +109,43 @@ def table(peak: int, sites: dict[str, list[int]], rows: int = 30) -> list[dict[s
 
 
 class SnapshotSteps(TrainerCallback):
-    def __init__(self, out: str) -> None:
-        self.out, self.before = out, 0
+    """Recorded from the training's start to the end of step STEPS; with `evaluation`, from the end of
+    training to the end of the final evaluation instead (the planner's evaluation phase: the weights
+    and optimizer states are then "before")."""
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.before = torch.cuda.memory_allocated()
+    def __init__(self, out: str, evaluation: bool = False) -> None:
+        self.out, self.before, self.evaluation, self.recording = out, 0, evaluation, False
+
+    def start(self) -> None:
+        self.before, self.recording = torch.cuda.memory_allocated(), True
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.evaluation:
+            self.start()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.evaluation:
+            self.start()
+
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step != STEPS:
-            return
+        if not self.evaluation and state.global_step == STEPS:
+            self.write(args)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.evaluation and self.recording:  # the final evaluation, after training
+            self.write(args)
+
+    def write(self, args) -> None:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
+        self.recording = False
         trace = snapshot["device_traces"][torch.cuda.current_device()]
         peak, peak_index = peak_event(trace, self.before)
         alive = alive_at(trace, peak_index)
         result = {
             "argv": sys.argv[1:],
+            "phase": "evaluation" if self.evaluation else f"steps 1-{STEPS}",
             "peak_gib": round(peak / GIB, 3),
             "max_memory_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 3),
             "live_at_peak": table(peak, live_at_peak(alive, self.before)),
@@ -145,4 +167,4 @@ if __name__ == "__main__":
     from run_with_callback import main_with
 
     out = sys.argv.pop(1)
-    main_with(SnapshotSteps(out), sys.argv[1:])
+    main_with(SnapshotSteps(out, evaluation=os.environ.get("SNAPSHOT_OF") == "evaluation"), sys.argv[1:])

@@ -262,13 +262,15 @@ def instruction_lora(folder: Path) -> str:
 
 
 # peaks --------------------------------------------------------------------------------------------
-def predicted_peak(values: dict, calibration: Any) -> float:
-    """What the planner predicts for a calibration row (calibration.json's form)."""
+def predicted_peak(values: dict, calibration: Any, phase: str | None = None) -> float:
+    """What the planner predicts for a calibration row (calibration.json's form): its peak, or the
+    total of one `phase` (memory_model's phase names)."""
     from finetune.memory_model import Measurement, estimate_for
     from finetune.profiles import load_profile
 
     measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
-    return estimate_for(measurement, calibration).total
+    estimate = estimate_for(measurement, calibration)
+    return estimate.total if phase is None else estimate.phase_totals[phase]
 
 
 def peaks(folder: Path) -> str:
@@ -292,6 +294,28 @@ def peaks(folder: Path) -> str:
     columns = ["model", "profile", "GPUs", "micro batch", "measured GiB", "predicted GiB"]
     columns.append("predicted/measured")
     return markdown(columns, rows)
+
+
+def evaluations(folder: Path) -> str:
+    """Every final evaluation's peak in the calibration rows under `folder` (calibration_rows.py's,
+    of calibrate.sh's runs or beside long_context.sh's cases) beside the planner's evaluation phase."""
+    from finetune.memory_model import EVALUATION, Calibration
+
+    calibration = Calibration.measured()
+    rows = []
+    for path in sorted(folder.rglob("calibration_rows.json")):
+        for values in json.loads(path.read_text()):
+            if "eval_peak_allocated_gib" not in values:
+                continue
+            measured = values["eval_peak_allocated_gib"]
+            predicted = predicted_peak(values, calibration, EVALUATION)
+            rows.append(
+                [values["model"], values["profile"], values["gpus"], f"{values['block_size']:,}",
+                 values["eval_micro_batch"], f"{measured:.2f}", f"{predicted:.2f}",
+                 f"{predicted / measured:.2f}"]
+            )  # fmt: skip
+    columns = ["model", "profile", "GPUs", "block", "evaluation micro batch", "measured GiB", "predicted GiB"]
+    return markdown([*columns, "predicted/measured"], rows)
 
 
 # a row's case folder: "case long_single/NAME" (written by hand) or "case NAME: ..." (calibration_rows.py)
@@ -693,6 +717,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "instruction_lora": instruction_lora,
     "peaks": peaks,
     "long_blocks": long_blocks,
+    "evaluations": evaluations,
     "doctor": doctor,
     "floor": floor,
     "floor_repeats": floor_repeats,
