@@ -531,31 +531,40 @@ def forward_activation_gib(
 def evaluation_activation_gib(
     shape: ModelShape, workload: Workload, strategy: Strategy, layout: ParallelLayout
 ) -> float:
-    """What an evaluation holds beside the model states, at the output layer, where it peaks: its
-    forward keeps nothing for a backward, so a micro batch's logits in the compute dtype (one chunk's
-    with --chunked_loss, which evaluates through `losses.chunked_loss_sums`); the final norm's output
-    in the residual stream's dtype, and where that is fp32 under autocast its copy that the output
-    layer multiplies in the compute dtype; the loss's fp32 copy and
-    log-softmax of one chunk (`losses.loss_sums_per_sample`: the forward returns those sums in place
-    of the logits, so accelerate's fp32 copy of its outputs is a copy of sums). Ulysses splits an
-    evaluation's samples as it splits training's; ring attention runs them whole on each rank
-    (FinetuneTrainer). Counted from the code, not fitted: calibration.json's `evaluations` check it."""
+    """What an evaluation holds beside the model states, at the output layer, where it peaks.
+
+    Its forward keeps nothing for a backward. At the output layer: a micro batch's logits in the
+    compute dtype at the aligned vocabulary (`losses.align_output_matmul`; one chunk's with
+    --chunked_loss, which evaluates through `losses.chunked_loss_sums`) and the final norm's output in
+    the residual stream's dtype, beside either what the output matmul takes (the aligned copy of the
+    output weight and, under autocast over fp32 weights, the norm's output cast to the compute dtype)
+    or, once those are freed, one chunk of the loss in fp32 (`losses.loss_sums_per_sample`: the
+    forward returns those sums in place of its logits, so accelerate's fp32 copy of its outputs
+    copies sums). Autocast also caches every weight it casts until the forward ends: a copy of the
+    weights in the compute dtype. Ulysses splits an evaluation's samples as it splits training's;
+    ring attention runs them whole on each rank (FinetuneTrainer). Counted from what memory
+    snapshots of evaluations held (docs/planner.md), not fitted."""
     micro = workload.eval_micro_batch or workload.micro_batch
     tokens = micro * workload.block_size
     if strategy.sequence_split == "ulysses":
         tokens /= layout.sequence_parallel
     compute = COMPUTE_BYTES[workload.dtype]
-    stream = checkpointed_input_bytes(strategy, workload)
-    hidden = tokens * shape.hidden * (stream + (compute if stream != compute else 0))
+    stream = checkpointed_input_bytes(strategy, workload)  # fp32 where autocast runs over fp32 weights
+    autocast = stream != compute
+    padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
+    norm = tokens * shape.hidden * stream
+    weight_cache = trained_parameters(shape, workload) * compute if autocast else 0
     if workload.chunked_loss:
-        padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
         chunk_tokens = tokens_per_chunk("cuda", padded_vocab, shape.hidden)
-        logits = min(tokens, chunk_tokens) * padded_vocab * CHUNK_BYTES_PER_LOGIT
+        logits, beside = min(tokens, chunk_tokens) * padded_vocab * CHUNK_BYTES_PER_LOGIT, 0.0
     else:
-        logits = (
-            tokens * shape.vocab * compute + min(tokens * shape.vocab, CHUNK_LOGITS) * EVALUATION_CHUNK_BYTES
+        logits = tokens * padded_vocab * compute
+        matmul_inputs = padded_vocab * shape.hidden * stream + (
+            tokens * shape.hidden * compute if autocast else 0
         )
-    return (hidden + logits) / GIB
+        loss_chunk = min(tokens * padded_vocab, CHUNK_LOGITS) * EVALUATION_CHUNK_BYTES
+        beside = max(matmul_inputs, loss_chunk)
+    return (weight_cache + norm + logits + beside) / GIB
 
 
 def checkpointed_input_bytes(strategy: Strategy, workload: Workload) -> int:

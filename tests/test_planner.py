@@ -925,14 +925,15 @@ def test_long_blocks_with_the_models_own_loss_are_predicted_within_15_percent(ca
 # The final evaluation
 
 
-def test_evaluations_are_predicted_within_10_percent(calibration):
-    """The evaluation phase is counted from the code, not fitted: evaluations of gpt2-xl at micro
-    batch 128 under four profiles and of a 1B Llama at blocks of 286,720 and 349,184 tokens check it."""
+def test_evaluations_are_predicted_within_5_percent(calibration):
+    """The evaluation phase is counted from what memory snapshots of evaluations held, not fitted:
+    evaluations of gpt2-xl at micro batch 128 under four profiles and of a 1B Llama at blocks of
+    286,720 and 349,184 tokens check it."""
     rows = read_measurements(section="evaluations")
     assert len(rows) >= 6
     for m in rows:
         predicted = estimate_for(m, calibration).phase_totals[EVALUATION]
-        assert predicted == pytest.approx(m.eval_peak_allocated_gib, rel=0.10), (
+        assert predicted == pytest.approx(m.eval_peak_allocated_gib, rel=0.05), (
             m.shape.name,
             m.strategy.name,
         )
@@ -944,9 +945,9 @@ def test_evaluation_takes_the_training_micro_batch_unless_told(gpt2_xl):
     def evaluation(workload: Workload) -> float:
         return evaluation_activation_gib(gpt2_xl, workload, single, layout)
 
-    default = Workload(8, 1024)
-    assert evaluation(default) == evaluation(replace(default, eval_micro_batch=8))
-    assert evaluation(replace(default, eval_micro_batch=32)) > 2 * evaluation(default)
+    assert evaluation(Workload(8, 1024)) == evaluation(Workload(2, 1024, eval_micro_batch=8))
+    assert evaluation(Workload(8, 1024, eval_micro_batch=32)) == evaluation(Workload(32, 1024))
+    assert evaluation(Workload(32, 1024)) > evaluation(Workload(8, 1024))
 
 
 def test_an_evaluation_micro_batch_far_above_trainings_is_the_plans_peak(gpt2_xl, calibration):

@@ -309,12 +309,14 @@ def evaluations(folder: Path) -> str:
                 continue
             measured = values["eval_peak_allocated_gib"]
             predicted = predicted_peak(values, calibration, EVALUATION)
+            loss = "chunked" if values.get("chunked_loss") else "the model's own"
             rows.append(
-                [values["model"], values["profile"], values["gpus"], f"{values['block_size']:,}",
+                [values["model"], values["profile"], values["gpus"], f"{values['block_size']:,}", loss,
                  values["eval_micro_batch"], f"{measured:.2f}", f"{predicted:.2f}",
                  f"{predicted / measured:.2f}"]
             )  # fmt: skip
-    columns = ["model", "profile", "GPUs", "block", "evaluation micro batch", "measured GiB", "predicted GiB"]
+    columns = ["model", "profile", "GPUs", "block", "loss", "evaluation micro batch", "measured GiB"]
+    columns.append("predicted GiB")
     return markdown([*columns, "predicted/measured"], rows)
 
 
