@@ -67,7 +67,8 @@ out of memory, docs/planner.md). A workload compiles as run.py compiles its stra
 With gradient checkpointing each layer keeps only its input, in the residual stream's dtype, and one
 layer's activations are live at a time; the step then peaks in one of its phases (`estimate`: the
 loss's backward, the last layer's recompute, the backward's end, ZeRO-3's optimizer step), not at
-their sum.
+their sum. The run's final evaluation is a phase too (`evaluation_activation_gib`), at the evaluation
+micro batch: the training micro batch unless --per_device_eval_batch_size says otherwise.
 """
 
 from __future__ import annotations
@@ -804,12 +805,13 @@ def estimate(
     layout: ParallelLayout,
     calibration: Calibration,
 ) -> Estimate:
-    """A step's peak, from its phases: the forward's activations held at the backward's start (with
+    """A run's peak, from its phases: the forward's activations held at the backward's start (with
     checkpointing, the inputs held through the backward: checkpointed_activation_gib) beside the
     gradients held then; the backward's end, every gradient beside one layer's activations; ZeRO-3's
-    optimizer step. Gradients held at the backward's start: DeepSpeed's (partition buffers it keeps
-    from set-up) and those of earlier micro batches of the step; torch's others are made in the
-    backward, the previous step's freed by `zero_grad`."""
+    optimizer step; the evaluation, beside the states a step leaves. Gradients held at the
+    backward's start: DeepSpeed's (partition buffers it keeps from set-up) and those of earlier micro
+    batches of the step; torch's others are made in the backward, the previous step's freed by
+    `zero_grad`."""
     framework = framework_of(strategy, workload.dtype)
     offloaded = strategy.offloaded
     states = {}

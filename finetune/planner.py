@@ -229,7 +229,8 @@ def format_plan(shape: ModelShape, workload: Workload, estimates: list[Estimate]
     lines.append("")
     lines.append(
         f"GiB; fits means total <= {100 * (1 - hardware.margin):.0f}% of the GPU's memory; peaks in: the "
-        "step's phase that holds the most (an optimizer step's buffers count with the optimizer)."
+        "step's phase that holds the most, or the final evaluation (an optimizer step's buffers count "
+        "with the optimizer)."
     )
     return "\n".join(lines)
 
