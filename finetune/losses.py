@@ -15,11 +15,10 @@ equal up to floating-point summation order.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
@@ -132,51 +131,55 @@ def loss_sums_per_sample(
 ) -> torch.Tensor:
     """[batch, 2]: each sample's summed next-token loss and its number of predicted tokens.
 
-    A chunk of one sample's tokens at a time (the chunked loss's chunk, finetune/loss_chunks.py), so
-    the float32 copy of the logits and the softmax over them are a chunk's, not the batch's or the
-    sample's: a long block's were twice its logits again, and a block the planner says fits ran out
-    of memory in its evaluation. Called by the evaluation forward itself
-    (converters.without_training_logits) and by the Trainer's `preprocess_logits_for_metrics` where
-    the forward kept its logits; sums, which a model evaluating through the chunked loss
+    A chunk of the batch's positions at a time, at most CHUNK_LOGITS logits (the chunked loss's
+    chunk, finetune/loss_chunks.py), so the float32 copy of the logits and the softmax over them are a
+    chunk's, not the batch's or a sample's: a long block's were twice its logits again, and a block
+    the planner says fits ran out of memory in its evaluation. Called by the evaluation forward
+    itself (converters.without_training_logits) and by the Trainer's `preprocess_logits_for_metrics`
+    where the forward kept its logits; sums, which a model evaluating through the chunked loss
     (use_chunked_loss) returns too, are passed through.
     """
     if isinstance(logits, tuple):
         logits = logits[0]
     if logits.dim() == 2:
         return logits
-    targets = labels[:, 1:]
-    predicted = targets.shape[1]  # the last position predicts nothing
-    chunk = max(1, CHUNK_LOGITS // logits.shape[-1])
-    sums = torch.zeros(logits.shape[0], dtype=torch.float64, device=logits.device)
-    for i in range(logits.shape[0]):
-        for begin in range(0, predicted, chunk):
-            end = min(begin + chunk, predicted)
-            chunk_logits = logits[i, begin:end].float()
-            sums[i] += F.cross_entropy(
-                chunk_logits, targets[i, begin:end], ignore_index=IGNORE_INDEX, reduction="sum"
-            ).double()
-    counts = (targets != IGNORE_INDEX).sum(dim=1).double()
-    return torch.stack([sums, counts], dim=1)
+    batch, length, vocab = logits.shape
+    positions = max(1, CHUNK_LOGITS // (vocab * batch))
+    chunks = (logits[:, start : start + positions] for start in range(0, length, positions))
+    return summed_by_chunks(chunks, next_tokens(labels))
 
 
 @torch.no_grad()
 def chunked_loss_sums(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """[batch, 2]: each sample's summed next-token loss and its number of predicted tokens, as
-    evaluation.loss_sums_per_sample counts them from logits, computed a chunk of tokens at a time
-    without gradients, so evaluating a long block holds one chunk of logits and not the block's
-    (its fp32 copy alone is 4 bytes per token and vocabulary entry)."""
+    loss_sums_per_sample counts them from logits, computed a chunk of tokens at a time without
+    gradients, so evaluating a long block holds one chunk of logits and not the block's (its fp32
+    copy alone is 4 bytes per token and vocabulary entry)."""
     dtype = compute_dtype(hidden)
-    shifted = next_tokens(labels)
     weight = weight.to(dtype)
-    tokens_per_sample = max(1, tokens_per_chunk(hidden.device.type, *weight.shape) // hidden.shape[0])
-    sums = torch.zeros(hidden.shape[0], dtype=torch.float64, device=hidden.device)
+    positions = max(1, tokens_per_chunk(hidden.device.type, *weight.shape) // hidden.shape[0])
     with torch.autocast(hidden.device.type, enabled=False):
-        for start in range(0, hidden.shape[1], tokens_per_sample):
-            logits = (hidden[:, start : start + tokens_per_sample].to(dtype) @ weight.T).float()
-            targets = shifted[:, start : start + tokens_per_sample]
-            valid = targets != IGNORE_INDEX
-            target_logits = logits.gather(2, torch.where(valid, targets, 0)[..., None]).squeeze(2)
-            sums += ((torch.logsumexp(logits, dim=-1) - target_logits) * valid).sum(dim=1).double()
+        chunks = (
+            hidden[:, start : start + positions].to(dtype) @ weight.T
+            for start in range(0, hidden.shape[1], positions)
+        )
+        return summed_by_chunks(chunks, next_tokens(labels))
+
+
+def summed_by_chunks(chunks: Iterator[torch.Tensor], shifted: torch.Tensor) -> torch.Tensor:
+    """[batch, 2]: the per-sample loss sums and predicted-token counts of logits that come a chunk of
+    positions at a time ([batch, positions, vocab], in order), against `shifted`, each position's
+    next token (IGNORE_INDEX where none): the one computation both loss sums chunk their logits for.
+    Each chunk is made only when the loop reaches it, so one chunk and its fp32 copy are alive."""
+    sums = torch.zeros(shifted.shape[0], dtype=torch.float64, device=shifted.device)
+    start = 0
+    for chunk in chunks:
+        logits = chunk.float()
+        targets = shifted[:, start : start + logits.shape[1]]
+        start += logits.shape[1]
+        valid = targets != IGNORE_INDEX
+        target_logits = logits.gather(2, torch.where(valid, targets, 0)[..., None]).squeeze(2)
+        sums += ((torch.logsumexp(logits, dim=-1) - target_logits) * valid).sum(dim=1).double()
     counts = (shifted != IGNORE_INDEX).sum(dim=1).double()
     return torch.stack([sums, counts], dim=1)
 

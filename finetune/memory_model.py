@@ -107,7 +107,7 @@ SUB_GROUP_STEP_BYTES = 2 + 4
 # weight's gradient in fp32 for the whole step; the hidden states' gradient, one value per token and
 # width in the training dtype, kept from forward for backward
 CHUNK_BYTES_PER_LOGIT = 2 + 4 + 4 + 2
-# evaluation's loss sums (losses.loss_sums_per_sample) take a chunk's fp32 copy and its log-softmax
+# evaluation's loss sums (losses.summed_by_chunks) take a chunk's fp32 copy and its exponentials
 EVALUATION_CHUNK_BYTES = 4 + 4
 CHUNKED_WEIGHT_GRADIENT_BYTES = 4
 # The model's measured constants, each with why and where it was measured, are data: calibration.json.

@@ -36,19 +36,24 @@ def test_loss_sums_reproduce_the_models_shifted_mean_loss():
 
 def test_a_long_sample_is_summed_a_chunk_of_tokens_at_a_time_to_the_same_loss(monkeypatch):
     """The float32 copy and softmax of a long block's logits are a chunk's, not the block's."""
-    monkeypatch.setattr(losses, "CHUNK_LOGITS", 4 * 11)  # 4 tokens of an 11-entry vocabulary
+    monkeypatch.setattr(losses, "CHUNK_LOGITS", 2 * 4 * 11)  # 4 positions of 2 samples, 11 entries each
     torch.manual_seed(0)
     logits, labels = torch.randn(2, 10, 11).bfloat16(), torch.randint(0, 11, (2, 10))
     labels[1, 6:] = -100
-    seen: list[int] = []
-    cross_entropy = F.cross_entropy
-    monkeypatch.setattr(
-        losses.F,
-        "cross_entropy",
-        lambda chunk, *args, **kwargs: seen.append(len(chunk)) or cross_entropy(chunk, *args, **kwargs),
-    )
+    seen: list[tuple[int, ...]] = []
+    summed_by_chunks = losses.summed_by_chunks
+
+    def recording(chunks, shifted):
+        def each(chunks=chunks):
+            for chunk in chunks:
+                seen.append(tuple(chunk.shape))
+                yield chunk
+
+        return summed_by_chunks(each(), shifted)
+
+    monkeypatch.setattr(losses, "summed_by_chunks", recording)
     sums = loss_sums_per_sample(logits, labels)
-    assert seen == [4, 4, 1, 4, 4, 1]
+    assert seen == [(2, 4, 11), (2, 4, 11), (2, 2, 11)]
     whole = [F.cross_entropy(logits[i, :-1].float(), labels[i, 1:], reduction="sum").item() for i in range(2)]
     assert sums[:, 0].tolist() == pytest.approx(whole, rel=1e-6)
     assert sums[:, 1].tolist() == [9.0, 5.0]
