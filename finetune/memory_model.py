@@ -417,10 +417,10 @@ class Calibration:
         return cls.fit(read_measurements())
 
 
-def peak_phase(totals: dict[str, float]) -> str:
-    """The phase of a step that holds the most (BACKWARD_START, BACKWARD_END, OPTIMIZER_STEP); the
+def peak_phase(phases: dict[str, tuple[float, ...]]) -> str:
+    """The phase that holds the most (BACKWARD_START, BACKWARD_END, OPTIMIZER_STEP, EVALUATION); the
     first of equal totals."""
-    return max(totals, key=totals.__getitem__)
+    return max(phases, key=lambda phase: sum(phases[phase]))
 
 
 @dataclass
@@ -433,7 +433,13 @@ class Estimate:
     activations: float
     host_per_gpu: float = 0.0
     nvme: float = 0.0
-    phase_totals: dict[str, float] = field(default_factory=dict)  # GiB per GPU at each phase
+    # GiB per GPU at each phase: (parameters, gradients, optimizer, activations); the fields above are
+    # the peak phase's
+    phases: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
+
+    @property
+    def phase_totals(self) -> dict[str, float]:
+        return {phase: sum(held) for phase, held in self.phases.items()}
 
     @property
     def profile(self) -> str:
@@ -441,7 +447,7 @@ class Estimate:
 
     @property
     def peak(self) -> str:
-        return peak_phase(self.phase_totals)
+        return peak_phase(self.phases)
 
     @property
     def total(self) -> float:
@@ -868,8 +874,7 @@ def estimate(
         OPTIMIZER_STEP: (parameters, gradients, optimizer + step, 0.0),
         EVALUATION: (parameters, gradients_evaluating, optimizer, evaluating),
     }
-    totals = {phase: sum(held_then) for phase, held_then in phases.items()}
-    parameters, gradients, optimizer, activations = phases[peak_phase(totals)]
+    parameters, gradients, optimizer, activations = phases[peak_phase(phases)]
     return Estimate(
         strategy=strategy,
         layout=layout,
@@ -879,5 +884,5 @@ def estimate(
         activations=activations,
         host_per_gpu=host,
         nvme=moved["nvme"] * layout.devices,
-        phase_totals=totals,
+        phases=phases,
     )

@@ -29,6 +29,8 @@ from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
 from finetune.layout import ParallelLayout
 from finetune.memory_model import (
+    BACKWARD_END,
+    BACKWARD_START,
     CALIBRATION_KINDS,
     Calibration,
     ModelShape,
@@ -178,14 +180,16 @@ def test_planner_keeps_gradients_and_optimizer_states_for_the_adapters_only():
     no_activations = Calibration(dict.fromkeys(CALIBRATION_KINDS, 0.0))
     ddp = estimate(load_strategy("ddp"), ADAPTED_SHAPE, workload, ParallelLayout(2), no_activations)
     # torch autocast: base 1000 x 2 bytes (bf16, frozen), adapters fp32 4 + 4 gradients + 8 Adam, and
-    # DDP's buckets a second copy of the adapters' gradients
-    assert (ddp.parameters * GIB, ddp.gradients * GIB, ddp.optimizer * GIB) == (2800, 800 + 800, 1600)
+    # DDP's buckets a second copy of the adapters' gradients (at the backward's end, every gradient made)
+    parameters, gradients, optimizer, _ = ddp.phases[BACKWARD_END]
+    assert (parameters * GIB, gradients * GIB, optimizer * GIB) == (2800, 800 + 800, 1600)
     zero3 = estimate(load_strategy("zero3"), ADAPTED_SHAPE, workload, ParallelLayout(2), no_activations)
     # DeepSpeed: adapters 2 + 2 + 12 bytes; everything sharded over the 2 GPUs, beside ZeRO-3's
     # gradient reduce buffer of reduce_bucket_size bf16 values, whatever is trained, and the frozen
     # base's weights gathered whole for the backward (1000 x 2 bytes, within its reuse distance)
     buffer = load_strategy("zero3").reduce_bucket_values * 2
-    states = (zero3.parameters * GIB, zero3.gradients * GIB, zero3.optimizer * GIB)
+    parameters, gradients, optimizer, _ = zero3.phases[BACKWARD_START]
+    states = (parameters * GIB, gradients * GIB, optimizer * GIB)
     assert states == pytest.approx((1200 + 2000, 200 + buffer, 1200))
 
 
