@@ -5,7 +5,15 @@ import itertools
 import pytest
 from datasets import Dataset, DatasetDict, concatenate_datasets
 
-from finetune.data import IGNORE_INDEX, arrange_splits, build_datasets, data_files, pack, pad_and_truncate
+from finetune.data import (
+    IGNORE_INDEX,
+    arrange_splits,
+    build_datasets,
+    count_label_tokens,
+    data_files,
+    pack,
+    pad_and_truncate,
+)
 from finetune.errors import FinetuneError
 from finetune.run_flags import DataArguments
 
@@ -195,3 +203,10 @@ def test_training_on_the_other_wikitext_variant_says_so(gpt2_tokenizer):
     args = DataArguments(dataset="wikitext-2-raw-v1", block_size=64, max_train_samples=8, max_eval_samples=8)
     notes = build_datasets(args, gpt2_tokenizer, 64, seed=0).summary.notes
     assert any("wikitext-2-raw-v1 is not here: its variant wikitext-2-v1" in note for note in notes)
+
+
+def test_trained_tokens_are_the_labels_not_ignored_less_each_samples_first():
+    samples = Dataset.from_dict(
+        {"labels": [[5, 6, 7], [IGNORE_INDEX, IGNORE_INDEX, 3, 4, IGNORE_INDEX], [8]]}
+    )
+    assert count_label_tokens(samples) == (3 + 2 + 1) - 3
