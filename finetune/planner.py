@@ -166,28 +166,29 @@ def what_would_fit(
     """Changes that make some profile fit, cheapest first: a smaller evaluation micro batch where one
     was asked for, a smaller micro batch, checkpointing, more GPUs."""
     suggestions = []
-    batch = (workload.eval_micro_batch or 0) // 2
-    while batch >= 1:
-        smaller = replace(workload, eval_micro_batch=batch)
-        found = recommend(plan(shape, smaller, layout, calibration), gpu_memory_gib, margin)
-        if found:
-            suggestions.append(
-                f"--per_device_eval_batch_size {batch} with {found.profile}: {found.total:.1f} GiB"
-            )
-            break
-        batch //= 2
-    batch = workload.micro_batch // 2
-    while batch >= 1:
-        smaller = replace(workload, micro_batch=batch)
-        found = recommend(plan(shape, smaller, layout, calibration), gpu_memory_gib, margin)
-        if found:
-            factor = workload.micro_batch // batch
-            suggestions.append(
-                f"--batch_size {batch} --gradient_accumulation_steps {factor} (same global batch) "
-                f"with {found.profile}: {found.total:.1f} GiB"
-            )
-            break
-        batch //= 2
+
+    def first_fitting_half(largest: int, field: str) -> tuple[int, Estimate] | None:
+        """The first of largest/2, /4, ... down to 1 at which some profile fits with `field` set to it."""
+        batch = largest // 2
+        while batch >= 1:
+            smaller = replace(workload, **{field: batch})
+            found = recommend(plan(shape, smaller, layout, calibration), gpu_memory_gib, margin)
+            if found:
+                return batch, found
+            batch //= 2
+        return None
+
+    if fitting := first_fitting_half(workload.eval_micro_batch or 0, "eval_micro_batch"):
+        batch, found = fitting
+        suggestions.append(
+            f"--per_device_eval_batch_size {batch} with {found.profile}: {found.total:.1f} GiB"
+        )
+    if fitting := first_fitting_half(workload.micro_batch, "micro_batch"):
+        batch, found = fitting
+        suggestions.append(
+            f"--batch_size {batch} --gradient_accumulation_steps {workload.micro_batch // batch} "
+            f"(same global batch) with {found.profile}: {found.total:.1f} GiB"
+        )
     if not workload.gradient_checkpointing:
         checkpointed = replace(workload, gradient_checkpointing=True)
         found = recommend(plan(shape, checkpointed, layout, calibration), gpu_memory_gib, margin)
