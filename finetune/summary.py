@@ -251,9 +251,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "eval_loss": ("float?", "validation loss: mean over all validation tokens of all ranks"),
     "eval_perplexity": ("float?", "exp(eval_loss)"),
     "eval_tokens": ("int?", "validation tokens predicted"),
+    "eval_runtime_s": ("float?", "Trainer's eval_runtime: the final evaluation, its compiling included"),
     "test_loss": ("float?", "the same on the test split (--eval_test_split)"),
     "test_perplexity": ("float?", "exp(test_loss)"),
     "test_tokens": ("int?", "test tokens predicted"),
+    "test_runtime_s": ("float?", "the same for the test split"),
     "generations": ("list", "[{prompt, completion}] for --generation_prompt, from the saved model"),
     "loss_curve": ("list", "[{step, loss}] at every logging step"),
     "ranks": (

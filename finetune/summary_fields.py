@@ -159,4 +159,5 @@ def evaluation_fields(metrics: dict[str, float], prefix: str) -> dict[str, Any]:
         f"{prefix}_loss": metrics.get(f"{prefix}_token_loss"),
         f"{prefix}_perplexity": metrics.get(f"{prefix}_perplexity"),
         f"{prefix}_tokens": metrics.get(f"{prefix}_tokens"),
+        f"{prefix}_runtime_s": metrics.get(f"{prefix}_runtime"),
     }

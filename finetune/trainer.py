@@ -1,4 +1,4 @@
-"""The project's Trainer: transformers.Trainer with two documented-style overrides.
+"""The project's Trainer: transformers.Trainer with documented-style overrides.
 
 - `log` adds the measuring callbacks' scalars to the training logs, so every `report_to`
   integration and `state.log_history` receive them (a callback's `on_log` cannot: the integrations
@@ -28,6 +28,8 @@
   weight that is not finite. `_clip_grad_norm` and `_get_grad_norm` leave DeepSpeed's norm a tensor
   for the same reason (accelerate and the Trainer read it with `.item()` at every step; the log
   converts it at logging steps).
+- `_wrap_model` hands evaluation the model accelerate compiled, where the Trainer would evaluate the
+  eager original (accelerate compiles a copy of the model; FSDP2 and DeepSpeed compile in place).
 - `training_step` and `prediction_step` mark a new CUDA-graph step before each forward when the
   compile mode records CUDA graphs (reduce-overhead, as the single profile asks, or max-autotune):
   torch's graph trees cannot tell the Trainer's steps apart on their own, and a block-by-block
@@ -42,6 +44,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, DynamoBackend, TorchDynamoPlugin
+from torch.nn.parallel import DistributedDataParallel
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_pt_utils import nested_gather
@@ -213,7 +216,7 @@ class FinetuneTrainer(Trainer):
         wrapper itself, so the summary says what DDP did, not what was asked."""
         wrapped = self.model_wrapped
         wrapped = getattr(wrapped, "_orig_mod", wrapped)  # under torch.compile's wrapper
-        if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+        if not isinstance(wrapped, DistributedDataParallel):
             return None
         return "views" if wrapped.gradient_as_bucket_view else "copies"
 
@@ -267,6 +270,23 @@ class FinetuneTrainer(Trainer):
             return super().get_eval_dataloader(eval_dataset)
         finally:
             del self.accelerator._prepare_device_mesh
+
+    def _wrap_model(self, model: Any, training: bool = True, dataloader: Any = None) -> Any:
+        """Evaluation runs the model accelerate compiled. accelerate compiles a copy of the model (its
+        blocks compiled, or the whole wrapped by torch.compile) and the Trainer evaluates `self.model`,
+        the eager original, wherever the model is not compiled in place (FSDP2's and DeepSpeed's
+        are): eager, autocast keeps a bf16 copy of every weight it casts until the forward ends and
+        GPT-2's activation its fp32 intermediates, and each evaluation runs at eager speed."""
+        if not training and model is self.model and self.compile_plan.by_accelerate:
+            compiled = self.model_wrapped
+            while isinstance(compiled, DistributedDataParallel):  # no gradients to reduce
+                compiled = compiled.module
+            # a whole-model compile of DDP's wrapper holds DDP inside: the eager original then
+            if compiled is not self.model and not isinstance(
+                getattr(compiled, "_orig_mod", None), DistributedDataParallel
+            ):
+                return compiled
+        return super()._wrap_model(model, training, dataloader)
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():

@@ -86,6 +86,12 @@ def test_eval_perplexity_is_exp_of_the_eval_loss(finished_run):
     assert summary["eval_tokens"] == EVAL_SAMPLES * (BLOCK_SIZE - 1)
 
 
+def test_the_final_evaluation_time_is_recorded_within_the_run_time(finished_run):
+    _, output_dir = finished_run
+    summary = read_summary(output_dir)
+    assert 0 < summary["eval_runtime_s"] < summary["wall_time_s"]
+
+
 def test_throughput_counts_the_tokens_of_both_ranks_after_warm_up(finished_run):
     _, output_dir = finished_run
     summary = read_summary(output_dir)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 from datasets import Dataset
+from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
 
 from finetune.launched import CompilePlan
@@ -14,7 +15,7 @@ from finetune.trainer import FinetuneTrainer
 
 @pytest.fixture
 def trainer_for(tmp_path):
-    def build(torch_compile: bool) -> FinetuneTrainer:
+    def build(torch_compile: bool, compile_plan: CompilePlan | None = None) -> FinetuneTrainer:
         model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
         blocks = Dataset.from_dict({"input_ids": [[1, 2, 3, 4]] * 10, "labels": [[1, 2, 3, 4]] * 10})
         args = TrainingArguments(
@@ -25,7 +26,10 @@ def trainer_for(tmp_path):
             per_device_eval_batch_size=4,
         )
         args.torch_compile = torch_compile  # set after __post_init__: compiling itself is not under test
-        return FinetuneTrainer(model=model, args=args, train_dataset=blocks, eval_dataset=blocks)
+        args.torch_compile_backend = "eager"  # where a test does compile: dynamo, without code generation
+        return FinetuneTrainer(
+            model=model, args=args, train_dataset=blocks, eval_dataset=blocks, compile_plan=compile_plan
+        )
 
     return build
 
@@ -44,6 +48,46 @@ def test_evaluation_keeps_every_sample_when_compiled(trainer_for):
     assert sum(len(b["input_ids"]) for b in trainer.get_eval_dataloader()) == 10
     assert trainer.args.dataloader_drop_last is False
     assert torch.is_tensor(next(iter(trainer.get_eval_dataloader()))["input_ids"])
+
+
+@pytest.mark.parametrize("scope", ["per_block", "whole"])
+def test_evaluation_after_training_runs_the_model_accelerate_compiled(trainer_for, scope):
+    """accelerate compiles a copy of the model (a block-by-block copy, or torch.compile's wrapper);
+    the Trainer alone would evaluate the eager original."""
+    trainer = trainer_for(torch_compile=True, compile_plan=CompilePlan(scope, "default"))
+    trainer.args.max_steps = 1
+    trainer.train()
+    assert trainer.model_wrapped is not trainer.model
+    evaluated = []
+    prediction_step = trainer.prediction_step
+    trainer.prediction_step = lambda model, *args, **kwargs: (
+        evaluated.append(model) or prediction_step(model, *args, **kwargs)
+    )
+    trainer.evaluate()
+    assert evaluated and all(model is trainer.model_wrapped for model in evaluated)
+
+
+def ddp_around(module: torch.nn.Module) -> DistributedDataParallel:
+    """A DistributedDataParallel wrapper as evaluation sees it (its module), with no process group."""
+    wrapper = DistributedDataParallel.__new__(DistributedDataParallel)
+    torch.nn.Module.__init__(wrapper)
+    wrapper.module = module
+    return wrapper
+
+
+def test_evaluation_runs_the_compiled_copy_inside_ddp_without_ddp(trainer_for):
+    trainer = trainer_for(torch_compile=True, compile_plan=CompilePlan("per_block", "default"))
+    compiled_copy = AutoModelForCausalLM.from_config(trainer.model.config)
+    trainer.model_wrapped = ddp_around(compiled_copy)
+    assert trainer._wrap_model(trainer.model, training=False) is compiled_copy
+
+
+def test_evaluation_runs_the_eager_model_where_ddp_is_inside_the_compiled_wrapper(trainer_for):
+    """A whole-model compile of DDP's wrapper: evaluation would run DDP's forward, whose buffer broadcast
+    is a collective."""
+    trainer = trainer_for(torch_compile=True, compile_plan=CompilePlan("whole", "default"))
+    trainer.model_wrapped = torch.compile(ddp_around(trainer.model))
+    assert trainer._wrap_model(trainer.model, training=False) is trainer.model
 
 
 def test_a_zero_gradient_norm_is_warned_about(trainer_for, caplog):
