@@ -22,6 +22,7 @@ from finetune.losses import (
     align_output_matmul,
     chunked_loss_problem,
     loss_sums_per_sample,
+    mean_token_loss,
     model_loss_problem,
     use_chunked_loss,
 )
@@ -81,9 +82,14 @@ def without_training_logits(
     the loss there, while accelerate's mixed precision (`convert_outputs_to_fp32`, every profile but
     DeepSpeed's) copies each bf16 output to fp32: a 4-byte copy of every logit, written at the end of
     each forward beside the logits the loss keeps for backward: a share of the step's time (the step
-    peaks later, so not of its memory: docs/speed.md). An evaluation forward given its labels returns
-    the metrics' per-sample loss sums in their place (losses.loss_sums_per_sample, the same numbers:
-    bf16 to fp32 is exact), so evaluation holds no float32 copy of a block's logits either.
+    peaks later, so not of its memory: docs/speed.md).
+
+    An evaluation forward of whole samples runs without its labels and returns the metrics'
+    per-sample loss sums in place of the logits (losses.loss_sums_per_sample, the same numbers: bf16
+    to fp32 is exact), and as its loss their mean over the predicted tokens, as the model's own loss
+    averages them: so evaluation holds no float32 copy of a block's logits, neither accelerate's nor
+    the model's own loss's, which eager (uncompiled) upcasts them all and takes their softmax: twice
+    the logits again in fp32 (docs/planner.md, "The final evaluation").
     Generation, a split sequence's evaluation (`shift_labels`) and a loss computed outside the model
     (label smoothing: the Trainer takes the labels away) get the logits as before."""
     replace_forward(model, _without_full_logits)
@@ -91,21 +97,17 @@ def without_training_logits(
 
 
 def _without_full_logits(self: PreTrainedModel, own: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    outputs = own(self, *args, **kwargs)
-    if not isinstance(outputs, ModelOutput) or outputs.get("loss") is None:
+    if not self.training and kwargs.get("shift_labels") is None and kwargs.get("labels") is not None:
+        labels = kwargs.pop("labels")
+        outputs = own(self, *args, **kwargs)
+        sums = loss_sums_per_sample(outputs.logits, labels)
+        outputs["loss"] = mean_token_loss(sums)
+        outputs["logits"] = sums
         return outputs
-    if self.training:
+    outputs = own(self, *args, **kwargs)
+    if self.training and isinstance(outputs, ModelOutput) and outputs.get("loss") is not None:
         outputs["logits"] = None  # item assignment: ModelOutput keeps a None attribute in its dict
-    elif evaluated_whole(outputs, kwargs):
-        outputs["logits"] = loss_sums_per_sample(outputs.logits, kwargs["labels"])
     return outputs
-
-
-def evaluated_whole(outputs: ModelOutput, inputs: dict[str, Any]) -> bool:
-    """An evaluation forward of whole samples with their labels, which returned full logits."""
-    logits = outputs.get("logits")
-    whole = inputs.get("shift_labels") is None and inputs.get("labels") is not None
-    return whole and logits is not None and logits.dim() == 3
 
 
 def aligned_output_matmul(
@@ -140,8 +142,9 @@ def adapters(
 
 CONVERTERS = (
     Converter("padding_check", lambda model_args, training_args: True, without_padding_check),
-    Converter("chunked_loss", lambda model_args, training_args: training_args.chunked_loss, chunked_loss),
+    # before the chunked loss, whose forward wraps it: the chunked evaluation passes no labels on
     Converter("training_logits", lambda model_args, training_args: True, without_training_logits),
+    Converter("chunked_loss", lambda model_args, training_args: training_args.chunked_loss, chunked_loss),
     Converter("align_output_matmul", lambda model_args, training_args: training_args.align_output_matmul,
               aligned_output_matmul),
     Converter("fp8", lambda model_args, training_args: training_args.fp8, float8, float8_refusal),

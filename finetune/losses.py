@@ -166,6 +166,12 @@ def chunked_loss_sums(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
         return summed_by_chunks(chunks, next_tokens(labels))
 
 
+def mean_token_loss(sums: torch.Tensor) -> torch.Tensor:
+    """The loss over every predicted token of a batch from its per-sample sums ([batch, 2]): what the
+    model's own loss returns for it, unweighted by sample."""
+    return (sums[:, 0].sum() / sums[:, 1].sum()).to(torch.float32)
+
+
 def summed_by_chunks(chunks: Iterator[torch.Tensor], shifted: torch.Tensor) -> torch.Tensor:
     """[batch, 2]: the per-sample loss sums and predicted-token counts of logits that come a chunk of
     positions at a time ([batch, positions, vocab], in order), against `shifted`, each position's
@@ -293,8 +299,7 @@ def use_chunked_loss(model: PreTrainedModel, in_training: bool = True) -> PreTra
         if not self.training:
             with gathered(weight):
                 sums = chunked_loss_sums(hidden, weight, labels)
-            loss = (sums[:, 0].sum() / sums[:, 1].sum()).to(torch.float32)
-            return CausalLMOutputWithCrossAttentions(loss=loss, logits=sums)
+            return CausalLMOutputWithCrossAttentions(loss=mean_token_loss(sums), logits=sums)
         loss = causal_lm_loss(hidden, weight, labels, num_items_in_batch, shift_labels)
         return CausalLMOutputWithCrossAttentions(loss=loss)
 

@@ -28,8 +28,9 @@
   weight that is not finite. `_clip_grad_norm` and `_get_grad_norm` leave DeepSpeed's norm a tensor
   for the same reason (accelerate and the Trainer read it with `.item()` at every step; the log
   converts it at logging steps).
-- `_wrap_model` hands evaluation the model accelerate compiled, where the Trainer would evaluate the
-  eager original (accelerate compiles a copy of the model; FSDP2 and DeepSpeed compile in place).
+- `_wrap_model` hands evaluation the model accelerate compiled (unless it records CUDA graphs), where
+  the Trainer would evaluate the eager original (accelerate compiles a copy of the model; FSDP2 and
+  DeepSpeed compile in place).
 - `training_step` and `prediction_step` mark a new CUDA-graph step before each forward when the
   compile mode records CUDA graphs (reduce-overhead, as the single profile asks, or max-autotune):
   torch's graph trees cannot tell the Trainer's steps apart on their own, and a block-by-block
@@ -272,12 +273,15 @@ class FinetuneTrainer(Trainer):
             del self.accelerator._prepare_device_mesh
 
     def _wrap_model(self, model: Any, training: bool = True, dataloader: Any = None) -> Any:
-        """Evaluation runs the model accelerate compiled. accelerate compiles a copy of the model (its
-        blocks compiled, or the whole wrapped by torch.compile) and the Trainer evaluates `self.model`,
-        the eager original, wherever the model is not compiled in place (FSDP2's and DeepSpeed's
-        are): eager, autocast keeps a bf16 copy of every weight it casts until the forward ends and
-        GPT-2's activation its fp32 intermediates, and each evaluation runs at eager speed."""
-        if not training and model is self.model and self.compile_plan.by_accelerate:
+        """Evaluation runs the model accelerate compiled, unless it records CUDA graphs. accelerate
+        compiles a copy of the model (its blocks compiled, or the whole wrapped by torch.compile) and
+        the Trainer evaluates `self.model`, the eager original, wherever the model is not compiled in
+        place (FSDP2's and DeepSpeed's are): eager, autocast keeps a bf16 copy of every weight it casts
+        until the forward ends and GPT-2's activation its fp32 intermediates, and each evaluation runs
+        at eager speed. Graphs recorded for evaluation's batches held more than that eager forward
+        (docs/planner.md, "The final evaluation"): under them evaluation stays eager."""
+        compiled_copy = self.compile_plan.by_accelerate and not self.compile_plan.records_cuda_graphs
+        if not training and model is self.model and compiled_copy:
             compiled = self.model_wrapped
             while isinstance(compiled, DistributedDataParallel):  # no gradients to reduce
                 compiled = compiled.module

@@ -133,6 +133,20 @@ def test_evaluation_returns_the_metrics_loss_sums_in_place_of_the_logits(bf16_pr
     assert torch.equal(sums, loss_sums_per_sample(logits, ids))
 
 
+def test_evaluation_loss_is_the_models_own_counted_from_the_sums_without_its_loss_function(
+    bf16_prepared, monkeypatch
+):
+    """Eager, the model's own loss copies a block's logits to fp32 and takes their softmax whole."""
+    unconverted, converted = bf16_prepared
+    ids = torch.randint(0, 1000, (2, 16))
+    with torch.no_grad():
+        own = unconverted.eval()(input_ids=ids, labels=ids).loss
+        monkeypatch.setattr(type(converted), "loss_function", property(lambda self: pytest.fail("own loss")))
+        counted = converted.eval()(input_ids=ids, labels=ids).loss
+    assert counted.dtype == torch.float32
+    torch.testing.assert_close(counted, own, rtol=1e-6, atol=0)
+
+
 def test_evaluation_without_labels_or_of_a_split_sequence_returns_the_logits(bf16_prepared):
     """Generation, and a Ulysses rank's slice, whose labels come shifted (`shift_labels`)."""
     _, converted = bf16_prepared

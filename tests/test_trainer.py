@@ -67,6 +67,13 @@ def test_evaluation_after_training_runs_the_model_accelerate_compiled(trainer_fo
     assert evaluated and all(model is trainer.model_wrapped for model in evaluated)
 
 
+def test_evaluation_runs_the_eager_original_where_the_compiled_model_records_cuda_graphs(trainer_for):
+    """Graphs recorded for evaluation's batch sizes held more than the eager forward."""
+    trainer = trainer_for(torch_compile=True, compile_plan=CompilePlan("per_block", "reduce-overhead"))
+    trainer.model_wrapped = torch.compile(trainer.model)
+    assert trainer._wrap_model(trainer.model, training=False) is trainer.model
+
+
 def ddp_around(module: torch.nn.Module) -> DistributedDataParallel:
     """A DistributedDataParallel wrapper as evaluation sees it (its module), with no process group."""
     wrapper = DistributedDataParallel.__new__(DistributedDataParallel)
