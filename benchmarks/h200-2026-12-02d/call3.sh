@@ -8,7 +8,9 @@
 # project root, after `source .device/setup.sh`: bash benchmarks/h200-2026-12-02d/call3.sh DIR
 R=$1; mkdir -p "$R"; export OUT=/tmp/call3 CALIBRATE_TIMEOUT=150; mkdir -p $OUT
 EVAL="--per_device_eval_batch_size 128 --max_eval_samples 512"
-run() { bash benchmarks/scripts/calibrate.sh 1 gpt2-xl "$1" 8 >> "$R/calibrate.log" 2>&1; }
+run() {  # packed after each run: what ran comes back if the call is cut short
+  bash benchmarks/scripts/calibrate.sh 1 gpt2-xl "$1" 8 >> "$R/calibrate.log" 2>&1; tar czf "$R/call3.tgz" -C /tmp call3
+}
 COMPILE=0 EXTRA="$EVAL" run single
 COMPILE=1 EXTRA="$EVAL --chunked_loss" TAG=chunked run ddp
 COMPILE=1 EXTRA="$EVAL" run single
