@@ -31,7 +31,6 @@ from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.garbage_collection import DEFAULT_GC_INTERVAL
 from finetune.launched import (
-    CUDA_GRAPH_MODES,
     BatchGeometry,
     Launch,
     check_cuda_graphs,
@@ -39,6 +38,7 @@ from finetune.launched import (
     visible_gpu_supports_bf16,
 )
 from finetune.profiles import (
+    CUDA_GRAPH_MODES,
     check_deepspeed_config,
     check_nvme_path,
     needs_nvme_path,

@@ -25,16 +25,14 @@ from accelerate.utils import DynamoBackend
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
+    CUDA_GRAPH_MODES,
     OFFLOAD_KEYS,
     Strategy,
     active_deepspeed_config,
     conventional_name,
     derive_strategy,
+    keeps_cuda_graphs,
 )
-
-# torch.compile modes that record CUDA graphs
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-
 
 PROFILE_VARIABLE = "FINETUNE_PROFILE"  # set by `finetune run` and `compare` for the processes they launch
 
@@ -236,12 +234,9 @@ class BatchGeometry:
         training_args.gradient_accumulation_steps = self.accumulation
         if "per_device_eval_batch_size" not in training_args.batch_flags_given:
             training_args.per_device_eval_batch_size = self.micro
+        flex_attention = training_args.attention_kernel == "flex_attention"
         if (
-            (
-                training_args.gradient_checkpointing
-                or self.accumulation > 1
-                or training_args.attention_kernel == "flex_attention"
-            )
+            not keeps_cuda_graphs(training_args.gradient_checkpointing, self.accumulation, flex_attention)
             and training_args.torch_compile
             and training_args.torch_compile_mode is None
             and os.environ.get("ACCELERATE_DYNAMO_MODE") in CUDA_GRAPH_MODES

@@ -91,6 +91,7 @@ from finetune.loss_chunks import CHUNK_LOGITS, VOCAB_ALIGNMENT, tokens_per_chunk
 from finetune.profiles import (
     OFFLOAD_DEVICES,
     Strategy,
+    keeps_cuda_graphs,
     load_strategy,
 )
 
@@ -221,6 +222,9 @@ class Workload:
     # (converters.without_training_logits), kept in calibration.json as they ran
     training_logits: bool = False
     eval_micro_batch: int | None = None  # --per_device_eval_batch_size; None: the training micro batch
+    # the evaluation ran the eager model under a compiled training: runs from before it ran the compiled
+    # one (FinetuneTrainer._wrap_model), kept in calibration.json as they ran; None: as run.py does now
+    evaluated_eager: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,7 @@ class Measurement:
             row.get("ddp_bucket_views", False),
             row.get("training_logits", False),
             row.get("eval_micro_batch"),
+            row.get("evaluated_eager"),
         )
         return cls(
             shape,
@@ -547,10 +552,10 @@ def evaluation_activation_gib(
     output weight and, under autocast over fp32 weights, the norm's output cast to the compute dtype)
     or, once those are freed, one chunk of the loss in fp32 (`losses.loss_sums_per_sample`: the
     forward returns those sums in place of its logits, so accelerate's fp32 copy of its outputs
-    copies sums). Autocast also caches every weight it casts until the forward ends: a copy of the
-    weights in the compute dtype. Ulysses splits an evaluation's samples as it splits training's;
-    ring attention runs them whole on each rank (FinetuneTrainer). Counted from what memory
-    snapshots of evaluations held (docs/planner.md), not fitted."""
+    copies sums). Eager (`evaluates_eager`), autocast also caches every weight it casts until the
+    forward ends: a copy of the weights in the compute dtype. Ulysses splits an evaluation's samples
+    as it splits training's; ring attention runs them whole on each rank (FinetuneTrainer). Counted
+    from what memory snapshots of evaluations held (docs/planner.md), not fitted."""
     micro = workload.eval_micro_batch or workload.micro_batch
     tokens = micro * workload.block_size
     if strategy.sequence_split == "ulysses":
@@ -560,7 +565,11 @@ def evaluation_activation_gib(
     autocast = stream != compute
     padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
     norm = tokens * shape.hidden * stream
-    weight_cache = trained_parameters(shape, workload) * compute if autocast else 0
+    weight_cache = (
+        trained_parameters(shape, workload) * compute
+        if autocast and evaluates_eager(strategy, workload)
+        else 0
+    )
     if workload.chunked_loss:
         chunk_tokens = tokens_per_chunk("cuda", padded_vocab, shape.hidden)
         logits, beside = min(tokens, chunk_tokens) * padded_vocab * CHUNK_BYTES_PER_LOGIT, 0.0
@@ -572,6 +581,19 @@ def evaluation_activation_gib(
         loss_chunk = min(tokens * padded_vocab, CHUNK_LOGITS) * EVALUATION_CHUNK_BYTES
         beside = max(matmul_inputs, loss_chunk)
     return (weight_cache + norm + logits + beside) / GIB
+
+
+def evaluates_eager(strategy: Strategy, workload: Workload) -> bool:
+    """Whether evaluation runs the eager model: where training is not compiled, or where the compiled
+    model records CUDA graphs, whose graphs for evaluation's batches held more than the eager forward
+    (FinetuneTrainer._wrap_model); FSDP2 and DeepSpeed compile in place, and evaluate what they train."""
+    if workload.evaluated_eager is not None:
+        return workload.evaluated_eager
+    compiled = strategy.compiled_by_default if workload.compiled is None else workload.compiled
+    graphs = strategy.records_cuda_graphs and keeps_cuda_graphs(
+        workload.gradient_checkpointing, workload.accumulation
+    )
+    return not compiled or graphs
 
 
 def checkpointed_input_bytes(strategy: Strategy, workload: Workload) -> int:

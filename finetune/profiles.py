@@ -63,6 +63,10 @@ FRAMEWORKS = ("single", "ddp", "deepspeed", "fsdp")  # ties in the speed order g
 FULL_SHARDING_TIES = ("single", "ddp", "fsdp", "deepspeed")  # but these where every state is sharded
 
 
+# torch.compile modes that record CUDA graphs
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
 @dataclass(frozen=True)
 class Strategy:
     """What a profile does, derived once from its YAML and DeepSpeed JSON (or FSDP settings).
@@ -101,10 +105,18 @@ class Strategy:
     # torch.compile through accelerate compiles each transformer block on its own (its loss beside)
     # rather than the whole model: the YAML's dynamo_use_regional_compilation (`compiles_by_blocks`)
     compiles_by_blocks: bool = False
+    # torch.compile's mode for accelerate's compile: the YAML's dynamo_mode (reduce-overhead records
+    # CUDA graphs, as the single profile asks)
+    compile_mode: str = "default"
     # ZeRO-3's zero.Init swaps torch.nn.functional.linear for DeepSpeed's own unless the JSON says
     # "memory_efficient_linear": false (the shipped stage-3 JSONs do): compiled blocks of nn.Linear
     # layers then recompile on each weight and run eager, and adapters keep more (memory_model)
     deepspeed_linear: bool = False
+
+    @property
+    def records_cuda_graphs(self) -> bool:
+        """The profile's compile mode records CUDA graphs (kept where `keeps_cuda_graphs` says)."""
+        return self.compile_mode in CUDA_GRAPH_MODES
 
     @property
     def multi_process(self) -> bool:
@@ -222,6 +234,12 @@ class Strategy:
         return "; ".join(parts)
 
 
+def keeps_cuda_graphs(gradient_checkpointing: bool, accumulation: int, flex_attention: bool = False) -> bool:
+    """Whether a run keeps a profile's CUDA-graph mode: checkpointing, accumulated micro batches and
+    flex attention run torch's default mode instead (launched.BatchGeometry.apply says why)."""
+    return not (gradient_checkpointing or accumulation > 1 or flex_attention)
+
+
 def compiles_by_blocks(distributed_type: str, dynamo_config: dict[str, Any] | None) -> bool:
     """Whether a profile's `dynamo_config` asks accelerate for block by block (regional) compilation.
 
@@ -246,13 +264,14 @@ def derive_strategy(
 ) -> Strategy:
     """The one place where accelerate's and DeepSpeed's settings become a Strategy."""
     by_blocks = compiles_by_blocks(distributed_type, dynamo_config)
+    mode = str((dynamo_config or {}).get("dynamo_mode") or "default")
     if distributed_type == "FSDP":
         fsdp = fsdp_config or {}
         reshard = bool(fsdp.get("fsdp_reshard_after_forward", True))
         offload = "cpu" if fsdp.get("fsdp_offload_params") else "none"  # FSDP2 moves all states then
         sharded = STATES if reshard else STATES[:2]
         return Strategy(name, "fsdp", frozenset(sharded), offload, offload, None, reshard, False, description,
-                        compiles_by_blocks=by_blocks)  # fmt: skip
+                        compiles_by_blocks=by_blocks, compile_mode=mode)  # fmt: skip
     if distributed_type == "DEEPSPEED":
         config = deepspeed_config or {}
         zero = config.get("zero_optimization", {})
@@ -272,10 +291,10 @@ def derive_strategy(
             reduce_buffers=buffers, reduce_bucket_values=bucket,
             sequence_parallel_gradient_bytes=GRADIENT_BYTES[str(sequence_parallel_dtype).lower()],
             optimizer_sub_group_values=sub_group, gathered_parameter_values=gathered,
-            compiles_by_blocks=by_blocks, deepspeed_linear=deepspeed_linear,
+            compiles_by_blocks=by_blocks, compile_mode=mode, deepspeed_linear=deepspeed_linear,
         )  # fmt: skip
     framework = "ddp" if distributed_type == "MULTI_GPU" else "single"
-    return Strategy(name, framework, description=description, compiles_by_blocks=by_blocks)
+    return Strategy(name, framework, description=description, compiles_by_blocks=by_blocks, compile_mode=mode)
 
 
 def reduce_buffers(zero: dict[str, Any], stage: int) -> tuple[int, int | None]:

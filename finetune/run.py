@@ -349,6 +349,7 @@ def evaluate_save_and_generate(
     training_args = trainer.args
     evaluated, evaluation_memory = memory.evaluation_peak(trainer.evaluate)
     record.update({**evaluation_fields(evaluated, "eval"), **evaluation_memory})
+    record.update({"evaluation_compiled": trainer.evaluates_compiled()})
     if data.test is not None:
         record.update(evaluation_fields(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
     trainer.log(run_scalars(record.fields))

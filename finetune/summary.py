@@ -252,6 +252,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "eval_perplexity": ("float?", "exp(eval_loss)"),
     "eval_tokens": ("int?", "validation tokens predicted"),
     "eval_runtime_s": ("float?", "Trainer's eval_runtime: the final evaluation, its compiling included"),
+    "evaluation_compiled": (
+        "bool?",
+        "evaluation ran compiled code: compiled training's model, unless it records CUDA graphs "
+        "(then eager: graphs recorded for evaluation's batches held more)",
+    ),
     "test_loss": ("float?", "the same on the test split (--eval_test_split)"),
     "test_perplexity": ("float?", "exp(test_loss)"),
     "test_tokens": ("int?", "test tokens predicted"),

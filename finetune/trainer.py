@@ -280,17 +280,32 @@ class FinetuneTrainer(Trainer):
         until the forward ends and GPT-2's activation its fp32 intermediates, and each evaluation runs
         at eager speed. Graphs recorded for evaluation's batches held more than that eager forward
         (docs/planner.md, "The final evaluation"): under them evaluation stays eager."""
-        compiled_copy = self.compile_plan.by_accelerate and not self.compile_plan.records_cuda_graphs
-        if not training and model is self.model and compiled_copy:
-            compiled = self.model_wrapped
-            while isinstance(compiled, DistributedDataParallel):  # no gradients to reduce
-                compiled = compiled.module
-            # a whole-model compile of DDP's wrapper holds DDP inside: the eager original then
-            if compiled is not self.model and not isinstance(
-                getattr(compiled, "_orig_mod", None), DistributedDataParallel
-            ):
+        if not training and model is self.model:
+            compiled = self.compiled_copy()
+            if compiled is not None:
                 return compiled
         return super()._wrap_model(model, training, dataloader)
+
+    def compiled_copy(self) -> Any:
+        """The model accelerate compiled, without DDP (an evaluation reduces no gradients), where
+        evaluation runs it; None where it runs `self.model`."""
+        if not self.compile_plan.by_accelerate or self.compile_plan.records_cuda_graphs:
+            return None
+        compiled = self.model_wrapped
+        while isinstance(compiled, DistributedDataParallel):
+            compiled = compiled.module
+        # a whole-model compile of DDP's wrapper holds DDP inside: the eager original then
+        if compiled is self.model or isinstance(
+            getattr(compiled, "_orig_mod", None), DistributedDataParallel
+        ):
+            return None
+        return compiled
+
+    def evaluates_compiled(self) -> bool:
+        """Whether evaluation runs compiled code: accelerate's compiled copy, or a model compiled in
+        place (FSDP2's, DeepSpeed's, ZeRO-3's blocks), which is `self.model` itself."""
+        in_place = self.compile_plan.compiled and self.launch.strategy.framework in ("fsdp", "deepspeed")
+        return in_place or self.compiled_copy() is not None
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():

@@ -92,6 +92,11 @@ def test_the_final_evaluation_time_is_recorded_within_the_run_time(finished_run)
     assert 0 < summary["eval_runtime_s"] < summary["wall_time_s"]
 
 
+def test_an_eager_run_records_its_evaluation_as_eager(finished_run):
+    _, output_dir = finished_run
+    assert read_summary(output_dir)["evaluation_compiled"] is False
+
+
 def test_throughput_counts_the_tokens_of_both_ranks_after_warm_up(finished_run):
     _, output_dir = finished_run
     summary = read_summary(output_dir)

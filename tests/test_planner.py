@@ -35,6 +35,7 @@ from finetune.memory_model import (
     compiled_for,
     estimate,
     estimate_for,
+    evaluates_eager,
     evaluation_activation_gib,
     forward_activation_gib,
     out_of_memory_runs,
@@ -364,7 +365,9 @@ def test_ddp_on_one_process_holds_no_gradient_buckets(gpt2_xl, calibration):
     """accelerate runs the ddp profile on one process without DDP: the 1B Llama's compiled ddp peak
     at 16 x 1024 on one H200 was below single's (calibration.json), not 4 bytes a parameter above."""
     ddp, single = (
-        estimate(load_strategy(name), gpt2_xl, Workload(8, 1024), ParallelLayout(1), calibration)
+        estimate(
+            load_strategy(name), gpt2_xl, Workload(8, 1024, compiled=False), ParallelLayout(1), calibration
+        )
         for name in ("ddp", "single")
     )
     assert ddp.phase_totals == single.phase_totals
@@ -937,6 +940,35 @@ def test_evaluations_are_predicted_within_5_percent(calibration):
             m.shape.name,
             m.strategy.name,
         )
+
+
+@pytest.mark.parametrize(
+    ("profile", "workload", "eager"),
+    [("single", Workload(8, 1024), True), ("single", Workload(8, 1024, gradient_checkpointing=True), False),
+     ("single", Workload(8, 1024, accumulation=2), False), ("ddp", Workload(8, 1024), False),
+     ("ddp", Workload(8, 1024, compiled=False), True), ("fsdp", Workload(8, 1024), False)],
+)  # fmt: skip
+def test_evaluation_runs_eager_where_training_is_not_compiled_or_its_compiled_model_records_cuda_graphs(
+    profile, workload, eager
+):
+    """single's reduce-overhead records CUDA graphs unless checkpointing or accumulation turn them off."""
+    assert evaluates_eager(load_strategy(profile), workload) is eager
+
+
+def test_an_eager_evaluation_holds_autocasts_cached_weights_and_a_compiled_one_does_not(gpt2_xl, calibration):
+    """Full fine-tuning under single and ddp runs autocast over fp32 weights; eager, it keeps a bf16
+    copy of every weight until the forward ends."""
+    evaluations = [
+        estimate(
+            load_strategy("ddp"),
+            gpt2_xl,
+            Workload(8, 1024, compiled=compiled),
+            ParallelLayout(1),
+            calibration,
+        ).phase_totals[EVALUATION]
+        for compiled in (False, True)
+    ]
+    assert evaluations[0] - evaluations[1] == pytest.approx(2 * GPT2_XL_PARAMETERS / GIB)
 
 
 def test_evaluation_takes_the_training_micro_batch_unless_told(gpt2_xl):

@@ -1,5 +1,6 @@
 """The project's Trainer: what it changes about the Trainer's data loading and the norms it reads."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM, GPT2Config, TrainingArguments
 
 from finetune.launched import CompilePlan
+from finetune.profiles import load_strategy
 from finetune.trainer import FinetuneTrainer
 
 
@@ -72,6 +74,20 @@ def test_evaluation_runs_the_eager_original_where_the_compiled_model_records_cud
     trainer = trainer_for(torch_compile=True, compile_plan=CompilePlan("per_block", "reduce-overhead"))
     trainer.model_wrapped = torch.compile(trainer.model)
     assert trainer._wrap_model(trainer.model, training=False) is trainer.model
+
+
+@pytest.mark.parametrize(
+    ("scope", "mode", "profile", "compiled"),
+    [("per_block", "default", "single", True), ("per_block", "reduce-overhead", "single", False),
+     ("per_block", "reduce-overhead", "zero2", True), ("none", None, "fsdp", False)],
+)  # fmt: skip
+def test_the_summary_says_whether_evaluation_ran_compiled_code(trainer_for, scope, mode, profile, compiled):
+    """FSDP2 and DeepSpeed compile the model in place: their evaluation runs what they compiled."""
+    trainer = trainer_for(torch_compile=True, compile_plan=CompilePlan(scope, mode))
+    trainer.launch = replace(trainer.launch, strategy=load_strategy(profile))
+    if scope != "none":
+        trainer.model_wrapped = torch.compile(trainer.model)
+    assert trainer.evaluates_compiled() is compiled
 
 
 def ddp_around(module: torch.nn.Module) -> DistributedDataParallel:

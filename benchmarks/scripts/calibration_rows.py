@@ -64,14 +64,17 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
 
 def evaluation_fields(summary: dict) -> dict:
     """The final evaluation's peak and its largest micro batch (the flag's, or fewer where each
-    process had fewer samples), where the run evaluated: calibration.json's `evaluations` check the
-    planner's evaluation phase against them."""
+    process had fewer samples), and whether it ran the eager model, where the run evaluated:
+    calibration.json's `evaluations` check the planner's evaluation phase against them."""
     peak = summary.get("memory_eval_peak_allocated_gib_max")
     if peak is None or not summary.get("eval_samples"):
         return {}
     per_process = math.ceil(summary["eval_samples"] / summary["data_parallel_size"])
     micro = min(summary["arguments"]["per_device_eval_batch_size"], per_process)
-    return {"eval_micro_batch": micro, "eval_peak_allocated_gib": round(peak, 3)}
+    fields = {"eval_micro_batch": micro, "eval_peak_allocated_gib": round(peak, 3)}
+    if summary.get("evaluation_compiled") is not None:  # summaries before the field: the planner's rule
+        fields["evaluated_eager"] = not summary["evaluation_compiled"]
+    return fields
 
 
 def compile_scope(summary: dict) -> dict:
