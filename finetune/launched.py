@@ -47,8 +47,14 @@ def strategy_from_environment(world_size: int, deepspeed_config: dict[str, Any] 
     Named `$FINETUNE_PROFILE` (set by `finetune run` and `compare`), else after the shipped profile it
     matches (`zero3`, `fsdp_grad_op`, ...). Without DeepSpeed or FSDP, `world_size` (as Launch read
     it) tells DDP from a single process."""
-    regional = os.environ.get("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")  # the profile's dynamo_config
-    dynamo = None if regional is None else {"dynamo_use_regional_compilation": regional}
+    dynamo = {  # the profile's dynamo_config, as accelerate launch passes it on
+        key: os.environ[variable]
+        for key, variable in (
+            ("dynamo_use_regional_compilation", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"),
+            ("dynamo_mode", "ACCELERATE_DYNAMO_MODE"),
+        )
+        if variable in os.environ
+    }
     if launched_with("DEEPSPEED"):
         config = deepspeed_config
         if config is None:  # DeepSpeed set up by launch flags instead of a JSON

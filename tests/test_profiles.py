@@ -368,6 +368,15 @@ def test_the_launched_fsdp_strategy_is_the_profiles(name, monkeypatch):
     assert (launched.name, facts(launched)) == (name, facts(load_strategy(name)))
 
 
+def test_the_launched_strategy_carries_the_profiles_compile_mode(monkeypatch):
+    """accelerate launch passes a profile's dynamo_mode on as ACCELERATE_DYNAMO_MODE."""
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", load_strategy("single").compile_mode)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert Launch.from_environment().strategy.records_cuda_graphs
+    monkeypatch.delenv("ACCELERATE_DYNAMO_MODE")
+    assert not Launch.from_environment().strategy.records_cuda_graphs
+
+
 def test_the_launched_strategy_takes_the_name_finetune_run_gives_it(monkeypatch):
     assert launched_on_two_processes(monkeypatch).name == "ddp"
     monkeypatch.setenv("FINETUNE_PROFILE", "my_ddp")
