@@ -238,8 +238,7 @@ class BatchGeometry:
         """
         training_args.per_device_train_batch_size = self.micro
         training_args.gradient_accumulation_steps = self.accumulation
-        if "per_device_eval_batch_size" not in training_args.batch_flags_given:
-            training_args.per_device_eval_batch_size = self.micro
+        training_args.per_device_eval_batch_size = asked_evaluation_micro_batch(training_args) or self.micro
         flex_attention = training_args.attention_kernel == "flex_attention"
         if (
             not keeps_cuda_graphs(training_args.gradient_checkpointing, self.accumulation, flex_attention)
@@ -255,6 +254,14 @@ class BatchGeometry:
             training_args.hf_deepspeed_config = HfTrainerDeepSpeedConfig(training_args.deepspeed)
             training_args.hf_deepspeed_config.trainer_config_process(training_args)
             training_args.deepspeed_plugin = DeepSpeedPlugin(hf_ds_config=training_args.hf_deepspeed_config)
+
+
+def asked_evaluation_micro_batch(training_args: Any) -> int | None:
+    """--per_device_eval_batch_size where given; None where evaluation takes the training micro batch
+    (`BatchGeometry.apply` says why): the one reading of the rule, for the run and the planner."""
+    if "per_device_eval_batch_size" not in training_args.batch_flags_given:
+        return None
+    return training_args.per_device_eval_batch_size
 
 
 def compile_mode(training_args: Any) -> str:

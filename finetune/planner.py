@@ -16,7 +16,7 @@ from transformers.utils import logging
 
 from finetune.callbacks import GIB
 from finetune.errors import FinetuneError, first_line
-from finetune.launched import BatchGeometry, Launch, mixed_precision
+from finetune.launched import BatchGeometry, Launch, asked_evaluation_micro_batch, mixed_precision
 from finetune.layout import ParallelLayout
 from finetune.memory_model import (
     DEFAULT_MARGIN,
@@ -394,16 +394,8 @@ def run_workload(
         accumulation=training_args.gradient_accumulation_steps,
         chunked_loss=training_args.chunked_loss,
         ddp_bucket_views=training_args.ddp_gradient_as_bucket_view,
-        eval_micro_batch=evaluation_micro_batch(training_args),
+        eval_micro_batch=asked_evaluation_micro_batch(training_args),
     )
-
-
-def evaluation_micro_batch(training_args: Any) -> int | None:
-    """--per_device_eval_batch_size where given; None (the training micro batch, as the run evaluates
-    by default: BatchGeometry.apply) otherwise."""
-    if "per_device_eval_batch_size" not in training_args.batch_flags_given:
-        return None
-    return training_args.per_device_eval_batch_size
 
 
 def largest_micro_batch_for_run(
