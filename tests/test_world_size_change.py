@@ -221,7 +221,7 @@ def test_a_world_size_change_sets_the_accumulation_through_the_batch_geometry_ru
     args = SimpleNamespace(
         allow_world_size_change=True, world_size=1, per_device_train_batch_size=4,
         gradient_accumulation_steps=1, process_index=0, torch_compile=True, torch_compile_mode=None,
-        gradient_checkpointing=False, batch_flags_given=frozenset(),
+        gradient_checkpointing=False, attention_kernel="sdpa", batch_flags_given=frozenset(),
     )  # fmt: skip
     assert continue_on_this_world_size(checkpoint, args, Launch.from_environment()) == checkpoint
     assert (args.gradient_accumulation_steps, args.torch_compile_mode) == (2, "default")
