@@ -286,10 +286,16 @@ class FinetuneTrainer(Trainer):
                 return compiled
         return super()._wrap_model(model, training, dataloader)
 
+    def compiles_in_place(self) -> bool:
+        """FSDP2 and DeepSpeed compile the model they wrap, `self.model` itself (evaluation runs it, not
+        their training wrapper); accelerate compiles a copy of it under single and DDP."""
+        return self.launch.strategy.framework in ("fsdp", "deepspeed")
+
     def compiled_copy(self) -> Any:
-        """The model accelerate compiled, without DDP (an evaluation reduces no gradients), where
-        evaluation runs it; None where it runs `self.model`."""
-        if not self.compile_plan.by_accelerate or self.compile_plan.records_cuda_graphs:
+        """The copy of the model accelerate compiled, without DDP (an evaluation reduces no
+        gradients), where evaluation runs it; None where it runs `self.model`."""
+        plan = self.compile_plan
+        if self.compiles_in_place() or not plan.by_accelerate or plan.records_cuda_graphs:
             return None
         compiled = self.model_wrapped
         while isinstance(compiled, DistributedDataParallel):
@@ -302,10 +308,10 @@ class FinetuneTrainer(Trainer):
         return compiled
 
     def evaluates_compiled(self) -> bool:
-        """Whether evaluation runs compiled code: accelerate's compiled copy, or a model compiled in
-        place (FSDP2's, DeepSpeed's, ZeRO-3's blocks), which is `self.model` itself."""
-        in_place = self.compile_plan.compiled and self.launch.strategy.framework in ("fsdp", "deepspeed")
-        return in_place or self.compiled_copy() is not None
+        """Whether evaluation runs compiled code: a model compiled in place, or accelerate's copy."""
+        if self.compiles_in_place():
+            return self.compile_plan.compiled
+        return self.compiled_copy() is not None
 
     def prediction_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.records_cuda_graphs():

@@ -90,6 +90,15 @@ def test_the_summary_says_whether_evaluation_ran_compiled_code(trainer_for, scop
     assert trainer.evaluates_compiled() is compiled
 
 
+@pytest.mark.parametrize("profile", ["zero2", "fsdp"])
+def test_evaluation_runs_the_model_itself_where_it_is_compiled_in_place(trainer_for, profile):
+    """Not DeepSpeed's engine, the Trainer's training wrapper there."""
+    trainer = trainer_for(torch_compile=True, compile_plan=CompilePlan("per_block", "default"))
+    trainer.launch = replace(trainer.launch, strategy=load_strategy(profile))
+    trainer.model_wrapped = torch.nn.Sequential(trainer.model)  # stands in for the engine
+    assert trainer._wrap_model(trainer.model, training=False) is trainer.model
+
+
 def ddp_around(module: torch.nn.Module) -> DistributedDataParallel:
     """A DistributedDataParallel wrapper as evaluation sees it (its module), with no process group."""
     wrapper = DistributedDataParallel.__new__(DistributedDataParallel)
