@@ -300,7 +300,7 @@ def evaluations(folder: Path) -> str:
     """Every final evaluation's peak in the calibration rows under `folder` (calibration_rows.py's,
     of calibrate.sh's runs or beside long_context.sh's cases) beside the planner's evaluation phase,
     with the forward the planner counts (eager or compiled: memory_model.evaluates_eager)."""
-    from finetune.memory_model import EVALUATION, Calibration, Measurement, evaluates_eager
+    from finetune.memory_model import EVALUATION, Calibration, Measurement, estimate_for, evaluates_eager
     from finetune.profiles import load_profile
 
     calibration = Calibration.measured()
@@ -309,27 +309,18 @@ def evaluations(folder: Path) -> str:
         for values in json.loads(path.read_text()):
             if "eval_peak_allocated_gib" not in values:
                 continue
-            measured = values["eval_peak_allocated_gib"]
-            predicted = predicted_peak(values, calibration, EVALUATION)
-            loss = "chunked" if values.get("chunked_loss") else "the model's own"
             measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
+            measured = values["eval_peak_allocated_gib"]
+            predicted = estimate_for(measurement, calibration).phase_totals[EVALUATION]
+            loss = "chunked" if values.get("chunked_loss") else "the model's own"
             forward = "eager" if evaluates_eager(measurement.strategy, measurement.workload) else "compiled"
             rows.append(
                 [values["model"], values["profile"], values["gpus"], f"{values['block_size']:,}", loss,
                  forward, values["eval_micro_batch"], f"{measured:.2f}", f"{predicted:.2f}",
                  f"{predicted / measured:.2f}"]
             )  # fmt: skip
-    columns = [
-        "model",
-        "profile",
-        "GPUs",
-        "block",
-        "loss",
-        "forward",
-        "evaluation micro batch",
-        "measured GiB",
-    ]
-    columns.append("predicted GiB")
+    columns = ["model", "profile", "GPUs", "block", "loss", "forward", "evaluation micro batch",
+               "measured GiB", "predicted GiB"]  # fmt: skip
     return markdown([*columns, "predicted/measured"], rows)
 
 
