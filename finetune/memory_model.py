@@ -175,6 +175,7 @@ class ModelShape:
     adapted_out: int = 0  # sum of their out features (DoRA's magnitudes)
     layer_norm: bool = True  # nn.LayerNorm, which autocast runs in fp32 (GPT-2); False for RMSNorm models
     gated_mlp: bool = False  # gate and up projections (Llama-style): Calibration.layer_bytes_for
+    intermediate: int = 0  # the MLP's inner width; 0 where a shape leaves it out: GPT-2's, 4 x hidden
 
     @classmethod
     def from_config(cls, name: str, config: PretrainedConfig) -> ModelShape:
@@ -185,6 +186,7 @@ class ModelShape:
         in_out, out = adapted_layer_sizes(model)
         layer_norm = any(type(module) is torch.nn.LayerNorm for module in model.modules())
         gated = any(name.endswith(("gate_proj", "gate_up_proj")) for name, _ in model.named_modules())
+        intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
         return cls(
             name,
             parameters,
@@ -195,7 +197,12 @@ class ModelShape:
             out,
             layer_norm,
             gated,
+            intermediate or 4 * config.hidden_size,
         )
+
+    @property
+    def mlp_width(self) -> int:
+        return self.intermediate or 4 * self.hidden
 
     def adapter_parameters(self, peft: str, rank: int) -> int:
         """What `--peft` adds and trains with the default targets (all-linear)."""
@@ -216,7 +223,7 @@ class Workload:
     # the loss compiled beside compiled blocks, as run.py does (--compile_loss); False: runs from
     # before it did, kept in calibration.json as they ran
     loss_compiled: bool = True
-    chunked_loss: bool = False  # as asked; under ZeRO-3 `estimate` counts the model's own loss
+    chunked_loss: bool = False  # as asked; under ZeRO-3 `estimate` trains the model's own loss
     ddp_bucket_views: bool = False  # --ddp_gradient_as_bucket_view: DDP's gradients live in its buckets
     # the training forward returned its logits: runs from before run.py dropped them
     # (converters.without_training_logits), kept in calibration.json as they ran
@@ -260,6 +267,7 @@ class Measurement:
             row.get("adapted_out", 0),
             row.get("layer_norm", True),
             row.get("gated_mlp", False),
+            row.get("intermediate", 0),
         )
         workload = Workload(
             row["micro_batch"],
@@ -543,44 +551,76 @@ def forward_activation_gib(
 def evaluation_activation_gib(
     shape: ModelShape, workload: Workload, strategy: Strategy, layout: ParallelLayout
 ) -> float:
-    """What an evaluation holds beside the model states, at the output layer, where it peaks.
-
-    Its forward keeps nothing for a backward. At the output layer: a micro batch's logits in the
-    compute dtype at the aligned vocabulary (`losses.align_output_matmul`; one chunk's with
-    --chunked_loss, which evaluates through `losses.chunked_loss_sums`) and the final norm's output in
-    the residual stream's dtype, beside either what the output matmul takes (the aligned copy of the
-    output weight and, under autocast over fp32 weights, the norm's output cast to the compute dtype)
-    or, once those are freed, one chunk of the loss in fp32 (`losses.loss_sums_per_sample`: the
-    forward returns those sums in place of its logits, so accelerate's fp32 copy of its outputs
-    copies sums). Eager (`evaluates_eager`), autocast also caches every weight it casts until the
-    forward ends: a copy of the weights in the compute dtype. Ulysses splits an evaluation's samples
-    as it splits training's; ring attention runs them whole on each rank (FinetuneTrainer). Counted
-    from what memory snapshots of evaluations held (docs/planner.md), not fitted."""
+    """What an evaluation holds beside the model states where it peaks: at the output layer
+    (`evaluation_output_bytes`) or, where the loss holds little of the logits (--chunked_loss), inside
+    a block (`evaluation_block_bytes`). Eager (`evaluates_eager`) under autocast it also holds a copy
+    of every weight it has cast, kept until the forward ends. Ulysses splits an evaluation's samples as
+    it splits training's; ring attention runs them whole on each rank (FinetuneTrainer). Counted from
+    what memory snapshots of evaluations held (docs/planner.md), not fitted."""
     micro = workload.eval_micro_batch or workload.micro_batch
     tokens = micro * workload.block_size
     if strategy.sequence_split == "ulysses":
         tokens /= layout.sequence_parallel
+    eager = evaluates_eager(strategy, workload)
+    autocast = checkpointed_input_bytes(strategy, workload) != COMPUTE_BYTES[workload.dtype]
+    weight_cache = (
+        trained_parameters(shape, workload) * COMPUTE_BYTES[workload.dtype] if autocast and eager else 0
+    )
+    peak = max(
+        evaluation_output_bytes(shape, workload, strategy, tokens),
+        evaluation_block_bytes(shape, workload, strategy, tokens, eager),
+    )
+    return (weight_cache + peak) / GIB
+
+
+def evaluation_output_bytes(
+    shape: ModelShape, workload: Workload, strategy: Strategy, tokens: float
+) -> float:
+    """At the output layer: a micro batch's logits in the compute dtype at the aligned vocabulary
+    (`losses.align_output_matmul`; one chunk's with --chunked_loss, which evaluates through
+    `losses.chunked_loss_sums`) and the final norm's output in the residual stream's dtype, beside
+    either what the output matmul takes (the aligned copy of the output weight and, under autocast
+    over fp32 weights, the norm's output cast to the compute dtype) or, once those are freed, one chunk
+    of the loss in fp32 (`losses.loss_sums_per_sample`: the forward returns those sums in place of its
+    logits, so accelerate's fp32 copy of its outputs copies sums)."""
     compute = COMPUTE_BYTES[workload.dtype]
     stream = checkpointed_input_bytes(strategy, workload)  # fp32 where autocast runs over fp32 weights
-    autocast = stream != compute
     padded_vocab = shape.vocab + -shape.vocab % VOCAB_ALIGNMENT
     norm = tokens * shape.hidden * stream
-    weight_cache = (
-        trained_parameters(shape, workload) * compute
-        if autocast and evaluates_eager(strategy, workload)
-        else 0
-    )
     if workload.chunked_loss:
         chunk_tokens = tokens_per_chunk("cuda", padded_vocab, shape.hidden)
-        logits, beside = min(tokens, chunk_tokens) * padded_vocab * CHUNK_BYTES_PER_LOGIT, 0.0
+        return norm + min(tokens, chunk_tokens) * padded_vocab * CHUNK_BYTES_PER_LOGIT
+    logits = tokens * padded_vocab * compute
+    matmul_inputs = padded_vocab * shape.hidden * stream + (
+        tokens * shape.hidden * compute if stream != compute else 0
+    )
+    loss_chunk = min(tokens * padded_vocab, CHUNK_LOGITS) * EVALUATION_CHUNK_BYTES
+    return norm + logits + max(matmul_inputs, loss_chunk)
+
+
+def evaluation_block_bytes(
+    shape: ModelShape, workload: Workload, strategy: Strategy, tokens: float, eager: bool
+) -> float:
+    """Inside the last block's MLP, where the largest value of an evaluation's forward lives once the
+    loss no longer holds the logits. Compiled: the MLP's inner output in the compute dtype (two with a
+    gate), two values of the residual stream and two in the compute dtype per token and width. Eager:
+    the gate's activation, the up projection and their product (gated), or GPT-2's inner output, its
+    tanh-GELU's output and the two intermediates of its `pow`, which autocast runs in fp32; the
+    embedding output, two residual values and the norm's output in the stream's dtype, and GPT-2's
+    attention output in the compute dtype. Counted from memory snapshots of gpt2-xl and a 1B Llama
+    (docs/planner.md), not fitted."""
+    compute = COMPUTE_BYTES[workload.dtype]
+    stream = checkpointed_input_bytes(strategy, workload)
+    autocast = stream != compute
+    if not eager:
+        inner = (2 if shape.gated_mlp else 1) * compute
+        width = 2 * stream + 2 * compute
+    elif shape.gated_mlp:
+        inner, width = 3 * compute, 4 * stream
     else:
-        logits = tokens * padded_vocab * compute
-        matmul_inputs = padded_vocab * shape.hidden * stream + (
-            tokens * shape.hidden * compute if autocast else 0
-        )
-        loss_chunk = min(tokens * padded_vocab, CHUNK_LOGITS) * EVALUATION_CHUNK_BYTES
-        beside = max(matmul_inputs, loss_chunk)
-    return (weight_cache + norm + logits + beside) / GIB
+        inner = 2 * compute + 2 * (COMPUTE_BYTES["fp32"] if autocast else compute)
+        width = 4 * stream + compute
+    return tokens * (shape.mlp_width * inner + shape.hidden * width)
 
 
 def evaluates_eager(strategy: Strategy, workload: Workload) -> bool:
@@ -856,6 +896,7 @@ def estimate(
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
     states["gradients"] += accumulated_gradient_gib(framework, shape, workload)
+    evaluated = workload  # evaluation gathers the output weight itself: chunked as asked (losses.py)
     if workload.chunked_loss and strategy.gathers_weights_only_in_forward:
         workload = replace(workload, chunked_loss=False)  # trains the model's own loss there
     kind = calibration_kind(strategy, workload, shape)
@@ -889,7 +930,7 @@ def estimate(
     # ZeRO-3's partition and reduce buffers and DDP's buckets stay (each run's allocated memory at the
     # end of training: docs/planner.md)
     gradients_evaluating = (states["gradients"] if strategy.is_zero3 else 0.0) + buckets
-    evaluating = evaluation_activation_gib(shape, workload, strategy, layout)
+    evaluating = evaluation_activation_gib(shape, evaluated, strategy, layout)
     phases = {  # (parameters, gradients, optimizer, activations) at each
         BACKWARD_START: (gathered, gradients_held, optimizer, held / split + beside),
         BACKWARD_END: (parameters, gradients, optimizer, at_end / split + beside),

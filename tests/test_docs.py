@@ -55,6 +55,8 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200-2026-12-02/call5",
         "benchmarks/h200-2026-12-02/call3",
         "benchmarks/h200-2026-12-02/call4",
+        "benchmarks/h200-2026-12-02e/call1",
+        "benchmarks/h200-2026-12-02e/call2",
         "benchmarks/h200-2026-12-02c",
         "benchmarks/h200-2026-12-02d/call3",
         "benchmarks/h200-2026-12-02b/call4",

@@ -37,6 +37,8 @@ from finetune.memory_model import (
     estimate_for,
     evaluates_eager,
     evaluation_activation_gib,
+    evaluation_block_bytes,
+    evaluation_output_bytes,
     forward_activation_gib,
     out_of_memory_runs,
     read_measurements,
@@ -527,6 +529,13 @@ def test_a_llama_is_counted_as_a_gated_mlp_model_without_layer_norm_and_gpt2_the
     assert (gpt2.layer_norm, gpt2.gated_mlp) == (True, False)
 
 
+def test_the_mlp_width_is_read_from_the_config_and_is_four_times_hidden_for_gpt2(gpt2_xl):
+    llama = ModelShape.from_config(
+        "llama", LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2)
+    )
+    assert (llama.mlp_width, gpt2_xl.mlp_width) == (176, 4 * 1600)
+
+
 def test_without_layer_norm_autocast_keeps_bf16_activations_at_the_gated_mlp_scale(calibration):
     """Autocast's fp32 extra is LayerNorm's (and GPT-2 GELU's): an RMSNorm Llama keeps bf16's."""
     gpt2 = shape_of("gpt2-medium")[0]
@@ -930,10 +939,10 @@ def test_long_blocks_with_the_models_own_loss_are_predicted_within_15_percent(ca
 
 def test_evaluations_are_predicted_within_5_percent(calibration):
     """The evaluation phase is counted from what memory snapshots of evaluations held, not fitted:
-    evaluations of gpt2-xl at micro batch 128 under four profiles and of a 1B Llama at blocks of
-    286,720 and 349,184 tokens check it."""
+    evaluations of gpt2-xl at micro batch 128 under five profiles, with the model's own loss and the
+    chunked one, and of a 1B Llama at micro batch 64 and at blocks of 286,720 and 349,184 tokens."""
     rows = read_measurements(section="evaluations")
-    assert len(rows) >= 6
+    assert len(rows) >= 12
     for m in rows:
         predicted = estimate_for(m, calibration).phase_totals[EVALUATION]
         assert predicted == pytest.approx(m.eval_peak_allocated_gib, rel=0.05), (
@@ -969,6 +978,35 @@ def test_an_eager_evaluation_holds_autocasts_cached_weights_and_a_compiled_one_d
         for compiled in (False, True)
     ]
     assert evaluations[0] - evaluations[1] == pytest.approx(2 * GPT2_XL_PARAMETERS / GIB)
+
+
+def test_a_chunked_loss_evaluation_peaks_inside_a_block_and_grows_with_the_mlp_width(gpt2_xl):
+    """Once the loss holds one chunk of the logits, the MLP's inner values are the largest left."""
+    ddp, tokens = load_strategy("ddp"), 128 * 1024
+    chunked = Workload(8, 1024, chunked_loss=True, eval_micro_batch=128)
+    inside = evaluation_block_bytes(gpt2_xl, chunked, ddp, tokens, eager=False)
+    assert inside > evaluation_output_bytes(gpt2_xl, chunked, ddp, tokens)
+    wider = replace(gpt2_xl, intermediate=2 * gpt2_xl.mlp_width)
+    assert evaluation_block_bytes(wider, chunked, ddp, tokens, eager=False) > inside
+
+
+def test_zero3_evaluates_with_the_chunked_loss_it_cannot_train_with(gpt2_xl, calibration):
+    """ZeRO-3 trains the model's own loss (the output weight is sharded outside its forward), but
+    evaluation gathers the weight and runs the chunked loss as asked."""
+    zero3, layout = load_strategy("zero3"), ParallelLayout(1)
+    own, chunked = (Workload(8, 1024, eval_micro_batch=128, chunked_loss=c) for c in (False, True))
+    own_estimate, chunked_estimate = (
+        estimate(zero3, gpt2_xl, w, layout, calibration) for w in (own, chunked)
+    )
+    assert chunked_estimate.phases[BACKWARD_START] == own_estimate.phases[BACKWARD_START]
+    assert chunked_estimate.phase_totals[EVALUATION] < own_estimate.phase_totals[EVALUATION]
+
+
+def test_an_eager_evaluation_holds_more_inside_a_block_than_a_compiled_one(gpt2_xl):
+    """Eager, GPT-2's tanh GELU keeps fp32 intermediates of its `pow` under autocast."""
+    single, workload, tokens = load_strategy("single"), Workload(8, 1024, chunked_loss=True), 8 * 1024
+    eager = evaluation_block_bytes(gpt2_xl, workload, single, tokens, eager=True)
+    assert eager > 2 * evaluation_block_bytes(gpt2_xl, workload, single, tokens, eager=False)
 
 
 def test_evaluation_takes_the_training_micro_batch_unless_told(gpt2_xl):

@@ -57,6 +57,7 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         **({"ddp_bucket_views": True} if summary.get("ddp_gradient_buckets") == "views" else {}),
         "layer_norm": shape.layer_norm,  # what the planner's activation model reads of the architecture
         "gated_mlp": shape.gated_mlp,
+        "intermediate": shape.mlp_width,
         **(adapter_fields(summary, shape) if summary.get("peft") else {}),
         **evaluation_fields(summary),
     }
