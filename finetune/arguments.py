@@ -397,7 +397,7 @@ def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> 
     the resolved flags: in the process that trains, after `resolve_launch_settings`."""
     if launch.deepspeed_config_path is not None or training_args.deepspeed:  # before its first op build
         refuse_stale_build_locks(launch.on_one_machine)
-        _announce_first_builds(launch, launch.deepspeed_config or {})
+        announce_first_builds(launch, launch.deepspeed_config or {})
     try:
         with without_printed_lines(DEEPSPEED_OP_LOADED):  # the device set-up starts DeepSpeed
             TrainingArguments.__post_init__(training_args)
@@ -407,7 +407,7 @@ def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> 
     one_gpu_per_process(training_args, launch)
 
 
-def _announce_first_builds(launch: Launch, deepspeed_config: dict[str, Any]) -> None:
+def announce_first_builds(launch: Launch, deepspeed_config: dict[str, Any]) -> None:
     """One line per machine before DeepSpeed compiles an op for the first time there (silent otherwise)."""
     ops = unbuilt(deepspeed_ops_a_run_builds(launch.on_gpu, deepspeed_config))
     if ops and launch.local_rank == 0:
