@@ -64,8 +64,9 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
     """What `finetune plan` predicts per GPU for the run the summary describes: its model, micro
     batch and accumulation, block, dtype, compilation, adapters and processes (tf32 matmuls are fp32
     storage)."""
-    from finetune.memory_model import Calibration, Workload, estimate
+    from finetune.memory_model import Calibration, estimate
     from finetune.planner import shape_of
+    from finetune.workload import Workload
 
     arguments = summary["arguments"]
     shape, _ = shape_of(summary["model"], arguments.get("config_overrides"), summary["block_size"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from finetune.memory_model import Calibration, Estimate, ModelShape, Workload, estimate
+from finetune.memory_model import Calibration, Estimate, estimate
 from finetune.planner import (
     GPT2_SIZES,
     MODEL_LADDER,
@@ -16,6 +16,7 @@ from finetune.planner import (
     planned_strategies,
 )
 from finetune.profiles import Strategy
+from finetune.workload import ModelShape, Workload
 
 
 def run_flags(name: str) -> str:

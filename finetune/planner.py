@@ -23,12 +23,9 @@ from finetune.memory_model import (
     MAX_MICRO_BATCH,
     Calibration,
     Estimate,
-    ModelShape,
-    Workload,
     estimate,
     estimate_for,
     read_measurements,
-    trained_parameters,
 )
 from finetune.profiles import (
     Strategy,
@@ -36,6 +33,7 @@ from finetune.profiles import (
     load_strategy,
     shipped_strategies,
 )
+from finetune.workload import ModelShape, Workload, trained_parameters
 
 logger = logging.get_logger("finetune")
 

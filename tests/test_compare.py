@@ -16,11 +16,12 @@ from finetune.cli import main as cli_main
 from finetune.compare import Row, compare, default_profiles, read_rows, summaries_frame
 from finetune.launch import Placement
 from finetune.layout import ParallelLayout
-from finetune.memory_model import Calibration, Workload, estimate
+from finetune.memory_model import Calibration, estimate
 from finetune.pictures import comparison_picture
 from finetune.planner import shape_of
 from finetune.profiles import load_profile, load_strategy
 from finetune.summary import write_summary
+from finetune.workload import Workload
 
 from launching import BYTE_GPT2, ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
 

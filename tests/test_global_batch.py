@@ -21,10 +21,11 @@ from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch
 from finetune.layout import ParallelLayout
-from finetune.memory_model import Calibration, Workload, estimate
+from finetune.memory_model import Calibration, estimate
 from finetune.planner import apply_global_batch, shape_of
 from finetune.resume import refuse_another_run
 from finetune.summary import read_summary, validate_summary
+from finetune.workload import Workload
 
 from launching import PROJECT_ROOT, TINY_MODEL, resolve_and_set_up
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from finetune.activation_memory import sequence_exchange_gib
+from finetune.callbacks import GIB
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
-from finetune.memory_model import GIB, Calibration, Workload, estimate, sequence_exchange_gib
+from finetune.memory_model import Calibration, estimate
 from finetune.planner import gpt2_shape, planned_strategies
 from finetune.profiles import load_strategy
+from finetune.workload import Workload
 
 
 def test_every_process_is_a_data_parallel_rank_without_a_sequence_degree():

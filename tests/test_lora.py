@@ -20,6 +20,7 @@ from tiny_configs import tiny_config
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config
 
 from finetune import run
+from finetune.activation_memory import CALIBRATION_KINDS, adapter_activation_gib, adapter_input_bytes
 from finetune.adapters import adapter_config, adapter_flags, add_adapters, trainable_parameters
 from finetune.arguments import parse_arguments
 from finetune.checkpoint import read_manifest
@@ -28,19 +29,10 @@ from finetune.errors import FinetuneError
 from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
 from finetune.layout import ParallelLayout
-from finetune.memory_model import (
-    BACKWARD_END,
-    BACKWARD_START,
-    CALIBRATION_KINDS,
-    Calibration,
-    ModelShape,
-    Workload,
-    adapter_activation_gib,
-    adapter_input_bytes,
-    estimate,
-)
+from finetune.memory_model import BACKWARD_END, BACKWARD_START, Calibration, estimate
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
+from finetune.workload import ModelShape, Workload
 
 from launching import (
     BYTE_GPT2,

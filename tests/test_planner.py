@@ -8,7 +8,26 @@ import pytest
 import torch
 from transformers import AutoConfig, LlamaConfig
 
+from finetune.activation_memory import (
+    CHECKPOINTED_LOGIT_BYTES,
+    GATED_MLP_ACTIVATION_SCALE,
+    RETURNED_LOGIT_BYTES,
+    activation_gib,
+    adapter_input_bytes,
+    calibration_kind,
+    checkpointed_activation_gib,
+    checkpointed_input_bytes,
+    chunked_loss_buffer_gib,
+    compiled_for,
+    evaluates_eager,
+    evaluation_activation_gib,
+    evaluation_block_bytes,
+    evaluation_output_bytes,
+    forward_activation_gib,
+    sequence_exchange_gib,
+)
 from finetune.arguments import parse_arguments
+from finetune.callbacks import GIB
 from finetune.cli import main as cli_main
 from finetune.commands.run import auto_profile
 from finetune.errors import FinetuneError
@@ -17,32 +36,13 @@ from finetune.limits import BLOCK_STEP, largest_model, longest_block
 from finetune.memory_model import (
     BACKWARD_END,
     BACKWARD_START,
-    CHECKPOINTED_LOGIT_BYTES,
     EVALUATION,
-    GATED_MLP_ACTIVATION_SCALE,
-    GIB,
     OPTIMIZER_STEP,
-    RETURNED_LOGIT_BYTES,
     Calibration,
-    ModelShape,
-    Workload,
-    activation_gib,
-    adapter_input_bytes,
-    calibration_kind,
-    checkpointed_activation_gib,
-    checkpointed_input_bytes,
-    chunked_loss_buffer_gib,
-    compiled_for,
     estimate,
     estimate_for,
-    evaluates_eager,
-    evaluation_activation_gib,
-    evaluation_block_bytes,
-    evaluation_output_bytes,
-    forward_activation_gib,
     out_of_memory_runs,
     read_measurements,
-    sequence_exchange_gib,
 )
 from finetune.pictures import plan_picture
 from finetune.planner import (
@@ -60,6 +60,7 @@ from finetune.planner import (
     what_would_fit,
 )
 from finetune.profiles import load_strategy
+from finetune.workload import ModelShape, Workload
 
 ZERO3 = load_strategy("zero3")
 

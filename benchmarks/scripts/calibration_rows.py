@@ -19,8 +19,8 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from finetune.memory_model import ModelShape
 from finetune.models import resolve_model
+from finetune.workload import ModelShape
 
 PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
 # the last line of a call's gpu.txt: torch, NCCL as a tuple (floor.sh; long_context.sh leaves it out),
@@ -80,7 +80,7 @@ def evaluation_fields(summary: dict) -> dict:
 
 def compile_scope(summary: dict) -> dict:
     """Whether accelerate compiled block by block (regional) or the whole model, where a profile may
-    do either: single, ddp, ZeRO-1/2 (planned by it, memory_model.calibration_kind). FSDP2 always
+    do either: single, ddp, ZeRO-1/2 (planned by it, activation_memory.calibration_kind). FSDP2 always
     compiles its blocks and ZeRO-3 its leaf blocks itself; summaries from before the field, whole."""
     by_accelerate = summary["distributed_type"] != "FSDP" and summary.get("zero_stage") != 3
     if not (summary["torch_compile"] and by_accelerate):

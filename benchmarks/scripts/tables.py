@@ -299,8 +299,9 @@ def peaks(folder: Path) -> str:
 def evaluations(folder: Path) -> str:
     """Every final evaluation's peak in the calibration rows under `folder` (calibration_rows.py's,
     of calibrate.sh's runs or beside long_context.sh's cases) beside the planner's evaluation phase,
-    with the forward the planner counts (eager or compiled: memory_model.evaluates_eager)."""
-    from finetune.memory_model import EVALUATION, Calibration, Measurement, estimate_for, evaluates_eager
+    with the forward the planner counts (eager or compiled: activation_memory.evaluates_eager)."""
+    from finetune.activation_memory import evaluates_eager
+    from finetune.memory_model import EVALUATION, Calibration, Measurement, estimate_for
     from finetune.profiles import load_profile
 
     calibration = Calibration.measured()

@@ -19,7 +19,7 @@ from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
 
 if TYPE_CHECKING:
-    from finetune.memory_model import ModelShape, Workload
+    from finetune.workload import ModelShape, Workload
 
 
 @dataclass
