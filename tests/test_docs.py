@@ -57,6 +57,7 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200-2026-12-02/call4",
         "benchmarks/h200-2026-12-02e/call1",
         "benchmarks/h200-2026-12-02e/call2",
+        "benchmarks/h200-2026-12-02e/call3/long",
         "benchmarks/h200-2026-12-02c",
         "benchmarks/h200-2026-12-02d/call3",
         "benchmarks/h200-2026-12-02b/call4",
