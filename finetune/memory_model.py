@@ -49,8 +49,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from transformers.utils import logging
-
 from finetune.activation_memory import (
     CALIBRATION_FILE,
     CALIBRATION_KINDS,
@@ -79,8 +77,6 @@ from finetune.profiles import (
     load_strategy,
 )
 from finetune.workload import COMPUTE_BYTES, ModelShape, Workload, trained_parameters
-
-logger = logging.get_logger("finetune")
 
 # ZeRO-3's optimizer step flattens a sub-group's gradients (training dtype) and casts them to fp32
 # (stage3.py's _prepare_fp32_grad_for_sub_group): both alive at once, beside every state
