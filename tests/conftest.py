@@ -37,6 +37,14 @@ SHARED_DATA_DIR = Path(
 # (that fixture re-asserts both for every test).
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["FINETUNE_DATA_DIR"] = str(SHARED_DATA_DIR)
+# pytest-xdist runs as many workers as the machine has cores (pyproject's addopts), and torch gives each
+# worker a thread per core: the cores are oversubscribed, and OpenMP's threads spin waiting for each
+# other, so a test that trains in its worker ran several times slower beside another worker than alone.
+# Each worker gets its share of the cores, set before torch is imported (launched runs get one thread a
+# rank from tests/launching.py). Only in a worker: the workers inherit the controlling process's variables.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    WORKERS = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
 
 import pytest  # noqa: E402
 from huggingface_hub import constants as hub_constants  # noqa: E402

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from finetune.summary import read_summary
+from finetune.watchdog import REPORTED
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
 
@@ -50,12 +53,28 @@ def test_a_frozen_rank_0_is_reported_by_rank_1_in_one_line_with_the_summary(tmp_
     command = [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/ddp.yaml",
                "--num_processes", "2", "--main_process_port", "0", "tests/stalled_run.py",
                *FLAGS, "--output_dir", str(output_dir)]  # fmt: skip
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env={**ENVIRONMENT, "FREEZE_RANK_0": "1"},
-                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
-    assert result.returncode != 0
-    [line] = [line for line in result.stderr.splitlines() if "no optimizer step ended" in line]
+    with (tmp_path / "stderr").open("w+") as stderr:
+        launcher = subprocess.Popen(command, cwd=PROJECT_ROOT, env={**ENVIRONMENT, "FREEZE_RANK_0": "1"},
+                                    stdout=subprocess.DEVNULL, stderr=stderr, text=True)  # fmt: skip
+        try:
+            # A stopped process acts on SIGKILL alone, which torch's launcher sends 30 s after rank 1
+            # exits (its grace for ranks to stop by themselves): once the report is out, the test sends it.
+            reported = output_dir / "hang-step3" / REPORTED
+            deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+            while not reported.exists() and launcher.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for rank in psutil.Process(launcher.pid).children():
+                if rank.status() == psutil.STATUS_STOPPED:
+                    rank.kill()
+            launcher.wait(timeout=LAUNCH_TIMEOUT_S)
+        finally:
+            launcher.kill()
+        stderr.seek(0)
+        output = stderr.read()
+    assert launcher.returncode != 0
+    [line] = [line for line in output.splitlines() if "no optimizer step ended" in line]
     assert "at step 3:" in line and "no stack from rank(s) 0" in line, line
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in output, output[-3000:]
     summary = read_summary(output_dir)
     assert (summary["status"], summary["hang"]) == ("interrupted", str(output_dir / "hang-step3"))
 
