@@ -43,7 +43,7 @@ def assert_same_training(unsplit: Path, split: Path) -> None:
     one, two = read_summary(unsplit), read_summary(split)
     assert (two["sequence_parallel_size"], two["data_parallel_size"]) == (2, 1)
     assert two["global_batch_size"] == one["global_batch_size"]
-    assert [p["step"] for p in two["loss_curve"]] == list(range(1, STEPS + 1))
+    assert [p["step"] for p in two["loss_curve"]] == list(range(1, one["steps"] + 1))
     for a, b in zip(one["loss_curve"], two["loss_curve"], strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=EXACT), a["step"]
     assert two["eval_loss"] == pytest.approx(one["eval_loss"], abs=EXACT)
@@ -56,9 +56,25 @@ def assert_same_training(unsplit: Path, split: Path) -> None:
         torch.testing.assert_close(weights_two[name], tensor, rtol=0, atol=EXACT, msg=name)
 
 
-def test_text_blocks_split_over_two_ranks_train_as_one_process_does(byte_llama_config_dir, tmp_path):
-    unsplit, split = unsplit_and_split(byte_llama_config_dir, tmp_path, "--block_size", "64")
-    assert_same_training(unsplit, split)
+# Text blocks of 64 tokens, unsplit and split, 6 steps with a checkpoint at step 3: one pair of runs that
+# the equality, the token count and the resume below all read (each launch costs more than its checks).
+TEXT_BLOCK = 64
+TEXT_STEPS, TEXT_CHECKPOINT = 6, 3
+
+
+TEXT_RUN = (
+    "--block_size", str(TEXT_BLOCK), "--max_steps", str(TEXT_STEPS),
+    "--save_strategy", "steps", "--save_steps", str(TEXT_CHECKPOINT),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def text_blocks(byte_llama_config_dir, tmp_path_factory) -> tuple[Path, Path]:
+    return unsplit_and_split(byte_llama_config_dir, tmp_path_factory.mktemp("text"), *TEXT_RUN)
+
+
+def test_text_blocks_split_over_two_ranks_train_as_one_process_does(text_blocks):
+    assert_same_training(*text_blocks)
 
 
 def test_padded_instruction_data_trains_as_one_process_does(byte_llama_config_dir, data_dir, tmp_path):
@@ -70,14 +86,21 @@ def test_padded_instruction_data_trains_as_one_process_does(byte_llama_config_di
     assert_same_training(unsplit, split)
 
 
-@pytest.mark.parametrize("profile", ["zero3", pytest.param("fsdp", marks=on_two_gpus)])
-def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(profile, byte_llama_config_dir, tmp_path):
-    """Each rank counts the tokens of its slice: 128-token blocks are 128 tokens a sample, summed."""
-    split = tmp_path / "split"
-    extra = ("--block_size", "128", "--sequence_parallel", "2")
-    launch(launched_with(profile, num_processes=2), split, flags(byte_llama_config_dir, *extra))
+def assert_counted_once(split: Path, block_size: int) -> None:
+    """Each rank counts the tokens of its slice: a sample is its block's tokens, summed over the group."""
     summary = read_summary(split)
-    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(128)
+    assert summary["tokens_per_second"] / summary["samples_per_second"] == pytest.approx(block_size)
+
+
+def test_a_split_samples_tokens_are_counted_once_not_once_per_rank(text_blocks):
+    assert_counted_once(text_blocks[1], TEXT_BLOCK)
+
+
+@on_two_gpus
+def test_a_ring_split_samples_tokens_are_counted_once_not_once_per_rank(byte_llama_config_dir, tmp_path):
+    extra = ("--block_size", "128", "--sequence_parallel", "2")
+    launch(launched_with("fsdp", num_processes=2), tmp_path, flags(byte_llama_config_dir, *extra))
+    assert_counted_once(tmp_path, 128)
 
 
 def test_packed_instruction_data_with_masked_prompts_trains_as_one_process_does(
@@ -92,21 +115,22 @@ def test_packed_instruction_data_with_masked_prompts_trains_as_one_process_does(
     assert_same_training(unsplit, split)
 
 
-def test_a_split_run_resumed_mid_turn_continues_as_the_uninterrupted_run(byte_llama_config_dir, tmp_path):
+def test_a_split_run_resumed_mid_turn_continues_as_the_uninterrupted_run(
+    text_blocks, byte_llama_config_dir, tmp_path
+):
     """Stopped after step 3: a turn of the group's two ranks is two steps, so the resumed loader skips
     one whole turn and half of the next; every later step's loss and the final weights are the
     uninterrupted run's."""
-    run, stopped = tmp_path / "run", tmp_path / "stopped"
-    split = [
-        *flags(byte_llama_config_dir, "--block_size", "64", "--sequence_parallel", "2"),
-        "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3",
-    ]  # fmt: skip
-    launch(launched_with("zero3", num_processes=2), run, split)
-    copy_checkpoint(run, stopped, 3)
+    _, run = text_blocks
+    stopped = tmp_path / "stopped"
+    copy_checkpoint(run, stopped, TEXT_CHECKPOINT)
+    split = flags(byte_llama_config_dir, *TEXT_RUN, "--sequence_parallel", "2")
     launch(launched_with("zero3", num_processes=2), stopped, [*split, "--resume"])
     uninterrupted, resumed = read_summary(run), read_summary(stopped)
-    assert resumed["resumed_from_step"] == 3
-    after, resumed_after = ([p for p in s["loss_curve"] if p["step"] > 3] for s in (uninterrupted, resumed))
+    assert resumed["resumed_from_step"] == TEXT_CHECKPOINT
+    after, resumed_after = (
+        [p for p in s["loss_curve"] if p["step"] > TEXT_CHECKPOINT] for s in (uninterrupted, resumed)
+    )
     assert [point["step"] for point in resumed_after] == [4, 5, 6]
     for a, b in zip(after, resumed_after, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=EXACT), a["step"]
