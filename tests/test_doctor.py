@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,13 +27,23 @@ def rows(output_dir) -> dict[tuple[int, str], dict]:
     return {(row["rank"], row["name"]): row for row in json.loads((output_dir / "doctor.json").read_text())}
 
 
-def test_run_with_doctor_checks_two_ranks_then_trains_and_records_it(tmp_path):
+@pytest.fixture(scope="module")
+def run_with_doctor(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`finetune run --doctor` on 2 ranks with a global batch to resolve: its result and output folder,
+    read by the tests below (each launch costs more than their checks)."""
+    output_dir = tmp_path_factory.mktemp("doctor") / "out"
     flags = [*TINY_MODEL, "--max_steps", "2", "--block_size", "32", "--max_eval_samples", "4"]
-    result = finetune("run", *PLACEMENT, "--doctor", *flags, "--output_dir", str(tmp_path / "out"))
+    result = finetune("run", *PLACEMENT, "--doctor", *flags, "--global_batch_size", "12",
+                      "--output_dir", str(output_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    return result, output_dir
+
+
+def test_run_with_doctor_checks_two_ranks_then_trains_and_records_it(run_with_doctor):
+    result, output_dir = run_with_doctor
+    summary = json.loads((output_dir / "run_summary.json").read_text())
     assert (summary["status"], summary["doctor"]) == ("completed", "passed")
-    found = rows(tmp_path / "out")
+    found = rows(output_dir)
     assert all(row["passed"] for row in found.values())
     for rank in (0, 1):
         assert found[(rank, "all-reduce 16 MiB")]["measured"].endswith("GB/s bus bandwidth")
@@ -40,21 +51,20 @@ def test_run_with_doctor_checks_two_ranks_then_trains_and_records_it(tmp_path):
     assert "| 1 | all-gather 1 MiB |" in result.stdout
 
 
-def test_doctor_checks_the_run_the_flags_start_its_batch_and_precision_as_the_run_resolves_them(tmp_path):
+def test_doctor_checks_the_run_the_flags_start_its_batch_and_precision_as_the_run_resolves_them(
+    run_with_doctor,
+):
     """--global_batch_size chooses the micro batch and --precision auto the dtype once the launch is
     known: doctor resolves them as the run does, and says which run it checked."""
-    flags = [*TINY_MODEL, "--max_steps", "1", "--block_size", "32", "--max_eval_samples", "4"]
-    result = finetune("run", *PLACEMENT, "--doctor", *flags, "--global_batch_size", "12",
-                      "--output_dir", str(tmp_path / "out"))  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    _, output_dir = run_with_doctor
+    summary = json.loads((output_dir / "run_summary.json").read_text())
     geometry = (
         summary["micro_batch_size"],
         summary["gradient_accumulation_steps"],
         summary["global_batch_size"],
     )
     assert geometry == (6, 1, 12)
-    checked = rows(tmp_path / "out")[(0, "run checked")]["measured"]
+    checked = rows(output_dir)[(0, "run checked")]["measured"]
     assert checked == f"ddp on 2 process(es), micro batch 6 x 1 (global 12), {summary['dtype']}, eager"
 
 
