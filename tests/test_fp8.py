@@ -8,6 +8,7 @@ import importlib.util
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,30 +88,31 @@ def test_a_float8_conv1d_keeps_the_layers_weights_and_its_product_and_gradients_
     assert 0 < relative_error(conv.weight.grad, reference.weight.grad) < 0.1
 
 
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def fp8_run(request, tmp_path_factory) -> tuple[Path, str]:
+    """A short --fp8 run on 2 ranks: its output folder and what it printed, read by the tests below."""
+    output_dir = tmp_path_factory.mktemp(f"fp8-{request.param}") / "out"
+    result = launch(accelerate_launch(request.param), output_dir, [*SHORT_RUN, *QUIET])
+    return output_dir, result.stdout + result.stderr
+
+
 @pytest.mark.integration
-def test_a_run_with_fp8_trains_and_saves_a_model_without_float8_layers(tmp_path):
-    output_dir = tmp_path / "out"
-    result = launch([sys.executable, "finetune/run.py"], output_dir, [*SHORT_RUN, *QUIET])
+def test_fp8_trains_on_two_ranks(fp8_run):
+    output_dir, printed = fp8_run
     summary = read_summary(output_dir)
-    assert summary["fp8_layers"] == 2 * 4
-    assert "(float8 matmuls in 8 layers)" in result.stdout + result.stderr
+    assert (summary["world_size"], summary["fp8_layers"]) == (2, 2 * 4)
+    assert "(float8 matmuls in 8 layers)" in printed
     losses = [point["loss"] for point in summary["loss_curve"]]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+
+
+@pytest.mark.integration
+def test_a_run_with_fp8_saves_a_model_without_float8_layers(fp8_run):
+    output_dir, _ = fp8_run
     saved = AutoModelForCausalLM.from_pretrained(output_dir)
     assert any(type(module) is Conv1D for module in saved.modules())
     weights = load_file(output_dir / "model.safetensors")
     assert weights["transformer.h.0.mlp.c_fc.weight"].shape == (64, 256)  # Conv1D's in x out
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("profile", ["ddp", "fsdp"])
-def test_fp8_trains_on_two_ranks(profile, tmp_path):
-    output_dir = tmp_path / "out"
-    launch(accelerate_launch(profile), output_dir, [*SHORT_RUN, *QUIET])
-    summary = read_summary(output_dir)
-    assert (summary["world_size"], summary["fp8_layers"]) == (2, 8)
-    losses = [point["loss"] for point in summary["loss_curve"]]
-    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
 
 
 def test_fp8_with_peft_is_one_error(output_flags):
