@@ -60,8 +60,6 @@ def assert_same_training(unsplit: Path, split: Path) -> None:
 # the equality, the token count and the resume below all read (each launch costs more than its checks).
 TEXT_BLOCK = 64
 TEXT_STEPS, TEXT_CHECKPOINT = 6, 3
-
-
 TEXT_RUN = (
     "--block_size", str(TEXT_BLOCK), "--max_steps", str(TEXT_STEPS),
     "--save_strategy", "steps", "--save_steps", str(TEXT_CHECKPOINT),

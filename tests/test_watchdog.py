@@ -63,9 +63,10 @@ def test_a_frozen_rank_0_is_reported_by_rank_1_in_one_line_with_the_summary(tmp_
             deadline = time.monotonic() + LAUNCH_TIMEOUT_S
             while not reported.exists() and launcher.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-            for rank in psutil.Process(launcher.pid).children():
-                if rank.status() == psutil.STATUS_STOPPED:
-                    rank.kill()
+            if launcher.poll() is None:
+                for rank in psutil.Process(launcher.pid).children():
+                    if rank.status() == psutil.STATUS_STOPPED:
+                        rank.kill()
             launcher.wait(timeout=LAUNCH_TIMEOUT_S)
         finally:
             launcher.kill()
