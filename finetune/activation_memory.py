@@ -98,7 +98,7 @@ def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) 
     if framework_of(strategy, workload.dtype) == "deepspeed":
         if strategy.zero_stage in (1, 2) and compiled:
             return "fsdp_compiled" if strategy.compiles_by_blocks and workload.loss_compiled else "compiled"
-        # ZeRO-3 compiles its leaf blocks (run.py), adapters' too, unless DeepSpeed's linear makes
+        # ZeRO-3 compiles its leaf blocks (model_setup.py), adapters' too, unless DeepSpeed's linear makes
         # them recompile until they run eager, keeping bf16's kind
         zero3_blocks = strategy.is_zero3 and compiled and not runs_deepspeed_linear(strategy, shape)
         return "zero3_compiled" if zero3_blocks and workload.loss_compiled else "bf16"

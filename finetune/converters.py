@@ -2,8 +2,9 @@
 
 Each converter says when a run asks for it, which flag combinations it cannot run with (checked once
 the launch is known, before any data or model is loaded: `refuse_incompatible`), and applies itself,
-returning the model and the run-summary fields it sets. run.py applies them in order in one loop.
-Compilation is not one of them: what is compiled is the compile plan's (finetune/launched.py).
+returning the model and the run-summary fields it sets; `convert` applies them in order, in one loop,
+as model_setup.py prepares the model. Compilation is not one of them: what is compiled is the compile
+plan's (finetune/launched.py).
 """
 
 from __future__ import annotations

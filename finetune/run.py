@@ -21,11 +21,12 @@ if __package__ in (None, ""):  # run as a file by accelerate launch: import the 
 import finetune  # noqa: F401, I001 (first: its import filters the libraries' known noise, finetune/quiet.py)
 import datasets
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, set_seed
+from transformers import set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
 from finetune.adapters import adapter_flags
+from finetune.after_training import evaluate_save_and_generate
 from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
@@ -41,51 +42,40 @@ from finetune.checkpoint import (
     load_weights_only,
     read_manifest,
 )
-from finetune.converters import convert, refuse_incompatible
-from finetune.data import PreparedData, build_datasets
+from finetune.converters import refuse_incompatible
+from finetune.data import build_datasets
 from finetune.devices import load_onto_indexed_cpu, promote_cpu_fsdp
-from finetune.disk_space import expected_checkpoint_bytes, kept_checkpoints_problem
-from finetune.divergence import check_weights_finite
-from finetune.errors import FinetuneError, StoppedForResume, exit_on_user_error
+from finetune.disk_space import kept_checkpoints_problem
+from finetune.errors import StoppedForResume, exit_on_user_error
 from finetune.garbage_collection import GarbageCollectionCallback
 from finetune.evaluation import token_weighted_loss
-from finetune.export import save_consolidated_model
 from finetune.flops import model_flops_per_token, peak_flops
-from finetune.data_formats import CHAT_FORMATS
 from finetune.fsdp_units import count_units
-from finetune.generate import Chat, Sampling, generate
-from finetune.instruction import end_of_turn_ids
 from finetune.losses import compile_loss, loss_sums_per_sample
 from finetune.models import (
-    build_model,
     check_attention_implementation,
     choose_block_size,
-    compile_zero3_blocks,
-    gather_zero3_by_block,
     load_config,
     load_tokenizer,
-    resize_to_tokenizer,
     resolve_model,
     vocabulary_growth,
-    zero3_linear_warning,
 )
+from finetune.model_setup import prepare_model
 from finetune.outputs import claim_output_dir
 from finetune.packing import number_examples_without_reading_back
 from finetune.zero3_grad_norm import zero3_norm_in_one_kernel
-from finetune.launched import BatchGeometry, CompilePlan, Launch
+from finetune.launched import BatchGeometry, Launch
 from finetune.resolved import resolve_run
 from finetune.sequence_parallel import (
     attend_within_packed_examples,
     check_data,
     check_model,
-    equal_batch_length,
-    padding_multiple,
-    with_position_ids,
+    collate_for_split,
 )
-from finetune.reporting import GroupedTensorBoardCallback, run_scalars
+from finetune.reporting import GroupedTensorBoardCallback
 from finetune.run_folder import logging_dir
 from finetune.reshard import StepCountersOnTheirDevice, continue_on_this_world_size
-from finetune.slow_work import machine_first_rank_first, timeout_for_save
+from finetune.slow_work import machine_first_rank_first
 from finetune.resume import (
     ContinueTheReplannedSchedule,
     check_resume,
@@ -100,7 +90,6 @@ from finetune.summary_fields import (
     configuration_fields,
     data_fields,
     doctor_fields,
-    evaluation_fields,
     model_fields,
     resume_fields,
     training_fields,
@@ -120,19 +109,6 @@ def default_run_name(model: str, training_args: FinetuneTrainingArguments, launc
     geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
     batch = f"b{geometry.micro}x{geometry.accumulation}"
     return f"{launch.strategy.name}-{Path(model).name}-{devices}-{batch}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def use_the_tokenizers_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Give the model the pad token load_tokenizer chose (GPT-2 has none: its EOS) before the Trainer
-    does the same with a warning on every rank; and, where a chat template ends a turn with its own
-    token (ChatML's <|im_end|>), that token as an end of generation in the saved generation_config.json,
-    as TRL's setup_chat_format does: `generate`, pipelines and inference servers read it there."""
-    model.config.pad_token_id = tokenizer.pad_token_id
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        stops = end_of_turn_ids(tokenizer)
-        if len(stops) > 1:
-            model.generation_config.eos_token_id = stops
 
 
 def run_defining_flags(
@@ -194,7 +170,7 @@ def train_and_measure(
 
     memory = MemoryCallback(profile_phases=training_args.profile_memory)  # before the model: its phases
     model, compile_plan = prepare_model(
-        model_args, training_args, launch, config, location, tokenizer, new_tokens, dtype, record
+        model_args, training_args, launch, config, location, tokenizer, new_tokens, dtype, record.update
     )
     memory.mark_phase("model loaded")
     startup.mark("model")
@@ -230,17 +206,13 @@ def train_and_measure(
 
     promote_cpu_fsdp(launch)
     zero3_norm_in_one_kernel(launch.strategy)  # before the Trainer builds DeepSpeed's optimizer
-    collate = data.collator
-    if degree > 1:
-        least_length = equal_batch_length(split, launch.on_gpu, block_size)
-        collate = with_position_ids(collate, padding_multiple(split, degree), least_length)
     trainer = FinetuneTrainer(
         model=model,
         args=training_args,
         train_dataset=data.train,
         eval_dataset=data.evaluation,
         processing_class=tokenizer,
-        data_collator=collate,
+        data_collator=collate_for_split(data.collator, split, degree, launch.on_gpu, block_size),
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
         callbacks=[memory, throughput, collections, stop, startup, StepCountersOnTheirDevice(), watchdog]
@@ -289,90 +261,6 @@ def train_and_measure(
     if training_args.profile_memory and training_args.process_index == 0:
         print(memory.report())
     evaluate_save_and_generate(trainer, model, data, tokenizer, memory, record)
-
-
-def prepare_model(
-    model_args: ModelArguments,
-    training_args: FinetuneTrainingArguments,
-    launch: Launch,
-    config: Any,
-    location: Any,
-    tokenizer: PreTrainedTokenizerBase,
-    new_tokens: int,
-    dtype: str,
-    record: RunRecord,
-) -> tuple[Any, CompilePlan]:
-    """The model as it will train, and what is compiled of it: built from its config and location, its
-    embeddings grown by the tokenizer's `new_tokens`, ZeRO-3's blocks made leaf modules and compiled
-    where the compile plan says (the plan needs those blocks, so it is made here), the tokenizer's pad
-    token given to it and the converters applied."""
-    model = build_model(model_args, config, location)
-    rows = resize_to_tokenizer(model, tokenizer) if new_tokens else None
-    if rows and training_args.process_index == 0:
-        logger.warning(
-            f"finetune: the tokenizer adds {new_tokens} tokens: embeddings resized to {rows} rows, the new "
-            "ones drawn around the mean of the others"
-        )
-    record.update({"embeddings_resized_to": rows})
-    leaf_blocks = gather_zero3_by_block(model, bool(model_args.peft), launch.strategy.deepcompile)
-    compile_plan = CompilePlan.for_run(launch, training_args, leaf_blocks)
-    if training_args.torch_compile and not compile_plan.compiled and training_args.process_index == 0:
-        logger.warning(
-            "finetune: ZeRO-3 runs eager: without leaf blocks its per-module hooks break the graph"
-        )
-    compiled_blocks = 0
-    if compile_plan.scope == "zero3_blocks":
-        compiled_blocks = compile_zero3_blocks(model, leaf_blocks, compile_plan.mode)
-        warning = zero3_linear_warning(model, leaf_blocks)
-        if warning and training_args.process_index == 0:
-            logger.warning(warning)
-    record.update(
-        {"zero3_leaf_modules": leaf_blocks or None, "zero3_compiled_blocks": compiled_blocks or None}
-    )
-    use_the_tokenizers_pad_token(model, tokenizer)
-    model, converted = convert(model, model_args, training_args, launch, dtype)
-    record.update(converted)
-    return model, compile_plan
-
-
-def evaluate_save_and_generate(
-    trainer: FinetuneTrainer,
-    model: Any,
-    data: PreparedData,
-    tokenizer: PreTrainedTokenizerBase,
-    memory: MemoryCallback,
-    record: RunRecord,
-) -> None:
-    """After a finished training: the evaluation (and test) loss with its memory peak, the run's
-    scalars logged, the weights checked finite and saved as one consolidated model, then the samples
-    `--generation_prompt` asks for, generated from what was saved."""
-    training_args = trainer.args
-    evaluated, evaluation_memory = memory.evaluation_peak(trainer.evaluate)
-    record.update({**evaluation_fields(evaluated, "eval"), **evaluation_memory})
-    record.update({"evaluation_compiled": trainer.evaluates_compiled()})
-    if data.test is not None:
-        record.update(evaluation_fields(trainer.evaluate(data.test, metric_key_prefix="test"), "test"))
-    trainer.log(run_scalars(record.fields))
-    check_weights_finite(trainer.model, trainer.state.global_step, "the model")
-    with timeout_for_save(
-        expected_checkpoint_bytes(Path(training_args.output_dir), model), training_args.ddp_timeout
-    ):
-        save_consolidated_model(trainer, training_args.output_dir, tokenizer)
-    if training_args.generation_prompt and training_args.process_index == 0:
-        prompts = training_args.generation_prompt
-        chat = Chat() if data.summary.data_format in CHAT_FORMATS else None  # answered as trained
-        try:
-            completions = generate(training_args.output_dir, prompts, Sampling(seed=training_args.seed), chat)
-        except FinetuneError as error:  # the training finished and was saved: that stays its outcome
-            print(
-                f"finetune: --generation_prompt: nothing generated ({error}); the run completed",
-                file=sys.stderr,
-            )
-            return
-        pairs = list(zip(prompts, completions, strict=True))
-        record.update({"generations": [{"prompt": prompt, "completion": text} for prompt, text in pairs]})
-        for prompt, text in pairs:
-            print(f"finetune: generated: {prompt}{text}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -236,6 +236,21 @@ def equal_batch_length(split: str | None, on_gpu: bool, block_size: int) -> int:
     return block_size if split == "ulysses" and not on_gpu else 0
 
 
+def collate_for_split(
+    collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    split: str | None,
+    degree: int,
+    on_gpu: bool,
+    block_size: int,
+) -> Callable:
+    """`collate` as a run of sequence-parallel `degree` needs it (`with_position_ids`, padded as
+    `padding_multiple` and `equal_batch_length` say); unchanged without sequence parallelism."""
+    if degree <= 1:
+        return collate
+    least_length = equal_batch_length(split, on_gpu, block_size)
+    return with_position_ids(collate, padding_multiple(split, degree), least_length)
+
+
 def follow_epochs(adapter: Any) -> Any:
     """Give DeepSpeed's adapter the `set_epoch` the Trainer calls on a data loader each epoch,
     passed to the loader underneath: the adapter has none, and its loader otherwise numbers the

@@ -9,6 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import finetune.after_training as after_training
 import finetune.run as run
 import finetune.slow_work as slow_work
 
@@ -29,5 +30,5 @@ def slowly(function):
 if PHASE == "data":
     run.build_datasets = slowly(run.build_datasets)
 else:
-    run.save_consolidated_model = slowly(run.save_consolidated_model)
+    after_training.save_consolidated_model = slowly(after_training.save_consolidated_model)
 run.exit_without_teardown(run.main)

@@ -93,7 +93,7 @@ def test_a_system_message_without_chat_is_refused(tiny_gpt2_dir, capsys):
 def test_a_generation_that_fails_after_training_leaves_the_run_completed(
     tmp_path, monkeypatch, capsys, in_process_commands
 ):
-    from finetune import run
+    from finetune import after_training, run
     from finetune.summary import read_summary
 
     from launching import TINY_MODEL
@@ -101,7 +101,7 @@ def test_a_generation_that_fails_after_training_leaves_the_run_completed(
     def failing(*args, **kwargs):
         raise FinetuneError("cannot load it")
 
-    monkeypatch.setattr(run, "generate", failing)
+    monkeypatch.setattr(after_training, "generate", failing)
     run.main([
         *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "32", "--batch_size", "2",
         "--max_steps", "2", "--max_eval_samples", "4", "--report_to", "none", "--disable_tqdm", "true",
