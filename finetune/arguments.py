@@ -26,6 +26,12 @@ from finetune.build_locks import (
     refuse_stale_build_locks,
     unbuilt,
 )
+from finetune.deepspeed_json import (
+    check_deepspeed_config,
+    check_nvme_path,
+    needs_nvme_path,
+    write_filled_config,
+)
 from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, one_gpu_per_process
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
@@ -37,13 +43,7 @@ from finetune.launched import (
     precision_on,
     visible_gpu_supports_bf16,
 )
-from finetune.profiles import (
-    CUDA_GRAPH_MODES,
-    check_deepspeed_config,
-    check_nvme_path,
-    needs_nvme_path,
-    write_filled_config,
-)
+from finetune.profiles import CUDA_GRAPH_MODES
 from finetune.quiet import DEEPSPEED_OP_LOADED, without_printed_lines
 from finetune.run_flags import DataArguments, ModelArguments
 from finetune.sequence_parallel import check_device, check_strategy, parallelism_config

@@ -25,12 +25,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from finetune.deepspeed_json import check_nvme_path
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE
 from finetune.layout import ParallelLayout
 from finetune.pictures import bar_label, comparison_picture, number_text
-from finetune.profiles import Profile, Strategy, check_nvme_path, load_profile, shipped_strategies
+from finetune.profiles import Profile, Strategy, load_profile, shipped_strategies
 from finetune.run_folder import SUMMARY_FILE
 from finetune.summary import peak_memory, read_summary
 

@@ -22,13 +22,12 @@ from typing import Any
 import torch
 from accelerate.utils import DynamoBackend
 
+from finetune.deepspeed_json import OFFLOAD_KEYS, active_deepspeed_config
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
     CUDA_GRAPH_MODES,
-    OFFLOAD_KEYS,
     Strategy,
-    active_deepspeed_config,
     conventional_name,
     derive_strategy,
     keeps_cuda_graphs,

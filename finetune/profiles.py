@@ -1,13 +1,13 @@
 """Strategy profiles: the accelerate YAML files in accelerate_configs/ and the DeepSpeed JSON they name.
 
 Profiles are plain files users read and copy; this module only finds, describes and checks them,
-so a broken profile fails before launch with the file and key at fault.
+so a broken profile fails before launch with the file and key at fault (the DeepSpeed JSON's own
+checks are finetune/deepspeed_json.py's).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -17,6 +17,13 @@ from typing import Any
 
 import yaml
 
+from finetune.deepspeed_json import (
+    GRADIENT_BYTES,
+    OFFLOAD_KEYS,
+    check_deepspeed_config,
+    needs_nvme_path,
+    read_deepspeed_config,
+)
 from finetune.errors import FinetuneError, first_line
 
 
@@ -48,12 +55,9 @@ def with_shipped_recipe(run_args: list[str]) -> list[str]:
 
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED")
-NVME_PLACEHOLDER = "auto"
-OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default reduce_bucket_size, in values
 DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's default sub_group_size, in values
 DEEPSPEED_STAGE3_HELD_VALUES = 1_000_000_000  # its default stage3_max_reuse_distance and _live_parameters
-GRADIENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # DeepSpeed's communication_data_type names
 
 
 STATES = ("optimizer", "gradients", "parameters")  # in the order ZeRO's stages shard them
@@ -508,143 +512,6 @@ def resolve_project_path(value: str, profile_file: Path) -> Path:
     if not found.is_file():
         raise FinetuneError(f"{profile_file}: deepspeed_config.deepspeed_config_file: {value} does not exist")
     return found.resolve()
-
-
-def read_deepspeed_config(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise FinetuneError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise FinetuneError(f"{path}: a DeepSpeed config is a JSON object")
-    return config
-
-
-def check_deepspeed_config(path: Path, config: dict[str, Any]) -> None:
-    """A DeepSpeed JSON a profile names, checked as DeepSpeed and accelerate will read it: one line
-    naming the file and key for anything they would refuse later, on every rank."""
-    zero = config.get("zero_optimization")
-    if not isinstance(zero, dict):
-        raise FinetuneError(f"{path}: zero_optimization: missing")
-    stage = zero.get("stage")
-    if stage not in (0, 1, 2, 3):
-        raise FinetuneError(f"{path}: zero_optimization.stage: must be 0, 1, 2 or 3, got {stage!r}")
-    if "offload_param" in zero and stage != 3:
-        raise FinetuneError(
-            f"{path}: zero_optimization.offload_param: parameter offload needs stage 3, got {stage}"
-        )
-    for key in OFFLOAD_KEYS:
-        offload = zero.get(key)
-        if offload is None:
-            continue
-        if not isinstance(offload, dict):
-            raise FinetuneError(f"{path}: zero_optimization.{key}: must be a mapping with a device")
-        device = offload.get("device")
-        if device not in ("cpu", "nvme", "none"):
-            raise FinetuneError(
-                f"{path}: zero_optimization.{key}.device: must be cpu, nvme or none, got {device!r}"
-            )
-        if device == "nvme" and not offload.get("nvme_path"):
-            raise FinetuneError(
-                f"{path}: zero_optimization.{key}.nvme_path: NVMe offload needs a folder "
-                f'(a path, or "{NVME_PLACEHOLDER}" to take --nvme_path)'
-            )
-        if device != "none" and stage not in (1, 2, 3):
-            raise FinetuneError(f"{path}: zero_optimization.{key}: offload needs ZeRO stage 1-3, got {stage}")
-    for key in ("communication_data_type", "seq_parallel_communication_data_type"):
-        if key in config and str(config[key]).lower() not in GRADIENT_BYTES:
-            dtypes = ", ".join(GRADIENT_BYTES)
-            raise FinetuneError(f"{path}: {key}: must be one of {dtypes}, got {config[key]!r}")
-    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        if key in config and config[key] != "auto":
-            raise FinetuneError(
-                f'{path}: {key}: use "auto" so the training flags set it, got {config[key]!r}'
-            )
-    _check_with_deepspeeds_model(path, zero)
-
-
-def _without_auto(section: dict[str, Any]) -> dict[str, Any]:
-    """The section less its "auto" values, which accelerate fills in before DeepSpeed reads them."""
-    return {
-        key: _without_auto(value) if isinstance(value, dict) else value
-        for key, value in section.items()
-        if value != "auto"
-    }
-
-
-def _check_with_deepspeeds_model(path: Path, zero: dict[str, Any]) -> None:
-    """zero_optimization read by DeepSpeed's own config model, as every rank reads it at start: a
-    misspelt or mistyped key is this one line here, not a pydantic traceback on every rank later."""
-    try:
-        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    except ImportError:  # not installed: launching a DeepSpeed profile fails on that, in its own words
-        return
-    try:
-        DeepSpeedZeroConfig(**_without_auto(zero))
-    except ValueError as error:  # pydantic's ValidationError is one
-        details = error.errors()[0] if hasattr(error, "errors") else {"loc": (), "msg": first_line(error)}
-        where = ".".join(str(part) for part in ("zero_optimization", *details["loc"]))
-        raise FinetuneError(f"{path}: {where}: {details['msg']} (DeepSpeed's own check)") from None
-
-
-def _nvme_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
-    zero = config.get("zero_optimization", {})
-    sections = (zero.get(key) for key in OFFLOAD_KEYS)
-    return [section for section in sections if isinstance(section, dict) and section.get("device") == "nvme"]
-
-
-def needs_nvme_path(config: dict[str, Any]) -> bool:
-    return any(section.get("nvme_path") == NVME_PLACEHOLDER for section in _nvme_sections(config))
-
-
-def check_nvme_path(config_path: Path | None, config: dict[str, Any] | None, nvme_path: str | None) -> None:
-    """--nvme_path exactly where the DeepSpeed JSON swaps to NVMe: refused otherwise in one line, by
-    `finetune run` before it launches and by every rank of a bare `accelerate launch`."""
-    if config is None or not needs_nvme_path(config):
-        if nvme_path:
-            raise FinetuneError("--nvme_path is only used with an NVMe-offload profile such as zero3_nvme")
-        return
-    if not nvme_path:
-        raise FinetuneError(
-            f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
-        )
-
-
-def fill_nvme_path(config: dict[str, Any], nvme_path: str) -> dict[str, Any]:
-    filled = json.loads(json.dumps(config))
-    for section in _nvme_sections(filled):
-        if section.get("nvme_path") == NVME_PLACEHOLDER:
-            section["nvme_path"] = str(Path(nvme_path).resolve())
-    return filled
-
-
-FILLED_CONFIG_NAME = "finetune_deepspeed_config.json"
-
-
-def write_filled_config(config: dict[str, Any], nvme_path: str) -> Path:
-    """The profile's JSON with --nvme_path filled in, written into that folder (which exists).
-
-    Every rank of a machine writes the same file: each writes its own temporary copy and renames it,
-    so a rank never reads another's half-written file.
-    """
-    target = Path(nvme_path).resolve() / FILLED_CONFIG_NAME
-    staged = target.with_name(f".{FILLED_CONFIG_NAME}.{os.getpid()}")
-    staged.write_text(json.dumps(fill_nvme_path(config, nvme_path), indent=2) + "\n")
-    os.replace(staged, target)
-    return target
-
-
-def active_deepspeed_config() -> tuple[Path | None, dict[str, Any] | None]:
-    """The DeepSpeed JSON that `accelerate launch` handed this process, if any."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() not in ("1", "true"):
-        return None, None
-    value = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-    if not value or value == "none":
-        return None, None
-    path = Path(value)
-    if not path.is_file():
-        raise FinetuneError(f"DeepSpeed config {value} (from the launch profile) does not exist")
-    return path, read_deepspeed_config(path)
 
 
 if __name__ == "__main__":

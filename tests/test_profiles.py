@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from finetune.cli import main
+from finetune.deepspeed_json import fill_nvme_path, needs_nvme_path
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.launched import CompilePlan, Launch
@@ -16,10 +17,8 @@ from finetune.profiles import (
     PROFILES_TABLE_MARKERS,
     Strategy,
     available_profiles,
-    fill_nvme_path,
     load_profile,
     load_strategy,
-    needs_nvme_path,
     profiles_table,
     shipped_folder,
     shipped_strategies,

@@ -24,15 +24,12 @@ from finetune.commands.shared import (
     placement_of,
     shipped_for_help,
 )
+from finetune.deepspeed_json import check_nvme_path
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError
 from finetune.launch import DOCTOR_SCRIPT, RUN_SCRIPT, Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE, precision_on, visible_gpu_supports_bf16
 from finetune.layout import ParallelLayout
-from finetune.profiles import (
-    check_nvme_path,
-    load_profile,
-    with_shipped_recipe,
-)
+from finetune.profiles import load_profile, with_shipped_recipe
 from finetune.sequence_parallel import check_device, check_strategy
 
 ORPHANED_RANKS_WAIT_S = 600.0  # a checkpoint of a large model takes minutes to write
