@@ -10,11 +10,11 @@ from finetune.data import (
     arrange_splits,
     build_datasets,
     count_label_tokens,
-    data_files,
     pack,
     pad_and_truncate,
 )
 from finetune.errors import FinetuneError
+from finetune.local_data import data_files
 from finetune.run_flags import DataArguments
 
 TEXTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15, 16], [17, 18]]  # 18 tokens

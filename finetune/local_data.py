@@ -1,0 +1,202 @@
+"""Datasets from local files: each file's split from its name, one `datasets` builder for their type,
+and, when a builder fails, the file and line it stopped at, said in one line (datasets, pyarrow and
+pandas name neither)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets import DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
+
+from finetune.errors import FinetuneError, first_line
+
+BUILDERS = {
+    ".txt": "text",
+    ".tokens": "text",
+    ".raw": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
+SPLIT_WORDS = {
+    "train": ("train", "training"),
+    "validation": ("valid", "validation", "dev"),
+    "test": ("test",),
+}
+
+
+def split_of(path: Path) -> str | None:
+    """The split a file name declares by a whole word: `wiki.valid.tokens`, `train-00001.jsonl`."""
+    words = set(re.split(r"[^a-z0-9]+", path.name.lower()))
+    for split, names in SPLIT_WORDS.items():
+        if words & set(names):
+            return split
+    return None
+
+
+def data_files(path: Path) -> dict[str, list[str]]:
+    """Files of a local dataset by split (train/valid/dev/test in the name); unnamed files are train."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in BUILDERS)
+    if not files:
+        raise FinetuneError(f"no data files ({', '.join(BUILDERS)}) in {path}")
+    empty = [str(file) for file in files if file.stat().st_size == 0]
+    if empty:
+        raise FinetuneError(f"empty data file(s): {', '.join(empty)}")
+    by_split: dict[str, list[str]] = {}
+    for file in files:
+        by_split.setdefault(split_of(file) or "train", []).append(str(file))
+    if len(files) == 1:
+        return {"train": [str(files[0])]}
+    return by_split
+
+
+def builder_for(files: dict[str, list[str]]) -> str:
+    builders = {BUILDERS[Path(f).suffix.lower()] for paths in files.values() for f in paths}
+    if len(builders) != 1:
+        raise FinetuneError(
+            f"mixed data file types ({', '.join(sorted(builders))}): use one format per dataset"
+        )
+    return builders.pop()
+
+
+def load_local(path: Path) -> DatasetDict:
+    files = data_files(path)
+    builder = builder_for(files)
+    options = {"keep_linebreaks": True} if builder == "text" else {}
+    if builder == "parquet":  # checked first: datasets logs its own error for a bad footer, then raises
+        problem = first_unreadable(files, builder)
+        if problem:
+            raise FinetuneError(problem)
+    try:
+        return load_dataset(builder, data_files=files, **options)
+    except DatasetGenerationError as error:
+        cause = error.__cause__ or error
+        problem = first_unreadable(files, builder) or columns_differ(files)
+        if problem:
+            raise FinetuneError(problem) from None
+        raise FinetuneError(f"{path}: cannot read as {builder} data ({first_line(cause)})") from None
+
+
+def first_row_columns(path: Path) -> tuple[str, ...] | None:
+    """The columns of a JSON Lines or CSV file's first row (None for other files, or if unreadable)."""
+    try:
+        with path.open(encoding="utf-8") as stream:
+            first = next((line for line in stream if line.strip()), "")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if path.suffix.lower() == ".csv":
+        return tuple(sorted(name.strip() for name in first.split(",")))
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return None
+    return tuple(sorted(row)) if isinstance(row, dict) else None
+
+
+def columns_differ(files: dict[str, list[str]]) -> str | None:
+    """Files of one dataset whose rows have other columns, named: datasets says only that it could not
+    cast one table into the other's."""
+    seen: dict[tuple[str, ...], str] = {}
+    for paths in files.values():
+        for path in paths:
+            columns = first_row_columns(Path(path))
+            if columns is not None:
+                seen.setdefault(columns, path)
+    if len(seen) < 2:
+        return None
+    (first, first_path), (other, other_path) = list(seen.items())[:2]
+    return (
+        f"the dataset's files have other columns: {first_path} has {', '.join(first)}, {other_path} has "
+        f"{', '.join(other)}; one dataset takes one layout"
+    )
+
+
+def first_unreadable(files: dict[str, list[str]], builder: str) -> str | None:
+    """The first of a dataset's files that its builder cannot read, said in one line."""
+    for paths in files.values():
+        for path in paths:
+            problem = unreadable_part(Path(path), builder)
+            if problem:
+                return problem
+    return None
+
+
+def unreadable_part(file: Path, builder: str) -> str | None:
+    """Which line of a data file stops its builder, for the error message: datasets, pyarrow and pandas
+    fail without naming the file (and pyarrow counts rows, not lines), so the file is read again here,
+    as the builder reads it, only after a failure. Parquet is binary: only its footer is read."""
+    if builder == "parquet":
+        return unreadable_parquet(file)
+    data = file.read_bytes()
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"{file} line {line_at(data, nul)}: a binary file, not text (a NUL byte)"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return (
+            f"{file} line {line_at(data, error.start)}: not UTF-8 text ({error.reason} at byte {error.start})"
+        )
+    if builder == "json":
+        return unreadable_json(file, text)
+    if builder == "csv":
+        try:
+            pd.read_csv(io.StringIO(text))
+        except ValueError as error:  # pandas.errors.ParserError is one
+            line = re.search(r"\bline (\d+)", str(error))
+            where = f" line {line.group(1)}" if line else ""
+            return f"{file}{where}: not valid CSV ({first_line(error)})"
+    return None
+
+
+def unreadable_parquet(file: Path) -> str | None:
+    try:
+        pq.read_metadata(file)
+    except (pa.ArrowException, OSError) as error:
+        return f"{file}: not a readable Parquet file ({first_line(error)})"
+    return None
+
+
+def line_at(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
+def unreadable_json(file: Path, text: str) -> str | None:
+    """JSON lines, or one JSON document (as the json builder accepts both)."""
+    if text.lstrip().startswith("["):
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as error:
+            return f"{file} line {error.lineno}: not valid JSON ({error.msg})"
+        return None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            return f"{file} line {number}: not valid JSON ({error.msg})"
+        if not isinstance(row, dict):
+            return f"{file} line {number}: a JSON line must be an object of columns, got {type(row).__name__}"
+    return None
+
+
+def row_place(source: str, index: int) -> str:
+    """Where a row of the data's first split is: the file and its own line for one JSON-lines file
+    (blank lines skipped, as the reader skips them), else the source and the row's number."""
+    path = Path(source)
+    if path.is_file() and path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as stream:
+            lines = (number for number, line in enumerate(stream, start=1) if line.strip())
+            line = next((number for position, number in enumerate(lines) if position == index), None)
+        if line is not None:
+            return f"{path} line {line}"
+    return f"{source} row {index + 1}"
