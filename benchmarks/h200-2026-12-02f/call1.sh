@@ -4,11 +4,14 @@
 # with --generation_prompt (GSM8K packed, gpt2 from scratch, the after-training path and its samples);
 # (b) gpt2-medium at micro batch 8, 40 steps, under single (whole model compiled), fsdp (block by
 # block) and zero3 (its leaf blocks compiled), the tree at HEAD beside the tree before the move
-# (.baseline, `git archive f300b43`), alternating, rounds while time is left (one at least).
+# (.baseline, `git archive f300b43`), alternating, rounds while time is left (one at least; the
+# rounds numbered from FIRST_ROUND, 1 by default).
 # From the project root, after `source .device/setup.sh`: bash benchmarks/h200-2026-12-02f/call1.sh DIR
 R=$1; mkdir -p "$R/runs" "$R/generation"
 START=$SECONDS
-git -C . log -1 --format=%H > "$R/commit.txt" 2>/dev/null || true
+# which trees ran: the copy's files (its .git may lag the working tree it was copied from)
+sha256sum finetune/run.py finetune/model_setup.py finetune/after_training.py .baseline/finetune/run.py \
+  > "$R/trees.txt" 2>&1
 timeout 150 python -m finetune run --profile single --model gpt2 --from_scratch --dataset gsm8k --max_steps 20 \
   --batch_size 8 --max_eval_samples 16 --save_strategy no --report_to none --disable_tqdm true \
   --generation_prompt "Question: Tom has 3 apples and buys 2 more. How many apples does he have?" \
@@ -16,8 +19,8 @@ timeout 150 python -m finetune run --profile single --model gpt2 --from_scratch 
 echo "generation rc $?" >> "$R/generation/run.log"
 cp /tmp/o_generation/run_summary.json "$R/generation/" 2>/dev/null
 ROOT=$PWD
-round=0
-while [ $round -lt 1 ] || [ $((SECONDS - START)) -lt 330 ]; do
+round=$((${FIRST_ROUND:-1} - 1))
+while [ $round -lt ${FIRST_ROUND:-1} ] || [ $((SECONDS - START)) -lt 330 ]; do
   round=$((round + 1))
   for PROFILE in single fsdp zero3; do
     for TREE in head base; do
