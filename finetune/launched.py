@@ -112,7 +112,7 @@ def visible_gpu_supports_bf16() -> bool | None:
 
 def precision_on(training_args: Any, gpu_supports_bf16: bool | None) -> str:
     """What these flags train in on a GPU that supports bf16 (True) or not (False), or without a GPU
-    (None): `--precision auto` as the launch resolves it (`arguments.resolve_launch_settings`) and
+    (None): `--precision auto` as the launch resolves it (`launch_settings.resolve_launch_settings`) and
     as `--profile auto` plans it before any launch, by this one rule."""
     given = mixed_precision(training_args)
     if (

@@ -172,7 +172,7 @@ class Strategy:
         break the graph), and faster, with less memory, with only its leaf blocks' forwards compiled
         (`launched.CompilePlan`).
         Offload was not timed compiled. The measurements: docs/speed.md. A machine
-        without a GPU never compiles by default (`arguments.compiles_by_default`).
+        without a GPU never compiles by default (`launch_settings.compiles_by_default`).
         """
         return not self.offloaded
 

@@ -5,14 +5,15 @@ The launch decides the precision of `--precision auto`, the compile default, the
 `--global_batch_size`, the micro batch and accumulation. Resolved here once, doctor plans and checks
 the run that would train (its micro batch, its dtype) instead of the flags' defaults. Nothing here
 touches a device: the process that trains sets its devices up afterwards
-(`arguments.set_up_devices`).
+(`launch_settings.set_up_devices`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from finetune.arguments import FinetuneTrainingArguments, parse_arguments, resolve_launch_settings
+from finetune.arguments import FinetuneTrainingArguments, parse_arguments
+from finetune.launch_settings import resolve_launch_settings
 from finetune.launched import BatchGeometry, Launch, mixed_precision
 from finetune.planner import apply_global_batch
 from finetune.run_flags import DataArguments, ModelArguments

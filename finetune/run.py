@@ -31,7 +31,6 @@ from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
-    set_up_devices,
     check_run_name,
 )
 from finetune.callbacks import MemoryCallback, StartupCallback, ThroughputCallback, process_start_time
@@ -64,6 +63,7 @@ from finetune.model_setup import prepare_model
 from finetune.outputs import claim_output_dir
 from finetune.packing import number_examples_without_reading_back
 from finetune.zero3_grad_norm import zero3_norm_in_one_kernel
+from finetune.launch_settings import set_up_devices
 from finetune.launched import BatchGeometry, Launch
 from finetune.resolved import resolve_run
 from finetune.sequence_parallel import (

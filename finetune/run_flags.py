@@ -1,6 +1,6 @@
 """run.py's model and data flags, declared once as dataclasses, and other commands' parsers built from them.
 
-Kept apart from finetune/arguments.py (TrainingArguments and the launch) so that every `finetune`
+Kept apart from finetune/arguments.py (TrainingArguments and its flags) so that every `finetune`
 command can declare the run flags it shares (`finetune plan --peft`, `finetune eval --dataset`) from
 these declarations, with their types, defaults, choices and help, without importing transformers'
 training classes. As TRL's `make_parser(subparsers)`: one declaration for the script and the CLI.

@@ -86,7 +86,7 @@ def skip_without_async_io() -> None:
 
 def resolve_and_set_up(training_args, launch) -> None:
     """What run.py applies to parsed flags before training: the launch's choices, then the devices."""
-    from finetune.arguments import resolve_launch_settings, set_up_devices
+    from finetune.launch_settings import resolve_launch_settings, set_up_devices
 
     resolve_launch_settings(training_args, launch)
     set_up_devices(training_args, launch)

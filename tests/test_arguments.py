@@ -15,12 +15,11 @@ from finetune.arguments import (
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
-    compiles_by_default,
     make_parser,
     parse_arguments,
-    resolve_launch_settings,
 )
 from finetune.errors import FinetuneError
+from finetune.launch_settings import compiles_by_default, resolve_launch_settings
 from finetune.launched import Launch
 from finetune.profiles import load_strategy
 

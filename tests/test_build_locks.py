@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from finetune.arguments import announce_first_builds
 from finetune.build_locks import deepspeed_ops_a_run_builds, stale_build_locks, unbuilt
+from finetune.launch_settings import announce_first_builds
 
 from launching import ENVIRONMENT, PROJECT_ROOT, TINY_MODEL
 

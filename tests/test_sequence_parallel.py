@@ -9,9 +9,10 @@ from tiny_configs import tiny_config
 from transformers import default_data_collator
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from finetune.arguments import parse_arguments, resolve_launch_settings
+from finetune.arguments import parse_arguments
 from finetune.callbacks import trained_tokens_in
 from finetune.errors import FinetuneError
+from finetune.launch_settings import resolve_launch_settings
 from finetune.launched import Launch
 from finetune.layout import ParallelLayout
 from finetune.models import on_meta_device
