@@ -267,7 +267,7 @@ class FinetuneTrainingArguments(TrainingArguments):
         """Check the values and fill the defaults that depend on nothing else; finish nothing.
 
         TrainingArguments' own __post_init__ sets up the devices (and, under a launcher, the process
-        group), and what it sets up depends on the launch: it runs in `set_up_devices`, so
+        group), and what it sets up depends on the launch: it runs in `launch_settings.set_up_devices`, so
         that parsing reads no launcher variable and touches no device or folder.
         """
         if self.per_device_train_batch_size < 1:
