@@ -11,6 +11,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from finetune.arguments import FinetuneTrainingArguments
 from finetune.converters import convert
 from finetune.instruction import end_of_turn_ids
 from finetune.launched import CompilePlan, Launch
@@ -28,7 +29,7 @@ logger = logging.get_logger("finetune")
 
 def prepare_model(
     model_args: ModelArguments,
-    training_args: Any,
+    training_args: FinetuneTrainingArguments,
     launch: Launch,
     config: Any,
     location: str,
