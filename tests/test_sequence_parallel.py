@@ -25,6 +25,7 @@ from finetune.sequence_parallel import (
     check_device,
     check_heads,
     check_model,
+    collate_for_split,
     equal_batch_length,
     follow_epochs,
     padding_multiple,
@@ -223,6 +224,20 @@ def test_on_cpu_every_ulysses_batch_is_padded_to_the_block_size_where_gloo_needs
     assert batch["labels"][0, 6:].tolist() == [-100] * 6
     assert batch["position_ids"][0].tolist() == list(range(12))
     assert equal_batch_length("ulysses", True, 10) == equal_batch_length("ring", False, 10) == 0
+
+
+def test_a_run_without_sequence_parallelism_keeps_its_own_collator():
+    unsplit = collate_for_split(default_data_collator, None, 1, on_gpu=False, block_size=10)
+    assert unsplit is default_data_collator
+
+
+def test_a_split_run_collates_with_positions_padded_as_its_split_needs():
+    ulysses_on_cpu = collate_for_split(default_data_collator, "ulysses", 4, on_gpu=False, block_size=10)
+    assert ulysses_on_cpu(text_features(rows=1, length=6))["input_ids"].shape == (1, 12)
+    ring = collate_for_split(default_data_collator, "ring", 2, on_gpu=True, block_size=10)
+    batch = ring(text_features(rows=1, length=6))
+    assert batch["input_ids"].shape == (1, padding_multiple("ring", 2))
+    assert batch["position_ids"][0].tolist() == list(range(padding_multiple("ring", 2)))
 
 
 def test_packed_blocks_keep_their_own_position_restarts():
