@@ -384,8 +384,13 @@ def recipe_to_flags(path: Path) -> list[str]:
     """A YAML recipe as command-line flags, so recipes and flags share one parser."""
     try:
         recipe = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise FinetuneError(f"{path}: cannot read recipe: {error}") from None
+    except OSError as error:
+        raise FinetuneError(f"{path}: cannot read recipe: {error.strerror or error}") from None
+    except yaml.MarkedYAMLError as error:
+        where = f" line {error.problem_mark.line + 1}" if error.problem_mark else ""
+        raise FinetuneError(f"{path}{where}: not valid YAML ({error.problem or error.context})") from None
+    except yaml.YAMLError as error:
+        raise FinetuneError(f"{path}: not valid YAML ({first_line(error)})") from None
     if not isinstance(recipe, dict):
         raise FinetuneError(f"{path}: a recipe is a mapping of argument names to values")
     unknown = sorted(set(recipe) - known_keys())
@@ -421,10 +426,14 @@ def parse_arguments(
     it before launching; the process that trains then resolves the launch (finetune/resolved.py).
     """
     argv = expand_recipe(list(argv) if argv is not None else sys.argv[1:])
+    misplaced = [arg for arg in argv[1:] if arg.endswith((".yaml", ".yml")) and not arg.startswith("-")]
     parser = make_parser()
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:
+        if misplaced and misplaced[0] in str(error):
+            late = misplaced[0]
+            raise FinetuneError(f"a recipe comes before the flags: {late} was given after them") from None
         raise FinetuneError(first_line(error)) from None
     training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     training_args.attention_kernel = model_args.attn_implementation

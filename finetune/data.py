@@ -131,6 +131,9 @@ def tokenize(
         raise FinetuneError(
             f"--text_column '{text_column}' is not in the dataset (columns: {', '.join(columns)})"
         )
+    feature = next(iter(splits.values())).features[text_column]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise FinetuneError(f"--text_column '{text_column}' holds {describe_feature(feature)}, not text")
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         texts = [text or "" for text in batch[text_column]]
@@ -148,6 +151,14 @@ def tokenize(
             for name, split in splits.items()
         }
     )
+
+
+def describe_feature(feature: Any) -> str:
+    """A datasets feature as a user would name it: `int64 values`, `lists`, `records`."""
+    dtype = getattr(feature, "dtype", None)
+    if dtype is not None:
+        return f"{dtype} values"
+    return "records" if isinstance(feature, dict) else "lists"
 
 
 def token_stream(tokenized: Dataset) -> np.ndarray:

@@ -44,6 +44,11 @@ def split_of(path: Path) -> str | None:
 
 def data_files(path: Path) -> dict[str, list[str]]:
     """Files of a local dataset by split (train/valid/dev/test in the name); unnamed files are train."""
+    if path.is_file() and path.suffix.lower() not in BUILDERS:
+        raise FinetuneError(
+            f"{path}: cannot tell its format from the suffix {path.suffix or '(none)'!r}; "
+            f"name it as one of {', '.join(BUILDERS)}"
+        )
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in BUILDERS)
     if not files:
         raise FinetuneError(f"no data files ({', '.join(BUILDERS)}) in {path}")

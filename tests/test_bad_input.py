@@ -59,6 +59,12 @@ def test_empty_dataset_is_rejected(output_flags, make_text_file, capsys):
     assert_one_error([*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags], capsys, "empty data file")
 
 
+def test_data_file_of_unknown_type_names_the_known_suffixes(output_flags, make_text_file, capsys):
+    path = make_text_file("passwd", "root:x:0:0:root:/root:/bin/bash\n" * 20)
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, "cannot tell its format from the suffix '(none)'; name it as one of .txt")
+
+
 def test_block_size_beyond_the_context_is_rejected(output_flags, capsys):
     assert_one_error([*TINY_FROM_SCRATCH, "--block_size", "2048", *output_flags], capsys, "context of 1024")
 
@@ -71,6 +77,25 @@ def test_unknown_recipe_key_is_named(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model: gpt2\nlearning_rat: 0.001\n")
     assert_one_error([str(recipe)], capsys, "learning_rat")
+
+
+def test_recipe_that_is_not_yaml_is_one_line_naming_its_line(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: gpt2\nlearning_rate: [1\n")
+    assert_one_error([str(recipe)], capsys, "recipe.yaml line 3: not valid YAML")
+
+
+def test_recipe_given_after_the_flags_is_told_to_come_first(tmp_path, output_flags, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: gpt2\n")
+    argv = [*TINY_FROM_SCRATCH, *output_flags, str(recipe)]
+    assert_one_error(argv, capsys, f"a recipe comes before the flags: {recipe} was given after them")
+
+
+def test_text_column_of_numbers_is_refused_as_not_text(output_flags, make_jsonl_file, capsys):
+    path = make_jsonl_file("numbers.jsonl", [{"text": number} for number in range(20)])
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, "--text_column 'text' holds int64 values, not text")
 
 
 def test_unknown_flag_is_named(output_flags, capsys):
