@@ -66,7 +66,7 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
     batch and accumulation, block, dtype, compilation, adapters and processes (tf32 matmuls are fp32
     storage)."""
     from finetune.memory_model import Calibration, estimate
-    from finetune.planner import shape_of
+    from finetune.model_shapes import shape_of
     from finetune.workload import Workload
 
     arguments = summary["arguments"]

@@ -120,7 +120,7 @@ def disk_check(model_args, training_args) -> Check:
         existing_folder,
         free_bytes,
     )
-    from finetune.planner import shape_of
+    from finetune.model_shapes import shape_of
 
     existing = existing_folder(Path(training_args.output_dir))
     free = free_bytes(existing)

@@ -7,14 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from finetune.memory_model import Calibration, Estimate, estimate
-from finetune.planner import (
-    GPT2_SIZES,
-    MODEL_LADDER,
-    Hardware,
-    describe_compilation,
-    gpt2_shape,
-    planned_strategies,
-)
+from finetune.model_shapes import GPT2_SIZES, MODEL_LADDER, gpt2_shape
+from finetune.planner import Hardware, describe_compilation, planned_strategies
 from finetune.profiles import Strategy
 from finetune.workload import ModelShape, Workload
 

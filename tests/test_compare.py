@@ -17,8 +17,8 @@ from finetune.compare import Row, compare, default_profiles, read_rows, summarie
 from finetune.launch import Placement
 from finetune.layout import ParallelLayout
 from finetune.memory_model import Calibration, estimate
+from finetune.model_shapes import shape_of
 from finetune.pictures import comparison_picture
-from finetune.planner import shape_of
 from finetune.profiles import load_profile, load_strategy
 from finetune.summary import write_summary
 from finetune.workload import Workload

@@ -22,7 +22,8 @@ from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch
 from finetune.layout import ParallelLayout
 from finetune.memory_model import Calibration, estimate
-from finetune.planner import apply_global_batch, shape_of
+from finetune.model_shapes import shape_of
+from finetune.planner import apply_global_batch
 from finetune.resume import refuse_another_run
 from finetune.summary import read_summary, validate_summary
 from finetune.workload import Workload

@@ -9,7 +9,8 @@ from finetune.callbacks import GIB
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
 from finetune.memory_model import Calibration, estimate
-from finetune.planner import gpt2_shape, planned_strategies
+from finetune.model_shapes import gpt2_shape
+from finetune.planner import planned_strategies
 from finetune.profiles import load_strategy
 from finetune.workload import Workload
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Confirm `finetune plan --largest` by a run. usage: bash benchmarks/scripts/largest.sh NPROC PROFILE LADDER_NAME [STEPS]
-# LADDER_NAME is a planner.MODEL_LADDER shape (gpt2-xl, gpt-6.7b, ...). Trains it --from_scratch with
+# LADDER_NAME is a model_shapes.MODEL_LADDER shape (gpt2-xl, gpt-6.7b, ...). Trains it --from_scratch with
 # micro batch 1 and gradient checkpointing (as the --largest plan assumes) for STEPS (default 4) steps,
 # and writes beside the run's summary and log the planner's prediction for the same shape.
 NPROC=$1 PROFILE=$2 NAME=$3 STEPS=${4:-4}

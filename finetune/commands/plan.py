@@ -97,8 +97,8 @@ class PlannedRun(NamedTuple):
     def context(self) -> tuple[int, str] | None:
         """The model's context (its overrides applied) and the config key that sets it; None if it
         names none."""
+        from finetune.model_shapes import model_config
         from finetune.models import context_key
-        from finetune.planner import model_config
 
         config = model_config(self.model_args.model, self.model_args.config_overrides)
         key = context_key(config)
@@ -110,7 +110,8 @@ def planned_run(run_args: list[str], largest: bool) -> PlannedRun:
     (`planner.run_workload`), as `--global_batch_size` and `--profile auto` make them; `--precision
     auto` planned for the visible GPU, else one with bf16."""
     from finetune.launched import precision_on, visible_gpu_supports_bf16
-    from finetune.planner import LADDER_BLOCK_SIZE, run_workload
+    from finetune.model_shapes import LADDER_BLOCK_SIZE
+    from finetune.planner import run_workload
 
     model_args, data_args, training_args = parse_run_flags(run_args)
     if largest and data_args.block_size is None:  # the ladder's shapes, at their context
