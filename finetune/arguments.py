@@ -296,6 +296,7 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError(
                 f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
             )
+        self._resolve_checkpointing_alias()
         if self.torch_compile_mode in CUDA_GRAPH_MODES and self.gradient_checkpointing:
             raise FinetuneError(
                 f"--torch_compile_mode {self.torch_compile_mode} records CUDA graphs, which "
@@ -313,6 +314,18 @@ class FinetuneTrainingArguments(TrainingArguments):
                 raise FinetuneError("give either --precision or --bf16/--fp16, not both")
             self.bf16 = self.precision == "bf16"
             self.fp16 = self.precision == "fp16"
+
+    def _resolve_checkpointing_alias(self) -> None:
+        """--gradient_checkpointing (the flag the project documents) and --activation_checkpointing (its
+        newer name, in the transformers versions that have it) as one bool, now: TrainingArguments
+        resolves them only in its own __post_init__, at the launch, and the planner reads the flag
+        before. The newer name wins where both are given, as in TrainingArguments; setting both keeps
+        its deprecation warning for the documented flag away."""
+        newer = getattr(self, "activation_checkpointing", None)
+        asked = bool(self.gradient_checkpointing if newer is None else newer)
+        self.gradient_checkpointing = asked
+        if hasattr(self, "activation_checkpointing"):
+            self.activation_checkpointing = asked
 
     def _check_values(self) -> None:
         """Values TrainingArguments takes without a word and the run then misuses or fails on later."""

@@ -20,7 +20,8 @@
   divides by all steps, those before the resume included (a resumed run reported 7.37 where the
   uninterrupted one, with identical weights, reported 10.60). Each checkpoint's trainer_state.json
   now holds the sum so far (`LossSumSoFar`, a stateful callback, the Trainer's own mechanism for
-  state it does not know), and a resumed run starts its sum from there.
+  state it does not know), a resumed run starts its sum from there, and the end of training divides
+  it by every step (`log`: the Trainer's own divisor differs between the versions setup.cfg allows).
 - `_maybe_log_save_evaluate` and `log` stop a diverged run (finetune/divergence.py) before any log,
   evaluation or checkpoint from diverged weights: a non-finite gradient norm (kept on the GPU and read
   only at steps that log, evaluate, save or end, so that the host never waits for a step's GPU work
@@ -177,12 +178,19 @@ class FinetuneTrainer(Trainer):
             return super()._run_epoch(**kwargs)
 
     def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
-        """Resumed from a checkpoint without a loss sum, there is no train_loss: the Trainer's would
-        divide the losses since the resume by every step."""
+        """The end of training's metrics pass through `log`, which sets their train_loss."""
         output = super()._finalize_training(*args, **kwargs)
+        return output._replace(training_loss=output.metrics.get("train_loss"))
+
+    def _train_loss_of_every_step(self, logs: dict[str, float]) -> None:
+        """The end of training's train_loss: the sum over every step divided by every step, set here
+        because the Trainer's divisor differs between the versions setup.cfg allows (every step, then
+        only the steps of this `train()` call). Resumed from a checkpoint without a loss sum, there is
+        none: the sum would hold only the steps since the resume."""
         if self._loss_sum_before is None:
-            output.metrics.pop("train_loss", None)
-        return output
+            logs.pop("train_loss")
+        else:
+            logs["train_loss"] = self._total_loss_scalar / max(self.state.global_step, 0.001)
 
     def _prepare_for_training(self, *args: Any, **kwargs: Any) -> Any:
         """accelerate prepares the model here: FSDP2 units of --fsdp_blocks_per_unit blocks."""
@@ -336,6 +344,8 @@ class FinetuneTrainer(Trainer):
             for callback in self.callback_handler.callbacks:
                 if isinstance(callback, (MemoryCallback, ThroughputCallback)):
                     logs.update(callback.log_scalars())
+        if "train_loss" in logs:  # in place: the Trainer returns this dict as the training's metrics
+            self._train_loss_of_every_step(logs)
         super().log(logs, start_time)
         if "loss" in logs:  # logged first, so the loss curve shows the value that stopped the run
             self.divergence.check_logged_loss(self.state.global_step, logs["loss"])

@@ -359,3 +359,22 @@ def test_blocks_per_fsdp_unit_defaults_to_four_under_the_fsdp_profiles(output_fl
     _, _, training_args = parse_arguments(output_flags)
     resolve_and_set_up(training_args, Launch(load_strategy("fsdp")))
     assert training_args.fsdp_blocks_per_unit == FSDP_BLOCKS_PER_UNIT == 4
+
+
+@pytest.mark.parametrize(("flags", "asked"), [([], False), (["--gradient_checkpointing"], True)])
+def test_checkpointing_is_a_bool_before_the_launch_sets_up_training_arguments(flags, asked, output_flags):
+    _, _, training_args = parse_arguments(["--model", "gpt2", *flags, *output_flags])
+    assert training_args.gradient_checkpointing is asked
+
+
+NEWER_CHECKPOINTING_NAME = any(
+    f.name == "activation_checkpointing" for f in dataclasses.fields(FinetuneTrainingArguments)
+)
+
+
+@pytest.mark.skipif(
+    not NEWER_CHECKPOINTING_NAME, reason="this transformers has no --activation_checkpointing"
+)
+def test_the_newer_activation_checkpointing_flag_asks_for_gradient_checkpointing(output_flags):
+    _, _, training_args = parse_arguments(["--model", "gpt2", "--activation_checkpointing", *output_flags])
+    assert training_args.gradient_checkpointing is True
