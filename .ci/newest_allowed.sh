@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a user's `pip install .` gets: the newest versions setup.cfg's ranges allow, no constraints, in a
-# venv of its own, then the quick start from a folder outside the checkout (profiles, plan, a CPU run).
+# venv of its own, then the quick start from a folder outside the checkout (profiles, plan, a CPU run),
+# then the whole suite on those versions (an editable install over the same venv, as the suite expects).
 # usage: bash .ci/newest_allowed.sh VENV_DIR   (from the project root; FINETUNE_DATA_DIR set)
 set -euo pipefail
 VENV=$1
@@ -23,3 +24,9 @@ FINETUNE_DATA_DIR=$(cd "$ROOT" && cd "$FINETUNE_DATA_DIR" && pwd)
 python3 -c "import json, sys; s = json.load(open(sys.argv[1])); assert s['status'] == 'completed', s['status']" \
     "$WORK/quickstart/run_summary.json"
 echo "ci: the newest allowed versions install and run the quick start"
+
+# The suite's SLURM jobs start `finetune` from PATH: the venv is activated, not only its python named.
+cd "$ROOT"
+"$VENV/bin/pip" install -q -e ".[dev]"
+. "$VENV/bin/activate"
+python -m pytest tests

@@ -10,11 +10,13 @@ float64 in one launch per device and dtype; the sum of their squares, the all-re
 partition group, the root and the -1 for a non-finite norm stay DeepSpeed's. Written by hand:
 DeepSpeed has no switch for it. Runs that use what the loop handles beyond that (tensor or expert
 parallel groups, norms other than 2, gradients off the device) keep DeepSpeed's own loop; the
-optimizer-offload path never calls it.
+optimizer-offload path never calls it. It reads DeepSpeed internals (DEEPSPEED_INTERNALS_READ): a
+DeepSpeed release without one of them keeps its own loop too, rather than failing at the first step.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,10 +56,40 @@ def one_kernel_norm(deepspeed_norm: Callable[..., torch.Tensor]) -> Callable[...
     return get_grad_norm_direct
 
 
+# (module, class or None, names read from it) for each DeepSpeed internal one_kernel_norm uses.
+DEEPSPEED_INTERNALS_READ = (
+    ("deepspeed.comm.pg_utils", None, ("is_parallel",)),
+    ("deepspeed.runtime.zero.utils", None, ("get_norm_dtype",)),
+    (
+        "deepspeed.runtime.zero.stage3",
+        "DeepSpeedZeroOptimizer_Stage3",
+        (
+            "get_grad_norm_direct",
+            "_autoep_expert_parallel_group",
+            "_assert_same_partition_group",
+            "_get_param_partition_group",
+        ),
+    ),
+)
+
+
+def deepspeed_has_the_internals_read() -> bool:
+    for module_name, class_name, names in DEEPSPEED_INTERNALS_READ:
+        try:
+            found: Any = importlib.import_module(module_name)
+        except ImportError:
+            return False
+        if class_name is not None:
+            found = getattr(found, class_name, None)
+        if found is None or not all(hasattr(found, name) for name in names):
+            return False
+    return True
+
+
 def zero3_norm_in_one_kernel(strategy: Strategy) -> bool:
     """Under a ZeRO-3 profile, this process's stage-3 optimizers take the one-kernel norm (before the
-    Trainer builds its engine). Whether it did."""
-    if not strategy.is_zero3:
+    Trainer builds its engine), where this DeepSpeed has what it reads. Whether it did."""
+    if not strategy.is_zero3 or not deepspeed_has_the_internals_read():
         return False
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 

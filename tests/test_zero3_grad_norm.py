@@ -81,3 +81,12 @@ def test_installing_twice_still_wraps_deepspeeds_own_loop_and_other_norms_use_it
 )
 def test_profiles_without_zero3_keep_deepspeeds_norm(profile):
     assert zero3_norm_in_one_kernel(load_strategy(profile)) is False
+
+
+def test_a_deepspeed_without_an_internal_it_reads_keeps_its_own_norm(monkeypatch):
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    deepspeeds = DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct
+    monkeypatch.delattr(DeepSpeedZeroOptimizer_Stage3, "_autoep_expert_parallel_group")
+    assert zero3_norm_in_one_kernel(load_strategy("zero3")) is False
+    assert DeepSpeedZeroOptimizer_Stage3.get_grad_norm_direct is deepspeeds
