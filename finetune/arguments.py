@@ -439,13 +439,12 @@ def parse_arguments(
     it before launching; the process that trains then resolves the launch (finetune/resolved.py).
     """
     argv = expand_recipe(list(argv) if argv is not None else sys.argv[1:])
-    misplaced = [arg for arg in argv[1:] if arg.endswith((".yaml", ".yml")) and not arg.startswith("-")]
     parser = make_parser()
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    except ValueError as error:
-        if misplaced and misplaced[0] in str(error):
-            late = misplaced[0]
+    except ValueError as error:  # a recipe after the flags is an argument the parser does not use
+        late = next((arg for arg in argv[1:] if arg.endswith((".yaml", ".yml")) and arg in str(error)), None)
+        if late:
             raise FinetuneError(f"a recipe comes before the flags: {late} was given after them") from None
         raise FinetuneError(first_line(error)) from None
     training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
