@@ -16,24 +16,53 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import torch.distributed as dist
 
 POLL_S = 0.5
 SLOWEST_DISK_BYTES_PER_S = 50e6  # the slowest disk a save should survive: a network file system under load
 
 
+MARKER = re.compile(r"finetune-.+-(?P<pid>\d+)-(?P<started>\d+)\.ready")
+
+
+def launch_identity(pid: int) -> str:
+    """The launcher process as `PID-START`: every rank of a machine shares its launcher (torch's
+    elastic agent) as parent, and its start time (centiseconds since the epoch) tells a recycled
+    PID apart. A launcher killed outright leaves its marker behind, and a later one given the same
+    PID (a container starts each job's processes alike) must not take that marker as its own."""
+    return f"{pid}-{round(psutil.Process(pid).create_time() * 100)}"
+
+
 def ready_marker(description: str) -> Path:
-    """A file of this machine, one per launch: every rank of a machine shares its launcher's process
-    (torch's elastic agent) as parent."""
-    name = f"finetune-{description.replace(' ', '-')}-{os.getppid()}.ready"
+    """A file of this machine, one per launch."""
+    name = f"finetune-{description.replace(' ', '-')}-{launch_identity(os.getppid())}.ready"
     return Path(tempfile.gettempdir()) / name
+
+
+def remove_markers_of_ended_launches() -> None:
+    """Markers whose launcher no longer runs: those of launches killed before they could clean up."""
+    for path in Path(tempfile.gettempdir()).glob("finetune-*.ready"):
+        found = MARKER.fullmatch(path.name)
+        if found is None:
+            continue
+        try:
+            if launch_identity(int(found["pid"])) == f"{found['pid']}-{found['started']}":
+                continue
+        except psutil.AccessDenied:  # another user's process: not ours to judge
+            continue
+        except psutil.NoSuchProcess:
+            pass
+        with suppress(OSError):  # another user's file in the shared folder
+            path.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -45,6 +74,7 @@ def machine_first_rank_first(local_rank: int, local_world_size: int, description
         yield
         return
     if local_rank == 0:
+        remove_markers_of_ended_launches()
         yield
         marker.touch()
         atexit.register(marker.unlink, missing_ok=True)

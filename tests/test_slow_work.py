@@ -3,12 +3,15 @@ not in a collective, and a save raises the collective timeout for its size."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 
+import psutil
 import pytest
 
-from finetune.slow_work import save_timeout
+from finetune.slow_work import ready_marker, remove_markers_of_ended_launches, save_timeout
 from finetune.summary import read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL
@@ -46,3 +49,39 @@ def test_a_save_longer_than_the_collective_timeout_completes(tmp_path):
 
 def test_a_save_gets_the_run_timeout_plus_what_the_slowest_disk_needs_for_its_size():
     assert save_timeout(int(50e9), 1800).total_seconds() == 1800 + 1000
+
+
+@pytest.fixture
+def temporary_folder(tmp_path, monkeypatch):
+    """The machine's temporary folder, where the ready markers lie, moved into the test's own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def start_centiseconds(pid: int) -> int:
+    return round(psutil.Process(pid).create_time() * 100)
+
+
+def test_an_earlier_launcher_of_the_same_pid_had_another_marker(monkeypatch):
+    this_launch = ready_marker("dataset preparation")
+    started = psutil.Process.create_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda process: started(process) - 60)
+    assert ready_marker("dataset preparation") != this_launch
+
+
+def test_markers_of_ended_launches_are_removed_and_a_running_launchs_kept(temporary_folder):
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()
+    running = os.getpid()
+    markers = {
+        "ended": temporary_folder
+        / f"finetune-dataset-preparation-{ended.pid}-{start_centiseconds(running)}.ready",
+        "pid reused": temporary_folder
+        / f"finetune-dataset-preparation-{running}-{start_centiseconds(running) - 1}.ready",
+        "running": temporary_folder
+        / f"finetune-dataset-preparation-{running}-{start_centiseconds(running)}.ready",
+    }
+    for path in markers.values():
+        path.touch()
+    remove_markers_of_ended_launches()
+    assert {name for name, path in markers.items() if path.exists()} == {"running"}
