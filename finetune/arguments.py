@@ -329,10 +329,12 @@ class FinetuneTrainingArguments(TrainingArguments):
 
     def _check_values(self) -> None:
         """Values TrainingArguments takes without a word and the run then misuses or fails on later."""
-        if self.max_steps < -1:
+        if self.max_steps == 0 or self.max_steps < -1:
             raise FinetuneError(
                 f"--max_steps must be a number of steps, or -1 for --epochs; got {self.max_steps}"
             )
+        if self.max_steps == -1 and not (math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0):
+            raise FinetuneError(f"--epochs must be a positive number, got {self.num_train_epochs}")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise FinetuneError(
                 "--save_total_limit must be at least 1 (leave it out to keep every checkpoint), "

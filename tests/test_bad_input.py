@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from finetune import cli, run
+from finetune.arguments import parse_arguments
 from finetune.summary import RunRecord, read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, accelerate_launch
@@ -139,8 +140,20 @@ def test_script_exits_2_without_a_traceback(tmp_path):
 # Values TrainingArguments accepts and the run misuses: refused while the arguments are parsed
 
 
-def test_negative_max_steps_other_than_minus_one_is_rejected(output_flags, capsys):
-    assert_one_error([*TINY_FROM_SCRATCH, "--max_steps", "-3", *output_flags], capsys, "--max_steps")
+@pytest.mark.parametrize("steps", ["-3", "0"])
+def test_max_steps_that_is_neither_positive_nor_minus_one_is_rejected(steps, output_flags, capsys):
+    assert_one_error([*TINY_FROM_SCRATCH, "--max_steps", steps, *output_flags], capsys, "--max_steps")
+
+
+@pytest.mark.parametrize("epochs", ["0", "-1", "nan"])
+def test_epochs_that_are_not_a_positive_number_are_rejected(epochs, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--max_steps", "-1", "--epochs", epochs, *output_flags]
+    assert_one_error(argv, capsys, "--epochs must be a positive number")
+
+
+def test_epochs_are_not_checked_where_max_steps_decides(output_flags):
+    training = parse_arguments([*TINY_FROM_SCRATCH, "--max_steps", "3", "--epochs", "0", *output_flags])[2]
+    assert training.max_steps == 3
 
 
 @pytest.mark.parametrize("limit", ["0", "-1"])
