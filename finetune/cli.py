@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from finetune.commands import compare, evaluate, export, generate, plan, profiles, run, slurm
 from finetune.commands.shared import CommandParser
-from finetune.errors import exit_on_user_error
+from finetune.errors import FinetuneError, exit_on_user_error
 from finetune.resolve import pin_data_dir
 
 
@@ -43,6 +43,20 @@ COMMANDS = {
 }
 
 
+MODEL_FIRST = ("eval", "generate")  # the model is their positional argument; `run` names it --model
+
+
+def unrecognized(command: str, rest: list[str]) -> str:
+    """The error for flags a command does not declare, pointing at that command's help; `--model`,
+    which `run` taught, named where the command takes the model as its first argument."""
+    if command in MODEL_FIRST and "--model" in rest:
+        return (
+            f"`finetune {command}` takes the model as its first argument, not --model: "
+            f"finetune {command} MODEL ..."
+        )
+    return f"unrecognized arguments: {' '.join(rest)} (`finetune {command} --help` lists the flags)"
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="finetune", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             rest = rest[1:]
         command = COMMANDS[options.command]
         if rest and not command.takes_run_flags:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            raise FinetuneError(unrecognized(options.command, rest))
         pin_data_dir()  # before any child environment is built from os.environ
         return command.execute(options, rest) if command.takes_run_flags else command.execute(options)
     return 0

@@ -123,6 +123,24 @@ def test_plan_of_an_unknown_profile_lists_the_available_ones(capsys):
     assert_one_error(argv, capsys, "unknown profile 'zero4' (available: ddp", entry=cli.main)
 
 
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_model_given_as_a_flag_to_a_command_that_takes_it_first_says_so(command, capsys):
+    argv = [command, "--model", "outputs/run"]
+    assert_one_error(
+        argv,
+        capsys,
+        f"takes the model as its first argument, not --model: finetune {command} MODEL",
+        entry=cli.main,
+    )
+
+
+def test_an_unknown_flag_of_a_command_points_at_that_commands_help(capsys):
+    argv = ["export", "outputs/run/checkpoint-2", "exported", "--output", "x"]
+    assert_one_error(
+        argv, capsys, "unrecognized arguments: --output x (`finetune export --help`", entry=cli.main
+    )
+
+
 def test_script_exits_2_without_a_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "finetune" / "run.py"), "--model", "no-such-model"],
