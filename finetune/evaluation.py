@@ -35,7 +35,7 @@ from finetune.losses import loss_sums_per_sample
 from finetune.models import SavedModel, choose_block_size, context_length
 from finetune.packing import truncate
 from finetune.run_flags import DataArguments
-from finetune.run_folder import SUMMARY_FILE
+from finetune.run_folder import MANIFEST, SUMMARY_FILE
 
 
 def perplexity(loss: float) -> float:
@@ -112,13 +112,20 @@ def sliding_window_loss(
 
 
 def trained_block_size(folder: str) -> int | None:
-    """The block size a run's output_dir was trained at (its run_summary.json), None elsewhere: a model
-    is evaluated at the length it learned, not at a longer context it never saw in training."""
-    try:
-        recorded = json.loads((Path(folder) / SUMMARY_FILE).read_text()).get("block_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 1 else None
+    """The block size a run trained at, read from its output_dir's run_summary.json or a checkpoint's
+    manifest (the run's flags); None elsewhere or where none was given. A model is evaluated at the
+    length it learned, not at a longer context it never saw in training."""
+    for read in (
+        lambda: json.loads((Path(folder) / SUMMARY_FILE).read_text())["block_size"],
+        lambda: json.loads((Path(folder) / MANIFEST).read_text())["run"]["flags"]["block_size"],
+    ):
+        try:
+            recorded = read()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 1:
+            return recorded
+    return None
 
 
 def evaluate_saved_model(

@@ -200,3 +200,16 @@ def test_a_run_folder_is_evaluated_at_the_block_size_it_trained_at(tiny_gpt2_dir
     result = evaluate_saved_model(str(run_dir), args, "validation", None, None, 4, 256)
     assert result["block_size"] == 32
     assert evaluate_saved_model(str(tiny_gpt2_dir), args, "validation", None, None, 4, 256)["block_size"] > 32
+
+
+def test_a_checkpoint_is_evaluated_at_the_block_size_its_run_trained_at(tiny_gpt2_dir, tmp_path, data_dir):
+    """A checkpoint has no summary yet (the run may still be going): its manifest holds the run's flags."""
+    import shutil
+
+    from finetune.checkpoint import write_manifest
+
+    checkpoint = tmp_path / "run" / "checkpoint-5"
+    shutil.copytree(tiny_gpt2_dir, checkpoint)
+    write_manifest(checkpoint, 5, "run", run={"flags": {"block_size": 32}})
+    args = DataArguments(dataset="wikitext-2-raw-v1")
+    assert evaluate_saved_model(str(checkpoint), args, "validation", None, None, 4, 256)["block_size"] == 32
