@@ -102,6 +102,15 @@ class Chat:
             ) from None
 
 
+def start_of_text(tokenizer: PreTrainedTokenizerBase) -> int:
+    """What an empty prompt starts from: the beginning-of-text token, as transformers' `generate`
+    starts without a prompt (GPT-2's `<|endoftext|>` is its BOS and EOS both)."""
+    token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if token is None:
+        raise FinetuneError("an empty prompt starts from a BOS token, and the model's tokenizer has none")
+    return token
+
+
 @torch.no_grad()
 def generate(model_path: str, prompts: list[str], sampling: Sampling, chat: Chat | None = None) -> list[str]:
     """One completion per prompt (the generated text only), reproducible for a given seed.
@@ -122,9 +131,17 @@ def generate(model_path: str, prompts: list[str], sampling: Sampling, chat: Chat
     for prompt in prompts:
         set_seed(sampling.seed)
         text = prompt if chat is None else chat.render(tokenizer, prompt, model_path)
-        inputs = tokenizer(text, return_tensors="pt", add_special_tokens=chat is None).to(device)
-        output = model.generate(**inputs, generation_config=generation_config, tokenizer=tokenizer)
-        generated = output[0, inputs["input_ids"].shape[1] :].tolist()
+        prompt_ids = tokenizer(text, add_special_tokens=chat is None)["input_ids"] or [
+            start_of_text(tokenizer)
+        ]
+        inputs = torch.tensor([prompt_ids], device=device)
+        output = model.generate(
+            input_ids=inputs,
+            attention_mask=torch.ones_like(inputs),
+            generation_config=generation_config,
+            tokenizer=tokenizer,
+        )
+        generated = output[0, len(prompt_ids) :].tolist()
         completions.append(completion_text(tokenizer, generated, stop_ids, sampling.stop))
     return completions
 

@@ -27,6 +27,13 @@ def test_one_completion_per_prompt(tiny_gpt2_dir):
     assert len(completions) == 3
 
 
+def test_an_empty_prompt_starts_from_the_beginning_of_text_token(tiny_gpt2_dir):
+    greedy = Sampling(max_new_tokens=6, greedy=True)
+    from_nothing, from_bos = generate(str(tiny_gpt2_dir), ["", "<|endoftext|>"], greedy)
+    assert from_nothing == from_bos
+    assert from_nothing
+
+
 def test_prompts_come_from_flags_then_the_file(make_text_file):
     path = make_text_file("prompts.txt", "second\n\nthird\n")
     assert read_prompts(["first"], str(path)) == ["first", "second", "third"]
