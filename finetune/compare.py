@@ -111,11 +111,23 @@ def row_from_summary(profile: Profile, summary: dict[str, Any]) -> Row:
 def failure_reason(log: Path) -> str:
     """The most telling line of a run's log: our error line, an out-of-memory line, or the last one."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    for marker in ("finetune: error:", "OutOfMemoryError", "out of memory", "Error"):
+    for marker in (
+        "finetune: error:",
+        "OutOfMemoryError",
+        "out of memory",
+        "Error",
+        " stopped with exit code",
+    ):
         found = [line for line in lines if marker in line]
         if found:
-            return found[-1][:300]
-    return lines[-1][:300] if lines else "no output"
+            return from_our_prefix(found[-1])[:300]
+    return from_our_prefix(lines[-1])[:300] if lines else "no output"
+
+
+def from_our_prefix(line: str) -> str:
+    """A line of ours from its `finetune: ` on: a progress bar cut short leaves no newline before it."""
+    start = line.rfind("finetune: ")
+    return line[start:] if start > 0 else line
 
 
 def classify(reason: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -202,8 +203,25 @@ def run_launcher(argv: list[str]) -> int:
         if error_file.exists():
             raise FinetuneError(error_file.read_text(encoding="utf-8").strip())
     if code not in (RESUMABLE_EXIT_CODE, INTERRUPTED_EXIT_CODE, DIVERGED_EXIT_CODE, CHECK_FAILED_EXIT_CODE):
-        print(f"finetune: {who} stopped with exit code {code} (its output is above)", file=sys.stderr)
+        print(
+            f"finetune: {who} stopped with {exit_code_meaning(code)} (its output is above)", file=sys.stderr
+        )
     return code
+
+
+def exit_code_meaning(code: int) -> str:
+    """The exit code as the shell gives it, the signal it stands for above 128 named: a rank killed
+    outright leaves no line of its own, and SIGKILL is how the kernel ends one when host memory runs
+    out."""
+    try:
+        name = signal.Signals(code - 128).name if code > 128 else None
+    except ValueError:
+        name = None
+    if name is None:
+        return f"exit code {code}"
+    if name == "SIGKILL":
+        return f"exit code {code} ({name}: out of host memory, most often, or a job limit)"
+    return f"exit code {code} ({name})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,6 +80,14 @@ def test_a_failed_profile_is_a_row_with_its_reason(comparison):
 
 
 @pytest.mark.integration
+def test_a_failed_runs_reason_is_our_line_without_the_progress_bar_cut_short_before_it(tmp_path):
+    log = tmp_path / "launch.log"
+    log.write_text(
+        "step 1\n  0%|          | 0/1 [00:00<?, ?it/s]finetune: rank 0 stopped with exit code 137\n"
+    )
+    assert finetune.compare.failure_reason(log) == "finetune: rank 0 stopped with exit code 137"
+
+
 def test_markdown_table_and_picture_are_written(comparison):
     markdown = (comparison / "comparison.md").read_text()
     assert "| ddp | completed | full | 2 |" in markdown

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import accelerate.commands.launch
@@ -11,7 +13,7 @@ import yaml
 
 from finetune.launch import DEEPSPEED_ENV_FILE_VARIABLE, run_launcher
 
-from launching import PROJECT_ROOT
+from launching import ENVIRONMENT, FREE_PORT, LAUNCH_TIMEOUT_S, PROJECT_ROOT
 
 
 def test_deepspeeds_multinode_environment_file_goes_to_a_private_folder_removed_after(monkeypatch, tmp_path):
@@ -94,3 +96,23 @@ def test_a_deepspeed_profile_without_compile_settings_sets_none(monkeypatch):
     config = PROJECT_ROOT / "accelerate_configs" / "zero2_offload.yaml"
     assert run_launcher(["--config_file", str(config), "--num_processes", "2", "script.py"]) == 0
     assert seen == {}
+
+
+KILLED_RANK = """
+import os, signal
+if os.environ["RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_rank_killed_outright_is_named_with_its_signal_and_the_likely_cause(tmp_path):
+    script = tmp_path / "killed_rank.py"
+    script.write_text(KILLED_RANK)
+    ended = subprocess.run(
+        [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/ddp.yaml",
+         "--num_processes", "2", "--main_process_port", str(FREE_PORT), str(script)],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert ended.returncode == 137
+    last = ended.stderr.strip().splitlines()[-1]
+    assert last.startswith("finetune: rank 1 stopped with exit code 137 (SIGKILL: out of host memory")
