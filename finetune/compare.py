@@ -329,17 +329,28 @@ def merge_rows(earlier: list[Row], new: list[Row]) -> list[Row]:
 FULL = "full"
 
 
+def comma_separated(flag: str, given: str) -> list[str]:
+    """The names of a comma-separated flag, each once: a name given twice would run twice."""
+    names = [name.strip() for name in given.split(",") if name.strip()]
+    if not names:
+        raise FinetuneError(f"{flag} is empty: give names, comma-separated")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise FinetuneError(f"{flag} {given}: {', '.join(repeated)} given more than once")
+    return names
+
+
 def training_variants(given: str | None, run_args: list[str]) -> list[str]:
     """`--variants full,lora`: each profile runs with full fine-tuning, or with `--peft METHOD` added to
     its run flags (the run flag keeps its one meaning). Without it, one run per profile as its run
     flags say ("")."""
-    if not given:
+    if given is None:
         return [""]
     from finetune.adapters import PEFT_METHODS
 
-    variants = [name.strip() for name in given.split(",") if name.strip()]
+    variants = comma_separated("--variants", given)
     unknown = [name for name in variants if name not in (FULL, *PEFT_METHODS)]
-    if unknown or not variants:
+    if unknown:
         raise FinetuneError(f"--variants {given}: give {FULL}, {', '.join(PEFT_METHODS)}, comma-separated")
     if "--peft" in run_args:
         raise FinetuneError(

@@ -141,6 +141,18 @@ def test_an_unknown_flag_of_a_command_points_at_that_commands_help(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("flag", "given", "expected"),
+    [("--profiles", "", "--profiles is empty"),
+     ("--profiles", "ddp,zero3,ddp", "ddp given more than once"),
+     ("--variants", " , ", "--variants is empty"),
+     ("--variants", "full,lora,full", "full given more than once")],
+)  # fmt: skip
+def test_compare_refuses_an_empty_or_repeated_name(flag, given, expected, capsys):
+    argv = ["compare", "--num_processes", "2", flag, given, *TINY_FROM_SCRATCH]
+    assert_one_error(argv, capsys, expected, entry=cli.main)
+
+
 def test_script_exits_2_without_a_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "finetune" / "run.py"), "--model", "no-such-model"],

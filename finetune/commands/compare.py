@@ -50,15 +50,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     from finetune.arguments import expand_recipe
-    from finetune.compare import compare, default_profiles, training_variants, variant_flags
+    from finetune.compare import (
+        comma_separated,
+        compare,
+        default_profiles,
+        training_variants,
+        variant_flags,
+    )
 
     run_args = expand_recipe(run_args)  # every run's own flags are added around these
     variants = training_variants(options.variants, run_args)
     for variant in variants:
         _, _, training_args = parse_run_flags([*run_args, *variant_flags(variant)])
     sequence_parallel = training_args.sequence_parallel
-    if options.profiles:
-        profiles = options.profiles.split(",")
+    if options.profiles is not None:
+        profiles = comma_separated("--profiles", options.profiles)
     else:
         import torch
 
