@@ -9,7 +9,7 @@ inside torch.distributed (gloo, which waits there).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -44,3 +44,12 @@ def host_group() -> dist.ProcessGroup | None:
         on_gloo = dist.get_backend() == "gloo"
         _host_groups[world] = None if on_gloo else dist.new_group(backend="gloo")
     return _host_groups[world]
+
+
+def gather_from_ranks(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order (a one-item list when not distributed). Collective."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered

@@ -24,7 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from finetune.callbacks import gather_from_ranks
+from finetune.collectives import gather_from_ranks
 
 # Every 10 steps: measured on 4 H200 against automatic collection (docs/speed.md, "Python's garbage
 # collector"); collecting the young generations took about 6 ms each time there.

@@ -33,7 +33,7 @@ from finetune.arguments import (
     ModelArguments,
     check_run_name,
 )
-from finetune.callbacks import MemoryCallback, StartupCallback, ThroughputCallback, process_start_time
+from finetune.callbacks import MemoryCallback, StartupCallback, process_start_time
 from finetune.checkpoint import (
     SaveAndStopOnSignal,
     checkpoint_to_resume,
@@ -86,6 +86,7 @@ from finetune.resume import (
 )
 from finetune.run_report import format_report
 from finetune.summary import RunRecord
+from finetune.throughput import ThroughputCallback
 from finetune.summary_fields import (
     configuration_fields,
     data_fields,

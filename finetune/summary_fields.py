@@ -16,7 +16,7 @@ import torch
 
 from finetune.adapters import trainable_parameters
 from finetune.arguments import as_record
-from finetune.callbacks import MemoryCallback, ThroughputCallback
+from finetune.callbacks import MemoryCallback
 from finetune.checkpoint import checkpoints_newest_first, read_manifest
 from finetune.data import DataSummary
 from finetune.flops import PeakFlops, matmul_parameters, tf32_matmuls, training_dtype
@@ -24,6 +24,7 @@ from finetune.garbage_collection import GarbageCollectionCallback
 from finetune.launched import BatchGeometry, Launch
 from finetune.models import count_parameters
 from finetune.run_folder import DOCTOR_REPORT
+from finetune.throughput import ThroughputCallback
 
 PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "datasets")
 

@@ -53,7 +53,7 @@ from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
-from finetune.callbacks import MemoryCallback, ThroughputCallback
+from finetune.callbacks import MemoryCallback
 from finetune.checkpoint import publish, remove_if_empty, write_manifest
 from finetune.console import CONSOLE_CALLBACKS
 from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
@@ -68,6 +68,7 @@ from finetune.resume import run_identity
 from finetune.run_folder import STAGING_DIR, checkpoint_dir
 from finetune.sequence_parallel import follow_epochs, skipping_split_batches
 from finetune.slow_work import timeout_for_save
+from finetune.throughput import ThroughputCallback
 from finetune.watchdog import Watchdog
 
 logger = logging.get_logger("finetune")

@@ -94,6 +94,15 @@ def transformers_packed_example_probe(monkeypatch):
 
 
 @pytest.fixture
+def trainer_events(tmp_path):
+    """(args, state, control) as the Trainer passes them to every callback event."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    return args, TrainerState(), TrainerControl()
+
+
+@pytest.fixture
 def output_flags(tmp_path):
     """The flags every test that builds TrainingArguments passes: a private output folder, no loggers."""
     return ["--output_dir", str(tmp_path / "out"), "--report_to", "none"]

@@ -10,7 +10,6 @@ from transformers import default_data_collator
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from finetune.arguments import parse_arguments
-from finetune.callbacks import trained_tokens_in
 from finetune.errors import FinetuneError
 from finetune.launch_settings import resolve_launch_settings
 from finetune.launched import Launch
@@ -31,6 +30,7 @@ from finetune.sequence_parallel import (
     padding_multiple,
     with_position_ids,
 )
+from finetune.throughput import trained_tokens_in
 
 
 def sequence_parallel_launch(profile: str, processes: int = 2, degree: int = 2) -> Launch:

@@ -38,9 +38,9 @@ import torch.distributed as dist
 from transformers import AutoConfig, GPT2LMHeadModel
 
 from finetune.arguments import DDP_BUCKET_CAP_MB
-from finetune.callbacks import CudaEventClock, WallClock
 from finetune.losses import align_output_matmul
 from finetune.profiles import Strategy, load_strategy
+from finetune.throughput import CudaEventClock, WallClock
 
 TRACED_STEPS = 3
 
