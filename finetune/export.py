@@ -29,7 +29,7 @@ from finetune.checkpoint import (
 )
 from finetune.disk_space import is_disk_full, report_disk_full
 from finetune.errors import FinetuneError, first_line
-from finetune.models import load_config, resolve_model
+from finetune.models import OWN_LAYERS, load_config, resolve_model
 from finetune.outputs import share_from_main
 from finetune.run_flags import ModelArguments
 from finetune.run_folder import FINAL_MODEL_STAGING, STAGING_DIR
@@ -212,7 +212,7 @@ def export_adapters(
     try:
         config = load_config(model_args, location)
         base = AutoModelForCausalLM.from_pretrained(
-            location, config=config, dtype=torch.float32, trust_remote_code=False
+            location, config=config, dtype=torch.float32, trust_remote_code=False, **OWN_LAYERS
         )
         tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
     except (OSError, ValueError) as error:

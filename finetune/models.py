@@ -33,6 +33,10 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+# From transformers 5.25 on, `from_pretrained` swaps layers for kernels it fetches from the Hub unless
+# told not to: code from the network, a failure offline, and a model other than the one the planner
+# counts and the benchmarks measured. Every load of weights here keeps the model's own layers.
+OWN_LAYERS = {"use_kernels": False}
 MAX_DEFAULT_BLOCK_SIZE = 1024
 
 
@@ -160,7 +164,9 @@ def build_model(args: ModelArguments, config: PretrainedConfig, location: str) -
             f"(none of {', '.join(WEIGHT_FILES)}); pass --from_scratch to train it from random initialisation"
         )
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=torch.float32, **common)
+        model = AutoModelForCausalLM.from_pretrained(
+            location, config=config, dtype=torch.float32, **common, **OWN_LAYERS
+        )
     except SafetensorError as error:  # a truncated or damaged weights file
         damaged = next((path for path in sorted(folder.glob("*.safetensors")) if unreadable(path)), folder)
         raise FinetuneError(

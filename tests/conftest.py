@@ -37,6 +37,10 @@ SHARED_DATA_DIR = Path(
 # (that fixture re-asserts both for every test).
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["FINETUNE_DATA_DIR"] = str(SHARED_DATA_DIR)
+# The tests' own loads of saved models (a user's plain `from_pretrained`) keep the model's layers: from
+# transformers 5.25 on, that call fetches kernels from the Hub unless told not to, and the suite is
+# offline. The package's loads say so themselves (finetune.models.OWN_LAYERS, tested in test_models).
+os.environ["USE_HUB_KERNELS"] = "0"
 # pytest-xdist runs as many workers as the machine has cores (pyproject's addopts), and torch gives each
 # worker a thread per core: the cores are oversubscribed, and OpenMP's threads spin waiting for each
 # other, so a test that trains in its worker ran several times slower beside another worker than alone.

@@ -39,6 +39,19 @@ def test_saved_model_loads_with_its_weights(tiny_gpt2_dir):
         assert torch.equal(loaded[name], tensor), name
 
 
+def test_saved_weights_load_into_the_models_own_layers_never_hub_kernels(tiny_gpt2_dir, monkeypatch):
+    asked = []
+    load_weights = AutoModelForCausalLM.from_pretrained
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("use_kernels"))
+        return load_weights(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recording)
+    load(ModelArguments(model=str(tiny_gpt2_dir)))
+    assert asked == [False]
+
+
 def test_saved_model_loads_in_fp32(tiny_gpt2_dir):
     model = load(ModelArguments(model=str(tiny_gpt2_dir)))
     assert all(p.dtype == torch.float32 for p in model.parameters())
