@@ -116,6 +116,10 @@ class Strategy:
     # "memory_efficient_linear": false (the shipped stage-3 JSONs do): compiled blocks of nn.Linear
     # layers then recompile on each weight and run eager, and adapters keep more (memory_model)
     deepspeed_linear: bool = False
+    # ZeRO-3 with "reduce_scatter": false and contiguous_gradients (on by default): under Ulysses,
+    # DeepSpeed before 0.20.2 leaves the gradients of some buckets scaled by the group size
+    # (finetune.sequence_parallel.check_strategy refuses to split sequences under it)
+    reduces_split_gradients_unevenly: bool = False
 
     @property
     def records_cuda_graphs(self) -> bool:
@@ -288,14 +292,17 @@ def derive_strategy(
         sequence_parallel_dtype = config.get("seq_parallel_communication_data_type", "fp32")
         sub_group = int(float(zero.get("sub_group_size", DEEPSPEED_SUB_GROUP_SIZE))) if stage == 3 else None
         gathered = gathered_parameter_values(zero) if stage == 3 else None
-        # DeepSpeed's own default is on
+        # DeepSpeed's own defaults are on
         deepspeed_linear = stage == 3 and bool(zero.get("memory_efficient_linear", True))
+        contiguous = zero.get("contiguous_gradients", True)
+        uneven = stage == 3 and contiguous and not zero.get("reduce_scatter", True)
         return Strategy(
             name, "deepspeed", sharded, optimizer, parameters, stage, None, nvme, description, deepcompile,
             reduce_buffers=buffers, reduce_bucket_values=bucket,
             sequence_parallel_gradient_bytes=GRADIENT_BYTES[str(sequence_parallel_dtype).lower()],
             optimizer_sub_group_values=sub_group, gathered_parameter_values=gathered,
             compiles_by_blocks=by_blocks, compile_mode=mode, deepspeed_linear=deepspeed_linear,
+            reduces_split_gradients_unevenly=bool(uneven),
         )  # fmt: skip
     framework = "ddp" if distributed_type == "MULTI_GPU" else "single"
     return Strategy(name, framework, description=description, compiles_by_blocks=by_blocks, compile_mode=mode)

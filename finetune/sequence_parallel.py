@@ -59,6 +59,12 @@ def check_strategy(strategy: Any, degree: int) -> None:
             f"(torch context parallelism); profile {strategy.name} ({strategy.kind}) trains every sample "
             "on one process"
         )
+    if degree > 1 and strategy.reduces_split_gradients_unevenly:  # the DeepSpeed setup.cfg allows
+        raise FinetuneError(
+            f"--sequence_parallel under profile {strategy.name}: its DeepSpeed JSON sets reduce_scatter "
+            "false with contiguous_gradients, where DeepSpeed before 0.20.2 leaves some gradients scaled "
+            "by the group size; set reduce_scatter true (DeepSpeed's default) or contiguous_gradients false"
+        )
 
 
 def check_device(split: str | None, degree: int, on_gpu: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from finetune.arguments import parse_arguments
 from finetune.commands import evaluate as evaluate_command
 from finetune.commands import run as run_command
 from finetune.compare import Row
+from finetune.profiles import copy_profile
 
 
 def write_recipe(tmp_path: Path, text: str) -> Path:
@@ -142,6 +144,24 @@ def test_a_sequence_degree_the_run_cannot_take_is_refused_before_anything_is_lau
     assert stopped.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
     assert len(errors) == 1 and refusal in errors[0]
+
+
+def test_ulysses_under_a_zero3_json_that_reduces_split_gradients_unevenly_is_refused(
+    tmp_path, monkeypatch, capsys
+):
+    """reduce_scatter false with contiguous_gradients: split and unsplit weights then differ 1,000 times
+    more than with DeepSpeed's defaults (benchmarks/cpu-2026-12-03-ranges/NOTES.md)."""
+    profile, deepspeed_json = copy_profile("zero3", tmp_path / "mine")
+    settings = json.loads(deepspeed_json.read_text())
+    settings["zero_optimization"]["reduce_scatter"] = False
+    deepspeed_json.write_text(json.dumps(settings))
+    monkeypatch.setattr(subprocess, "Popen", refuse_to_launch)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "--profile", str(profile), "--num_processes", "2", "--model", "gpt2",
+                  "--sequence_parallel", "2", "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
+    assert len(errors) == 1 and "sets reduce_scatter false with contiguous_gradients" in errors[0]
 
 
 @pytest.mark.parametrize(
