@@ -156,7 +156,10 @@ def train_and_measure(
         block_size,
         training_args.seed,
         lambda: machine_first_rank_first(
-            training_args.local_process_index, launch.processes_per_machine, "dataset preparation"
+            training_args.local_process_index,
+            launch.processes_per_machine,
+            training_args.output_dir,
+            "dataset preparation",
         ),
     )
     record.update(data_fields(location, block_size, data.summary))

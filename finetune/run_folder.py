@@ -14,6 +14,8 @@ names, so a new kind of file is added in one place and the folder rules cover it
       hang-stepN/               every rank's stack when the watchdog ended the run (finetune/watchdog.py)
       doctor.json               `finetune doctor`'s table (finetune/doctor.py)
       .launch/PROFILE.yaml      the profile `finetune run` launched with, as its printed command names it
+      .launch/ready-WHAT-PID-START@HOST   a machine's first rank's word that WHAT (dataset preparation)
+                                is done, for the machine's other ranks (finetune/slow_work.py)
       model.safetensors, config.json, tokenizer files, adapter_*   the final model, written into
                                 .staging/final-model/ and moved in file by file (finetune/export.py)
 """
@@ -39,6 +41,9 @@ DOCTOR_REPORT = "doctor.json"
 # Written by `finetune run` before launching (finetune/commands/run.py): how the run was launched,
 # not a result.
 LAUNCH_DIR = ".launch"
+# In LAUNCH_DIR: a launch's word to the other ranks of its machine, named by the launcher's PID and start
+# and the machine's name ("@" is in no host name), so that no other launch or machine takes it as its own.
+READY_MARKER = "ready-{what}-{pid}-{started}@{host}"
 MODEL_FILES = (
     "model.safetensors",
     "model-*.safetensors",
@@ -86,3 +91,7 @@ def logging_dir(output_dir: str | Path, run_name: str) -> str:
 
 def hang_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / f"{HANG_PREFIX}{step}"
+
+
+def ready_marker_folder(output_dir: str | Path) -> Path:
+    return Path(output_dir) / LAUNCH_DIR

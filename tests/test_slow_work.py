@@ -4,9 +4,9 @@ not in a collective, and a save raises the collective timeout for its size."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
-import tempfile
 
 import psutil
 import pytest
@@ -51,37 +51,37 @@ def test_a_save_gets_the_run_timeout_plus_what_the_slowest_disk_needs_for_its_si
     assert save_timeout(int(50e9), 1800).total_seconds() == 1800 + 1000
 
 
-@pytest.fixture
-def temporary_folder(tmp_path, monkeypatch):
-    """The machine's temporary folder, where the ready markers lie, moved into the test's own."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    return tmp_path
-
-
 def start_centiseconds(pid: int) -> int:
     return round(psutil.Process(pid).create_time() * 100)
 
 
-def test_an_earlier_launcher_of_the_same_pid_had_another_marker(monkeypatch):
-    this_launch = ready_marker("dataset preparation")
+def marker_of(output_dir, pid: int, started: int, host: str = socket.gethostname()):
+    return output_dir / ".launch" / f"ready-dataset-preparation-{pid}-{started}@{host}"
+
+
+def test_the_marker_lies_in_the_runs_own_folder_not_in_one_every_user_shares(tmp_path):
+    assert ready_marker(tmp_path, "dataset preparation").parent == tmp_path / ".launch"
+
+
+def test_an_earlier_launcher_of_the_same_pid_had_another_marker(tmp_path, monkeypatch):
+    this_launch = ready_marker(tmp_path, "dataset preparation")
     started = psutil.Process.create_time
     monkeypatch.setattr(psutil.Process, "create_time", lambda process: started(process) - 60)
-    assert ready_marker("dataset preparation") != this_launch
+    assert ready_marker(tmp_path, "dataset preparation") != this_launch
 
 
-def test_markers_of_ended_launches_are_removed_and_a_running_launchs_kept(temporary_folder):
+def test_markers_of_ended_launches_on_this_machine_are_removed_and_the_rest_kept(tmp_path):
     ended = subprocess.Popen([sys.executable, "-c", ""])
     ended.wait()
     running = os.getpid()
     markers = {
-        "ended": temporary_folder
-        / f"finetune-dataset-preparation-{ended.pid}-{start_centiseconds(running)}.ready",
-        "pid reused": temporary_folder
-        / f"finetune-dataset-preparation-{running}-{start_centiseconds(running) - 1}.ready",
-        "running": temporary_folder
-        / f"finetune-dataset-preparation-{running}-{start_centiseconds(running)}.ready",
+        "ended": marker_of(tmp_path, ended.pid, start_centiseconds(running)),
+        "pid reused": marker_of(tmp_path, running, start_centiseconds(running) - 1),
+        "running": marker_of(tmp_path, running, start_centiseconds(running)),
+        "another machine's": marker_of(tmp_path, ended.pid, 1, host="another-machine"),
     }
     for path in markers.values():
+        path.parent.mkdir(exist_ok=True)
         path.touch()
-    remove_markers_of_ended_launches()
-    assert {name for name, path in markers.items() if path.exists()} == {"running"}
+    remove_markers_of_ended_launches(tmp_path)
+    assert {name for name, path in markers.items() if path.exists()} == {"running", "another machine's"}
