@@ -64,21 +64,16 @@ class Holder:
         )
 
     def is_gone(self) -> bool:
-        return process_is_gone(self.host, self.pid, self.process_started)
+        """True only when this host can tell: the pid is free, or now belongs to a later process."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            return psutil.Process(self.pid).create_time() != self.process_started
+        except psutil.NoSuchProcess:
+            return True
 
     def __str__(self) -> str:
         return f"host {self.host}, pid {self.pid}, started {self.started_at}"
-
-
-def process_is_gone(host: str, pid: int, process_started: float) -> bool:
-    """True only when this host can tell: the pid is free, or now belongs to a later process (one
-    started at another time: a recycled pid)."""
-    if host != socket.gethostname():
-        return False
-    try:
-        return psutil.Process(pid).create_time() != process_started
-    except psutil.NoSuchProcess:
-        return True
 
 
 def read_holder(lock_path: Path) -> Holder | None:
