@@ -33,6 +33,7 @@ import torch.distributed as dist
 from transformers.utils import logging
 
 from finetune.errors import FinetuneError
+from finetune.processes import process_is_gone
 from finetune.run_folder import ADAPTER_CARD, LOCK_FILE, RESULT_PATTERNS, SUMMARY_FILE
 
 if TYPE_CHECKING:
@@ -64,13 +65,7 @@ class Holder:
         )
 
     def is_gone(self) -> bool:
-        """True only when this host can tell: the pid is free, or now belongs to a later process."""
-        if self.host != socket.gethostname():
-            return False
-        try:
-            return psutil.Process(self.pid).create_time() != self.process_started
-        except psutil.NoSuchProcess:
-            return True
+        return process_is_gone(self.host, self.pid, self.process_started)
 
     def __str__(self) -> str:
         return f"host {self.host}, pid {self.pid}, started {self.started_at}"

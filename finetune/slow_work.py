@@ -27,42 +27,41 @@ from pathlib import Path
 import psutil
 import torch.distributed as dist
 
+from finetune.processes import process_is_gone
 from finetune.run_folder import READY_MARKER, ready_marker_folder
 
 POLL_S = 0.5
 SLOWEST_DISK_BYTES_PER_S = 50e6  # the slowest disk a save should survive: a network file system under load
 
 
-def launcher_of(pid: int) -> tuple[int, int]:
-    """A launcher process as (PID, start in centiseconds since the epoch): every rank of a machine
-    shares its launcher (torch's elastic agent) as parent, and the start time tells a recycled PID
-    apart. A launch killed outright leaves its marker behind, and a later launcher given the same
-    PID (a container starts each job's processes alike) must not take that marker as its own."""
-    return pid, round(psutil.Process(pid).create_time() * 100)
-
-
 def ready_marker(output_dir: str | Path, description: str) -> Path:
-    """This launch's marker on this machine (a shared output_dir holds every machine's)."""
-    pid, started = launcher_of(os.getppid())
+    """This launch's marker on this machine (a shared output_dir holds every machine's), named by the
+    launcher every rank of a machine shares as parent (torch's elastic agent): its pid and its start
+    time, which tells a recycled pid apart. A launch killed outright leaves its marker behind, and a
+    later launcher given the same pid (a container starts each job's processes alike) must not take
+    that marker as its own."""
+    launcher = psutil.Process(os.getppid())
     name = READY_MARKER.format(
-        what=description.replace(" ", "-"), pid=pid, started=started, host=socket.gethostname()
+        what=description.replace(" ", "-"),
+        pid=launcher.pid,
+        started=repr(launcher.create_time()),  # repr: the float back exactly when read
+        host=socket.gethostname(),
     )
     return ready_marker_folder(output_dir) / name
 
 
 def remove_markers_of_ended_launches(output_dir: str | Path) -> None:
-    """This machine's markers whose launcher no longer runs: those of launches killed before they
-    could clean up (another machine's are that machine's to judge)."""
-    this_machine = READY_MARKER.format(what="*", pid="*", started="*", host=socket.gethostname())
-    for path in ready_marker_folder(output_dir).glob(this_machine):
-        pid, started = path.name.rsplit("@", 1)[0].rsplit("-", 2)[1:]
-        try:
-            if launcher_of(int(pid)) == (int(pid), int(started)):
-                continue
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):  # ended, or not ours
-            pass
-        with suppress(OSError):
-            path.unlink(missing_ok=True)
+    """Markers whose launcher has ended (`processes.process_is_gone`, as for the folder's lock): those
+    of launches killed before they could clean up. Another machine's are that machine's to judge."""
+    for path in ready_marker_folder(output_dir).glob(
+        READY_MARKER.format(what="*", pid="*", started="*", host="*")
+    ):
+        launch, host = path.name.rsplit("@", 1)
+        pid, started = launch.rsplit("-", 2)[1:]
+        with suppress(ValueError):  # a name this module did not write
+            if process_is_gone(host, int(pid), float(started)):
+                with suppress(OSError):
+                    path.unlink(missing_ok=True)
 
 
 @contextmanager

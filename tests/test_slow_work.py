@@ -51,11 +51,12 @@ def test_a_save_gets_the_run_timeout_plus_what_the_slowest_disk_needs_for_its_si
     assert save_timeout(int(50e9), 1800).total_seconds() == 1800 + 1000
 
 
-def start_centiseconds(pid: int) -> int:
-    return round(psutil.Process(pid).create_time() * 100)
+def start_of(pid: int, earlier_by_s: float = 0.0) -> str:
+    """A process's start as a marker's name writes it (repr of psutil's create_time)."""
+    return repr(psutil.Process(pid).create_time() - earlier_by_s)
 
 
-def marker_of(output_dir, pid: int, started: int, host: str = socket.gethostname()):
+def marker_of(output_dir, pid: int, started: str, host: str = socket.gethostname()):
     return output_dir / ".launch" / f"ready-dataset-preparation-{pid}-{started}@{host}"
 
 
@@ -75,13 +76,21 @@ def test_markers_of_ended_launches_on_this_machine_are_removed_and_the_rest_kept
     ended.wait()
     running = os.getpid()
     markers = {
-        "ended": marker_of(tmp_path, ended.pid, start_centiseconds(running)),
-        "pid reused": marker_of(tmp_path, running, start_centiseconds(running) - 1),
-        "running": marker_of(tmp_path, running, start_centiseconds(running)),
-        "another machine's": marker_of(tmp_path, ended.pid, 1, host="another-machine"),
+        "ended": marker_of(tmp_path, ended.pid, start_of(running)),
+        "pid reused": marker_of(tmp_path, running, start_of(running, earlier_by_s=0.01)),
+        "running": marker_of(tmp_path, running, start_of(running)),
+        "another machine's": marker_of(tmp_path, ended.pid, "1.0", host="another-machine"),
     }
     for path in markers.values():
         path.parent.mkdir(exist_ok=True)
         path.touch()
     remove_markers_of_ended_launches(tmp_path)
     assert {name for name, path in markers.items() if path.exists()} == {"running", "another machine's"}
+
+
+def test_this_launchs_own_marker_survives_the_sweep(tmp_path):
+    marker = ready_marker(tmp_path, "dataset preparation")
+    marker.parent.mkdir()
+    marker.touch()
+    remove_markers_of_ended_launches(tmp_path)
+    assert marker.exists()
