@@ -443,12 +443,16 @@ def parse_arguments(
     argv = expand_recipe(list(argv) if argv is not None else sys.argv[1:])
     parser = make_parser()
     try:
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    except ValueError as error:  # a recipe after the flags is an argument the parser does not use
-        late = next((arg for arg in argv[1:] if arg.endswith((".yaml", ".yml")) and arg in str(error)), None)
-        if late:
-            raise FinetuneError(f"a recipe comes before the flags: {late} was given after them") from None
+        model_args, data_args, training_args, unused = parser.parse_args_into_dataclasses(
+            args=argv, return_remaining_strings=True
+        )
+    except ValueError as error:  # a dataclass's own check (TrainingArguments' __post_init__)
         raise FinetuneError(first_line(error)) from None
+    if unused:
+        late = next((arg for arg in unused if arg.endswith((".yaml", ".yml"))), None)
+        if late:
+            raise FinetuneError(f"a recipe comes before the flags: {late} was given after them")
+        parser.error(f"unrecognized arguments: {' '.join(unused)}")
     training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     training_args.attention_kernel = model_args.attn_implementation
     model_args.model = absolute_if_local(model_args.model)

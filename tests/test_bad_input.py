@@ -99,8 +99,15 @@ def test_text_column_of_numbers_is_refused_as_not_text(output_flags, make_jsonl_
     assert_one_error(argv, capsys, "--text_column 'text' holds int64 values, not text")
 
 
-def test_unknown_flag_is_named(output_flags, capsys):
-    assert_one_error([*TINY_FROM_SCRATCH, "--learning_rat", "1", *output_flags], capsys, "--learning_rat")
+def test_unknown_flag_is_named_with_where_the_flags_are_listed(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--learning_rat", "1", *output_flags]
+    assert_one_error(argv, capsys, "unrecognized arguments: --learning_rat 1 (`finetune/run.py --help` lists")
+
+
+def test_an_unknown_run_flag_given_to_a_command_points_at_the_run_flags_help(capsys):
+    argv = ["plan", "--model", "gpt2", "--gpu_memory", "80", "--lora_r", "8"]
+    expected = "unrecognized arguments: --lora_r 8 (`finetune/run.py --help`"
+    assert_one_error(argv, capsys, expected, entry=cli.main)
 
 
 def test_nvme_profile_without_a_folder_asks_for_nvme_path(output_flags, monkeypatch, capsys):
