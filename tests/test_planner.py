@@ -723,6 +723,16 @@ def test_plan_shows_the_batch_each_profile_would_train_for_a_global_batch(capsys
     assert out.strip().splitlines()[-1] == "--profile auto with --global_batch_size 128: fsdp_grad_op"
 
 
+def test_plan_of_a_global_batch_the_gpus_cannot_share_is_refused_before_any_table(capsys):
+    flags = ["plan", "--model", "gpt2", "--gpus", "2", "--gpu_memory", "80", "--global_batch_size", "7"]
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(flags)
+    printed = capsys.readouterr()
+    assert stopped.value.code == 2
+    assert printed.out == ""
+    assert "--global_batch_size 7 is not a multiple of the 2 processes" in printed.err
+
+
 def test_largest_model_fits_and_the_next_size_up_does_not(calibration):
     name, found = largest_model(ZERO3, Workload(8, 1024), Hardware(ParallelLayout(4), 80), calibration)
     ladder = list(MODEL_LADDER)

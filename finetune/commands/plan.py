@@ -159,6 +159,13 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         return 0
     hardware = Hardware(layout, memory, gpus_per_node=options.gpus_per_node, margin=options.margin)
     estimates = plan(shape, workload, layout, calibration, profiles)
+    strategies = [e.strategy for e in estimates]
+    # made before anything is printed: a global batch the processes cannot share is refused alone
+    by_global_batch = (
+        format_global_batch(shape, workload, strategies, hardware, calibration, global_batch)
+        if global_batch is not None
+        else None
+    )
     print(format_plan(shape, workload, estimates, hardware))
     if options.picture is not None:
         from finetune.pictures import plan_picture
@@ -174,13 +181,9 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         print(f"largest micro batch predicted to fit with {best.profile}: {largest}")
         order = ", ".join(e.profile for e in estimates)
         print(f"recommended: {best.profile} (the first that fits, in the order {order})")
-    if global_batch is not None:  # last: with it, `--profile auto` weighs this, not the micro batch above
+    if by_global_batch is not None:  # last: with it, `--profile auto` weighs this, not the micro batch above
         print()
-        print(
-            format_global_batch(
-                shape, workload, [e.strategy for e in estimates], hardware, calibration, global_batch
-            )
-        )
+        print(by_global_batch)
     if best is not None:
         return 0
     print("nothing fits; changes that would:")
