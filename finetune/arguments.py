@@ -272,6 +272,7 @@ class FinetuneTrainingArguments(TrainingArguments):
         """
         if self.per_device_train_batch_size < 1:
             raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
+        check_seed(self.seed)
         if self.throughput_warmup_steps < 0:
             raise FinetuneError(
                 f"--throughput_warmup_steps must be 0 or more, got {self.throughput_warmup_steps}"
@@ -353,6 +354,16 @@ class FinetuneTrainingArguments(TrainingArguments):
 
 
 NAME_MAX = 255  # bytes in one file or folder name on Linux and macOS file systems
+
+
+LARGEST_SEED = 2**32 - 1  # transformers' set_seed seeds numpy too, whose seeds are 32-bit
+
+
+def check_seed(seed: int) -> None:
+    """A seed every random generator set_seed seeds accepts (numpy's is the narrowest), refused here
+    rather than as numpy's traceback once the model is built."""
+    if not 0 <= seed <= LARGEST_SEED:
+        raise FinetuneError(f"--seed must be between 0 and {LARGEST_SEED}, got {seed}")
 
 
 def check_run_name(name: str, source: str) -> None:

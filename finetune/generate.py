@@ -11,6 +11,7 @@ from accelerate import PartialState
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, set_seed
 
+from finetune.arguments import check_seed
 from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import end_of_turn_ids
@@ -38,6 +39,7 @@ class Sampling:
             raise FinetuneError(f"--top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise FinetuneError(f"--top_k must be 0 (no limit) or more, got {self.top_k}")
+        check_seed(self.seed)
 
     def generation_config(self, pad_token_id: int, stop_ids: list[int]) -> GenerationConfig:
         common = {

@@ -99,6 +99,12 @@ def test_text_column_of_numbers_is_refused_as_not_text(output_flags, make_jsonl_
     assert_one_error(argv, capsys, "--text_column 'text' holds int64 values, not text")
 
 
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_numpy_cannot_take_is_refused_before_the_model_is_built(seed, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--seed", seed, *output_flags]
+    assert_one_error(argv, capsys, f"--seed must be between 0 and 4294967295, got {seed}")
+
+
 def test_unknown_flag_is_named_with_where_the_flags_are_listed(output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, "--learning_rat", "1", *output_flags]
     assert_one_error(argv, capsys, "unrecognized arguments: --learning_rat 1 (`finetune/run.py --help` lists")
@@ -262,6 +268,8 @@ def test_deepspeed_stage_4_under_a_bare_launch_is_rejected(output_flags, tmp_pat
         ("--top_p", "0"),
         ("--top_p", "1.5"),
         ("--top_k", "-1"),
+        ("--seed", "-1"),
+        ("--seed", str(2**32)),
     ],
 )
 def test_generate_rejects_sampling_settings_out_of_range(flag, value, capsys):
