@@ -149,6 +149,18 @@ class BatchGeometry:
         return cls(training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,
                    data_parallel)  # fmt: skip
 
+    @staticmethod
+    def share_per_process(global_batch: int, data_parallel: int) -> int:
+        """Each data-parallel process's equal share of the global batch; refused where there is none."""
+        per_process, rest = divmod(global_batch, data_parallel)
+        if rest:
+            s = "es" if data_parallel != 1 else ""
+            raise FinetuneError(
+                f"--global_batch_size {global_batch} is not a multiple of the {data_parallel} process{s}: "
+                "each process takes an equal share"
+            )
+        return per_process
+
     @classmethod
     def from_global(
         cls,
@@ -166,12 +178,7 @@ class BatchGeometry:
         hand: the Trainer and DeepSpeed take the three numbers as given.
         """
         s = "es" if data_parallel != 1 else ""
-        per_process, rest = divmod(global_batch, data_parallel)
-        if rest:
-            raise FinetuneError(
-                f"--global_batch_size {global_batch} is not a multiple of the {data_parallel} process{s}: "
-                "each process takes an equal share"
-            )
+        per_process = cls.share_per_process(global_batch, data_parallel)
         given = {"--batch_size": micro, "--gradient_accumulation_steps": accumulation}
         given = {flag: value for flag, value in given.items() if value is not None}
         if micro is not None and accumulation is not None:

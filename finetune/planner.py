@@ -260,7 +260,7 @@ def global_batch_choices(
     global_batch: int,
 ) -> list[GlobalBatchChoice]:
     """Each profile's choice for the global batch, fastest first (`GlobalBatchChoice.rank`)."""
-    per_process = global_batch // hardware.layout.data_parallel_size
+    per_process = BatchGeometry.share_per_process(global_batch, hardware.layout.data_parallel_size)
     choices = []
     for strategy in strategies:
         largest = largest_micro_batch_for_share(strategy, shape, workload, hardware, calibration, per_process)
@@ -378,7 +378,7 @@ def largest_micro_batch_for_run(
     strategy = launch.strategy
     hardware = Hardware(launch.layout, memory)
     calibration = Calibration.measured()
-    per_process = max(1, training_args.global_batch_size // launch.data_parallel_size)
+    per_process = BatchGeometry.share_per_process(training_args.global_batch_size, launch.data_parallel_size)
     largest = largest_micro_batch_for_share(strategy, shape, workload, hardware, calibration, per_process)
     where = f"{strategy.name} on {hardware.gpus} x {memory:g} GiB"
     if largest < 1:

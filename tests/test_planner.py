@@ -723,8 +723,9 @@ def test_plan_shows_the_batch_each_profile_would_train_for_a_global_batch(capsys
     assert out.strip().splitlines()[-1] == "--profile auto with --global_batch_size 128: fsdp_grad_op"
 
 
-def test_plan_of_a_global_batch_the_gpus_cannot_share_is_refused_before_any_table(capsys):
-    flags = ["plan", "--model", "gpt2", "--gpus", "2", "--gpu_memory", "80", "--global_batch_size", "7"]
+@pytest.mark.parametrize(("model", "memory"), [("gpt2", "80"), ("gpt2-xl", "1")])  # fits; nothing fits
+def test_plan_of_a_global_batch_the_gpus_cannot_share_is_refused_before_any_table(model, memory, capsys):
+    flags = ["plan", "--model", model, "--gpus", "2", "--gpu_memory", memory, "--global_batch_size", "7"]
     with pytest.raises(SystemExit) as stopped:
         cli_main(flags)
     printed = capsys.readouterr()
