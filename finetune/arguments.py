@@ -8,6 +8,7 @@ after a recipe overrides it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import json
 import math
@@ -421,7 +422,12 @@ def recipe_to_flags(path: Path) -> list[str]:
         raise FinetuneError(f"{path}: a recipe is a mapping of argument names to values")
     unknown = sorted(set(recipe) - known_keys())
     if unknown:
-        raise FinetuneError(f"{path}: unknown key(s) {', '.join(unknown)} (see `finetune/run.py --help`)")
+        parser = make_parser()
+        hints = [hint for key in unknown if (hint := flag_hint(f"--{key}", parser))]
+        raise FinetuneError(
+            "; ".join([f"{path}: unknown key(s) {', '.join(unknown)}", *hints])
+            + " (see `finetune/run.py --help`)"
+        )
     flags: list[str] = []
     for key, value in recipe.items():
         if value is None or value == []:
@@ -463,12 +469,43 @@ def parse_arguments(
         late = next((arg for arg in unused if arg.endswith((".yaml", ".yml"))), None)
         if late:
             raise FinetuneError(f"a recipe comes before the flags: {late} was given after them")
-        parser.error(f"unrecognized arguments: {' '.join(unused)}")
+        hints = [hint for arg in unused if arg.startswith("--") and (hint := flag_hint(arg, parser))]
+        parser.error("; ".join([f"unrecognized arguments: {' '.join(unused)}", *hints]))
     training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     training_args.attention_kernel = model_args.attn_implementation
     model_args.model = absolute_if_local(model_args.model)
     model_args.tokenizer = model_args.tokenizer and absolute_if_local(model_args.tokenizer)
     return model_args, data_args, training_args
+
+
+# Flags of transformers' example scripts (run_clm.py), of TRL's SFT script and of transformers 4 that a
+# user copying a tutorial brings, with what this parser calls them.
+ANSWERS_ONLY = "give nothing: labels are on the answers only by default (--train_on_prompt adds the prompts)"
+FLAGS_NAMED_OTHERWISE = {
+    "--warmup_ratio": "use --warmup_steps (below 1, a fraction of the steps: transformers 5 folded it in)",
+    "--evaluation_strategy": "use --eval_strategy",
+    "--dataset_config_name": "use --dataset_config",
+    "--tokenizer_name": "use --tokenizer",
+    "--train_file": "use --dataset FILE",
+    "--max_seq_length": "use --block_size",
+    "--max_length": "use --block_size",
+    "--dataset_text_field": "use --text_column",
+    "--use_peft": "use --peft lora",
+    "--lora_r": "use --lora_rank",
+    "--completion_only_loss": ANSWERS_ONLY,
+    "--assistant_only_loss": ANSWERS_ONLY,
+    "--logging_dir": "use --run_name (the TensorBoard log is output_dir/runs/RUN_NAME)",
+}
+
+
+def flag_hint(argument: str, parser: HfArgumentParser) -> str | None:
+    """What an unrecognized flag is called here: another tool's name for it, else the closest flag of
+    this parser (a typo)."""
+    flag = argument.split("=", 1)[0]
+    if flag in FLAGS_NAMED_OTHERWISE:
+        return f"for {flag} {FLAGS_NAMED_OTHERWISE[flag]}"
+    close = difflib.get_close_matches(flag, parser._option_string_actions, n=1, cutoff=0.8)
+    return f"did you mean {close[0]}?" if close else None
 
 
 BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "per_device_eval_batch_size")

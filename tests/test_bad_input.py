@@ -106,13 +106,35 @@ def test_a_seed_numpy_cannot_take_is_refused_before_the_model_is_built(seed, out
 
 
 def test_unknown_flag_is_named_with_where_the_flags_are_listed(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--no_such_flag", "1", *output_flags]
+    assert_one_error(argv, capsys, "unrecognized arguments: --no_such_flag 1 (`finetune/run.py --help` lists")
+
+
+def test_a_misspelt_flag_is_answered_with_the_closest_one(output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, "--learning_rat", "1", *output_flags]
-    assert_one_error(argv, capsys, "unrecognized arguments: --learning_rat 1 (`finetune/run.py --help` lists")
+    assert_one_error(argv, capsys, "did you mean --learning_rate?")
+
+
+@pytest.mark.parametrize(
+    ("flag", "named_here"),
+    [("--warmup_ratio", "use --warmup_steps"), ("--max_seq_length", "use --block_size"),
+     ("--dataset_config_name", "use --dataset_config"), ("--lora_r", "use --lora_rank")],
+)  # fmt: skip
+def test_a_flag_of_another_tool_is_answered_with_its_name_here(flag, named_here, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, f"{flag}=1", *output_flags]
+    assert_one_error(argv, capsys, f"for {flag} {named_here}")
+
+
+def test_a_recipe_key_of_another_tool_is_answered_with_its_name_here(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: gpt2\nmax_seq_length: 128\n")
+    expected = "unknown key(s) max_seq_length; for --max_seq_length use --block_size"
+    assert_one_error([str(recipe)], capsys, expected)
 
 
 def test_an_unknown_run_flag_given_to_a_command_points_at_the_run_flags_help(capsys):
-    argv = ["plan", "--model", "gpt2", "--gpu_memory", "80", "--lora_r", "8"]
-    expected = "unrecognized arguments: --lora_r 8 (`finetune/run.py --help`"
+    argv = ["plan", "--model", "gpt2", "--gpu_memory", "80", "--no_such_flag", "8"]
+    expected = "unrecognized arguments: --no_such_flag 8 (`finetune/run.py --help`"
     assert_one_error(argv, capsys, expected, entry=cli.main)
 
 
