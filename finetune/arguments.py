@@ -274,6 +274,7 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.per_device_train_batch_size < 1:
             raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
         check_seed(self.seed)
+        self._check_optimizer_settings()
         if self.throughput_warmup_steps < 0:
             raise FinetuneError(
                 f"--throughput_warmup_steps must be 0 or more, got {self.throughput_warmup_steps}"
@@ -316,6 +317,22 @@ class FinetuneTrainingArguments(TrainingArguments):
                 raise FinetuneError("give either --precision or --bf16/--fp16, not both")
             self.bf16 = self.precision == "bf16"
             self.fp16 = self.precision == "fp16"
+
+    def _check_optimizer_settings(self) -> None:
+        """What torch's AdamW refuses only once the model is built (a traceback), or, for a negative
+        weight decay the Trainer passes per parameter group, never: it would push weights away
+        from zero. A negative warm-up gets a message that names the flag."""
+        if self.weight_decay < 0:
+            raise FinetuneError(f"--weight_decay must be 0 or more, got {self.weight_decay}")
+        for flag, beta in (("--adam_beta1", self.adam_beta1), ("--adam_beta2", self.adam_beta2)):
+            if not 0 <= beta < 1:
+                raise FinetuneError(f"{flag} must be at least 0 and below 1, got {beta}")
+        if self.adam_epsilon < 0:
+            raise FinetuneError(f"--adam_epsilon must be 0 or more, got {self.adam_epsilon}")
+        if self.warmup_steps < 0:
+            raise FinetuneError(
+                f"--warmup_steps must be 0 or more (below 1: a fraction of steps), got {self.warmup_steps}"
+            )
 
     def _resolve_checkpointing_alias(self) -> None:
         """--gradient_checkpointing (the flag the project documents) and --activation_checkpointing (its

@@ -110,6 +110,18 @@ def test_unknown_flag_is_named_with_where_the_flags_are_listed(output_flags, cap
     assert_one_error(argv, capsys, "unrecognized arguments: --no_such_flag 1 (`finetune/run.py --help` lists")
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [("--weight_decay", "-0.1", "--weight_decay must be 0 or more"),
+     ("--adam_beta1", "1.5", "--adam_beta1 must be at least 0 and below 1"),
+     ("--adam_beta2", "-0.1", "--adam_beta2 must be at least 0 and below 1"),
+     ("--adam_epsilon", "-1e-8", "--adam_epsilon must be 0 or more"),
+     ("--warmup_steps", "-3", "--warmup_steps must be 0 or more")],
+)  # fmt: skip
+def test_optimizer_settings_adamw_refuses_or_misuses_are_refused(flag, value, expected, output_flags, capsys):
+    assert_one_error([*TINY_FROM_SCRATCH, f"{flag}={value}", *output_flags], capsys, expected)
+
+
 def test_a_misspelt_flag_is_answered_with_the_closest_one(output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, "--learning_rat", "1", *output_flags]
     assert_one_error(argv, capsys, "did you mean --learning_rate?")
