@@ -15,6 +15,7 @@ from finetune.arguments import check_seed
 from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import end_of_turn_ids
+from finetune.local_data import not_text
 from finetune.models import SavedModel
 
 
@@ -72,9 +73,16 @@ def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
     found = list(prompts)
     if prompts_file:
         try:
-            found += [line for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+            data = Path(prompts_file).read_bytes()
         except OSError as error:
             raise FinetuneError(f"--prompts_file {prompts_file}: {error.strerror}") from None
+        problem = not_text(Path(prompts_file), data)
+        if problem:
+            raise FinetuneError(f"--prompts_file {problem}")
+        in_file = [line for line in data.decode("utf-8").splitlines() if line.strip()]
+        if not in_file:
+            raise FinetuneError(f"--prompts_file {prompts_file} holds no prompt: every line is empty")
+        found += in_file
     if not found:
         raise FinetuneError("give at least one --prompt or a --prompts_file")
     return found

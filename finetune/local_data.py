@@ -141,15 +141,10 @@ def unreadable_part(file: Path, builder: str) -> str | None:
     if builder == "parquet":
         return unreadable_parquet(file)
     data = file.read_bytes()
-    nul = data.find(b"\0")
-    if nul >= 0:
-        return f"{file} line {line_at(data, nul)}: a binary file, not text (a NUL byte)"
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return (
-            f"{file} line {line_at(data, error.start)}: not UTF-8 text ({error.reason} at byte {error.start})"
-        )
+    problem = not_text(file, data)
+    if problem:
+        return problem
+    text = data.decode("utf-8")
     if builder == "json":
         return unreadable_json(file, text)
     if builder == "csv":
@@ -167,6 +162,19 @@ def unreadable_parquet(file: Path) -> str | None:
         pq.read_metadata(file)
     except (pa.ArrowException, OSError) as error:
         return f"{file}: not a readable Parquet file ({first_line(error)})"
+    return None
+
+
+def not_text(file: Path, data: bytes) -> str | None:
+    """Why a file's bytes are not UTF-8 text, naming the line: a binary file or another encoding."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        return f"{file} line {line_at(data, nul)}: a binary file, not text (a NUL byte)"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        where = f"{file} line {line_at(data, error.start)}"
+        return f"{where}: not UTF-8 text ({error.reason} at byte {error.start})"
     return None
 
 

@@ -44,6 +44,19 @@ def test_no_prompt_is_an_error():
         read_prompts([], None)
 
 
+def test_a_prompts_file_of_empty_lines_is_an_error_naming_it(make_text_file):
+    path = make_text_file("prompts.txt", "\n  \n")
+    with pytest.raises(FinetuneError, match=r"prompts\.txt holds no prompt: every line is empty"):
+        read_prompts(["given too"], str(path))
+
+
+def test_a_prompts_file_that_is_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_bytes("first\nsecond caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(FinetuneError, match=r"prompts\.txt line 2: not UTF-8 text"):
+        read_prompts([], str(path))
+
+
 def test_generate_command_prints_prompt_and_completion(tiny_gpt2_dir, capsys):
     assert cli_main(["generate", str(tiny_gpt2_dir), "--prompt", "Hello", "--max_new_tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("Hello")
