@@ -212,7 +212,10 @@ def check_messages(messages: Any, row: int) -> list[dict[str, str]]:
                 f"row {row}: every message needs a role among {', '.join(ROLES)}, got {message!r:.80}"
             )
         if not isinstance(message.get("content"), str):
-            raise FinetuneError(f"row {row}: a {message['role']} message's content must be text")
+            content = message.get("content")
+            raise FinetuneError(
+                f"row {row}: the {message['role']} message's content must be text, got {content!r:.80}"
+            )
     if not any(message["role"] == "assistant" for message in messages):
         raise FinetuneError(f"row {row}: a conversation without an assistant message has nothing to learn")
     return [{"role": message["role"], "content": message["content"]} for message in messages]

@@ -186,6 +186,12 @@ def test_a_message_without_a_known_role_is_a_user_error(make_jsonl_file, tokeniz
         prepare(make_jsonl_file("chat.jsonl", rows), tokenizer)
 
 
+def test_a_message_whose_content_is_not_text_names_its_role_and_value(make_jsonl_file, tokenizer):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]}] * 4
+    with pytest.raises(FinetuneError, match="line 1: the assistant message's content must be text, got None"):
+        prepare(make_jsonl_file("chat.jsonl", rows), tokenizer)
+
+
 def test_the_summary_counts_trained_and_masked_tokens(make_jsonl_file, tokenizer):
     rows = [{"question": "one two three", "answer": "four five"}] * 20
     summary = prepare(make_jsonl_file("qa.jsonl", rows), tokenizer, packing=False).summary
