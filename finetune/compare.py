@@ -208,7 +208,9 @@ def run_profile(
         return Row(profile.name, classify(reason), reason)
     flags = ["--save_strategy", "no", *run_args, "--output_dir", str(run_dir), "--run_name", run_dir.name]
     with tempfile.TemporaryDirectory(prefix="finetune-compare-") as folder, log.open("w") as stream:
-        command = launch_command(profile, resolved_profile_file(profile, Path(folder)), placement, flags)
+        # a one-process profile beside several-process ones runs as `finetune run` runs it: alone
+        placed = placement if profile.multi_process else Placement()
+        command = launch_command(profile, resolved_profile_file(profile, Path(folder)), placed, flags)
         environment = {**os.environ, PROFILE_VARIABLE: profile.name}
         process = subprocess.Popen(
             command, stdout=stream, stderr=subprocess.STDOUT, env=environment, start_new_session=True

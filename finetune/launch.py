@@ -63,6 +63,42 @@ class Placement:
     main_process_ip: str | None = field(default=None, metadata={"help": "address of machine rank 0"})
     main_process_port: int | None = field(default=None, metadata={"help": "port on machine rank 0"})
 
+    def __post_init__(self) -> None:
+        """Counts and a port that accelerate launch takes and then fails on, refused in one line: a
+        process count below 1 is its assertion's traceback, a port out of range a socket's."""
+        for flag in ("num_processes", "num_machines"):
+            value = getattr(self, flag)
+            if value is not None and value < 1:
+                raise FinetuneError(f"--{flag} must be at least 1, got {value}")
+        if self.main_process_port is not None and not 0 <= self.main_process_port <= 65535:
+            raise FinetuneError(
+                f"--main_process_port must be from 0 (a free one) to 65535, got {self.main_process_port}"
+            )
+
+    def check_for(self, profile: Profile) -> None:
+        """What only the profile tells: whether it starts several processes, and on how many machines
+        (a copied profile may name them). A machine rank that cannot join waits in torch's
+        rendezvous forever; processes that machines cannot share equally are silently fewer."""
+        if not profile.multi_process:
+            given = [f"--{name} {value}" for name, value in vars(self).items() if value not in (None, 1)]
+            if given:
+                raise FinetuneError(
+                    f"{', '.join(given)}: profile {profile.name} runs one process on this machine "
+                    "(ddp and the other profiles run several)"
+                )
+            return
+        machines = self.num_machines or profile.settings.get("num_machines", 1)
+        rank = self.machine_rank if self.machine_rank is not None else profile.settings.get("machine_rank", 0)
+        if not 0 <= rank < machines:
+            raise FinetuneError(
+                f"--machine_rank {rank}: must be from 0 to {machines - 1} of {machines} machine(s)"
+            )
+        if self.num_processes is not None and self.num_processes % machines:
+            raise FinetuneError(
+                f"--num_processes {self.num_processes} is not a multiple of the {machines} machines: "
+                "each machine starts an equal share"
+            )
+
     def flags(self) -> list[str]:
         flags = []
         for name, value in vars(self).items():
@@ -101,6 +137,7 @@ def default_num_processes() -> int:
 def launch_command(
     profile: Profile, config_file: Path, placement: Placement, run_args: list[str], script: Path = RUN_SCRIPT
 ) -> list[str]:
+    placement.check_for(profile)
     command = [sys.executable, "-m", "finetune.launch", "--config_file", str(config_file)]
     if profile.multi_process:
         if placement.num_processes is None:

@@ -165,6 +165,21 @@ def test_unknown_profile_lists_the_available_ones(capsys):
     assert_one_error(["run", "--profile", "zero4"], capsys, "available: ddp", entry=cli.main)
 
 
+@pytest.mark.parametrize(
+    ("placement", "expected"),
+    [(["ddp", "--num_processes", "0"], "--num_processes must be at least 1, got 0"),
+     (["ddp", "--num_processes", "2", "--num_machines", "0"], "--num_machines must be at least 1"),
+     (["ddp", "--num_processes", "2", "--main_process_port", "99999"], "--main_process_port must be from 0"),
+     (["ddp", "--num_processes", "4", "--num_machines", "2", "--machine_rank", "2"],
+      "--machine_rank 2: must be from 0 to 1 of 2 machine(s)"),
+     (["ddp", "--num_processes", "3", "--num_machines", "2"], "--num_processes 3 is not a multiple of the 2"),
+     (["single", "--num_processes", "2"], "--num_processes 2: profile single runs one process")],
+)  # fmt: skip
+def test_a_placement_accelerate_would_fail_on_or_ignore_is_one_line(placement, expected, tmp_path, capsys):
+    argv = ["run", "--profile", *placement, *TINY_FROM_SCRATCH, "--output_dir", str(tmp_path / "run")]
+    assert_one_error(argv, capsys, expected, entry=cli.main)
+
+
 def test_plan_of_an_unknown_profile_lists_the_available_ones(capsys):
     argv = ["plan", "--model", "gpt2", "--gpu_memory", "80", "--profiles", "ddp,zero4"]
     assert_one_error(argv, capsys, "unknown profile 'zero4' (available: ddp", entry=cli.main)
