@@ -477,6 +477,16 @@ def test_plan_refuses_numbers_it_cannot_plan_in_one_line(flags, expected, capsys
     assert_one_error(argv, capsys, expected, entry=cli.main)
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [(["--timeout", "0"], "argument --timeout: invalid positive number value: '0'"),
+     (["--gpus", "0"], "invalid positive int value: '0'")],
+)  # fmt: skip
+def test_compare_refuses_a_timeout_or_count_that_is_not_positive(flags, expected, tmp_path, capsys):
+    argv = ["compare", "--profiles", "ddp", *flags, *TINY_FROM_SCRATCH, "--output_dir", str(tmp_path)]
+    assert_one_error(argv, capsys, expected, entry=cli.main)
+
+
 def test_a_folder_of_files_with_other_columns_names_both_files(make_text_file, output_flags, capsys):
     first = make_text_file("mixed/a.jsonl", '{"messages": [{"role": "user", "content": "hi"}]}\n' * 3)
     second = make_text_file("mixed/b.jsonl", '{"text": "plain words"}\n' * 3)

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from finetune.commands.shared import parse_run_flags
+from finetune.commands.shared import PositiveFloat, PositiveInt, parse_run_flags
 from finetune.launch import Placement
 from finetune.profiles import load_profile
 
@@ -21,13 +21,13 @@ class CompareFlags:
             "fastest first; the NVMe one only with --nvme_path)"
         },
     )
-    num_processes: int | None = field(
+    num_processes: PositiveInt | None = field(
         default=None, metadata={"aliases": ["--gpus"], "help": "processes per run (default: GPUs)"}
     )
     output_dir: str = field(
         default="outputs/compare", metadata={"help": "a new folder per run in it; earlier ones are kept"}
     )
-    timeout: float = field(default=1800, metadata={"help": "seconds before a run is stopped"})
+    timeout: PositiveFloat = field(default=1800, metadata={"help": "seconds before a run is stopped"})
     variants: str | None = field(
         default=None,
         metadata={
