@@ -273,8 +273,6 @@ class FinetuneTrainingArguments(TrainingArguments):
         """
         if self.per_device_train_batch_size < 1:
             raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
-        check_seed(self.seed)
-        self._check_optimizer_settings()
         if self.throughput_warmup_steps < 0:
             raise FinetuneError(
                 f"--throughput_warmup_steps must be 0 or more, got {self.throughput_warmup_steps}"
@@ -369,6 +367,16 @@ class FinetuneTrainingArguments(TrainingArguments):
                 raise FinetuneError(f"{flag} {value} is a file: give a folder")
         if self.run_name:
             check_run_name(self.run_name, "--run_name")
+        check_seed(self.seed)
+        self._check_optimizer_settings()
+        for flag in ("logging_steps", "eval_steps", "save_steps"):
+            value = getattr(self, flag)
+            if value is not None and value < 0:  # below 1: a fraction of the steps (TrainingArguments)
+                raise FinetuneError(f"--{flag} must be a number of steps or a fraction of them, got {value}")
+        for flag, zero in (("dataloader_num_workers", "load in the training process"), ("watchdog_s", "off")):
+            value = getattr(self, flag)
+            if value is not None and value < 0:
+                raise FinetuneError(f"--{flag} must be 0 ({zero}) or more, got {value}")
 
 
 NAME_MAX = 255  # bytes in one file or folder name on Linux and macOS file systems
@@ -488,6 +496,12 @@ def parse_arguments(
             raise FinetuneError(f"a recipe comes before the flags: {late} was given after them")
         hints = [hint for arg in unused if arg.startswith("--") and (hint := flag_hint(arg, parser))]
         parser.error("; ".join([f"unrecognized arguments: {' '.join(unused)}", *hints]))
+    for arguments in (model_args, data_args, training_args):
+        not_numbers = [
+            f.name for f in dataclasses.fields(arguments) if is_nan(getattr(arguments, f.name, None))
+        ]
+        if not_numbers:
+            raise FinetuneError(f"--{not_numbers[0]} is nan: give a number")
     training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     training_args.attention_kernel = model_args.attn_implementation
     model_args.model = absolute_if_local(model_args.model)
@@ -523,6 +537,11 @@ def flag_hint(argument: str, parser: HfArgumentParser) -> str | None:
         return f"for {flag} {FLAGS_NAMED_OTHERWISE[flag]}"
     close = difflib.get_close_matches(flag, parser._option_string_actions, n=1, cutoff=0.8)
     return f"did you mean {close[0]}?" if close else None
+
+
+def is_nan(value: Any) -> bool:
+    """A float flag given as nan: every range check compares false with it and lets it through."""
+    return isinstance(value, float) and math.isnan(value)
 
 
 BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "per_device_eval_batch_size")

@@ -155,6 +155,10 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise FinetuneError(f"--{name} must be at least 1, got {value}")
+        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 0:
+            raise FinetuneError(
+                f"--preprocessing_num_workers must be 0 or more, got {self.preprocessing_num_workers}"
+            )
         if not 0 < self.validation_split_percentage < 100:
             raise FinetuneError(
                 "--validation_split_percentage must be between 1 and 99, "

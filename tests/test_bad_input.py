@@ -122,6 +122,24 @@ def test_optimizer_settings_adamw_refuses_or_misuses_are_refused(flag, value, ex
     assert_one_error([*TINY_FROM_SCRATCH, f"{flag}={value}", *output_flags], capsys, expected)
 
 
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [("--logging_steps=-1", "--logging_steps must be a number of steps or a fraction of them"),
+     ("--save_steps=-2", "--save_steps must be a number of steps or a fraction of them"),
+     ("--dataloader_num_workers=-1", "--dataloader_num_workers must be 0 (load in the training process)"),
+     ("--preprocessing_num_workers=-1", "--preprocessing_num_workers must be 0 or more"),
+     ("--watchdog_s=-1", "--watchdog_s must be 0 (off) or more")],
+)  # fmt: skip
+def test_a_negative_interval_or_worker_count_is_refused(flag, expected, output_flags, capsys):
+    assert_one_error([*TINY_FROM_SCRATCH, flag, *output_flags], capsys, expected)
+
+
+@pytest.mark.parametrize("flag", ["--max_grad_norm", "--weight_decay", "--lora_alpha"])
+def test_a_float_flag_given_as_nan_is_refused_though_every_range_check_passes_it(flag, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, flag, "nan", *output_flags]
+    assert_one_error(argv, capsys, f"{flag} is nan: give a number")
+
+
 def test_a_misspelt_flag_is_answered_with_the_closest_one(output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, "--learning_rat", "1", *output_flags]
     assert_one_error(argv, capsys, "did you mean --learning_rate?")
