@@ -34,7 +34,7 @@ from finetune.instruction import detect_format, encode, template_for
 from finetune.losses import loss_sums_per_sample
 from finetune.models import SavedModel, choose_block_size, context_length
 from finetune.packing import truncate
-from finetune.run_flags import DataArguments
+from finetune.run_flags import DataArguments, check_block_size
 from finetune.run_folder import MANIFEST, SUMMARY_FILE
 
 
@@ -151,6 +151,8 @@ def evaluate_saved_model(
         raise FinetuneError(f"--max_tokens must be at least 1, got {max_tokens}")
     if max_examples is not None and max_examples < 1:
         raise FinetuneError(f"--max_examples must be at least 1, got {max_examples}")
+    if block_size is not None:
+        check_block_size(block_size)
     state = PartialState()
     saved = SavedModel.at(model_path)
     config = saved.config()

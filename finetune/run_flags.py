@@ -149,8 +149,8 @@ class DataArguments:
     )
 
     def __post_init__(self) -> None:
-        if self.block_size is not None and self.block_size < 2:
-            raise FinetuneError(f"--block_size must be at least 2 tokens, got {self.block_size}")
+        if self.block_size is not None:
+            check_block_size(self.block_size)
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -164,6 +164,12 @@ class DataArguments:
                 "--validation_split_percentage must be between 1 and 99, "
                 f"got {self.validation_split_percentage}"
             )
+
+
+def check_block_size(block_size: int) -> None:
+    """A block trains on its tokens' next tokens: one token predicts nothing."""
+    if block_size < 2:
+        raise FinetuneError(f"--block_size must be at least 2 tokens, got {block_size}")
 
 
 def add_run_flags(parser: argparse.ArgumentParser, declared_by: type, names: tuple[str, ...]) -> None:

@@ -347,6 +347,8 @@ def test_generate_rejects_sampling_settings_out_of_range(flag, value, capsys):
 @pytest.mark.parametrize(
     ("flag", "value"),
     [
+        ("--block_size", "1"),
+        ("--block_size", "0"),
         ("--stride", "0"),
         ("--stride", "-1"),
         ("--stride", "129"),
