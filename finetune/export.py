@@ -154,6 +154,8 @@ def export_checkpoint(
     model its manifest names or on `base_model` (the base moved, or lives elsewhere on this machine).
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    if not checkpoint.exists():
+        raise FinetuneError(f"{checkpoint}: no such checkpoint folder")
     if not (checkpoint / "config.json").is_file():
         raise FinetuneError(f"{checkpoint} is not a checkpoint folder (no config.json)")
     problem = checkpoint_problem(checkpoint)

@@ -99,6 +99,11 @@ def test_export_of_a_checkpoint_with_damaged_bytes_is_refused_naming_the_file(tm
     assert not (tmp_path / "export").exists()
 
 
+def test_export_of_a_path_that_does_not_exist_says_so(tmp_path):
+    with pytest.raises(FinetuneError, match=r"checkpoint-9: no such checkpoint folder"):
+        export_checkpoint(tmp_path / "checkpoint-9", tmp_path / "export")
+
+
 def test_truncated_file_is_a_problem(tmp_path):
     folder = make_checkpoint(tmp_path, 2)
     (folder / "model.safetensors").write_bytes(b"weights")
