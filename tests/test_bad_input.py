@@ -361,6 +361,28 @@ def test_eval_rejects_window_settings_out_of_range(flag, value, tiny_gpt2_dir, c
     assert_one_error(argv, capsys, f"{flag} must be", entry=cli.main)
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [(["--output", "{tmp}"], "--output {tmp} is a folder: give a file name"),
+     (["--output", "{tmp}/a_file/result.json"], "{tmp}/a_file is a file, not a folder"),
+     (["--generate", "--completions", "{tmp}"], "--completions {tmp} is a folder: give a file name")],
+)  # fmt: skip
+def test_eval_refuses_a_result_file_it_could_not_write_before_evaluating(
+    flags, expected, tiny_gpt2_dir, tmp_path, capsys
+):
+    (tmp_path / "a_file").write_text("kept")
+    given = [flag.format(tmp=tmp_path) for flag in flags]
+    argv = ["eval", str(tiny_gpt2_dir), "--dataset", "no-such-dataset", *given]  # refused before the data
+    assert_one_error(argv, capsys, expected.format(tmp=tmp_path), entry=cli.main)
+
+
+def test_eval_makes_the_missing_folders_of_its_result_file(tiny_gpt2_dir, tmp_path, capsys):
+    result = tmp_path / "new" / "folder" / "result.json"
+    argv = ["eval", str(tiny_gpt2_dir), "--block_size", "32", "--max_tokens", "64", "--output", str(result)]
+    assert cli.main(argv) == 0
+    assert json.loads(result.read_text())["tokens"] > 0
+
+
 # Data files that cannot be decoded: the file and the line, before the model is built
 
 

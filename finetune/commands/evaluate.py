@@ -89,6 +89,13 @@ def execute(options: argparse.Namespace) -> int:
     answers = (
         AnswerCheck(options.answer_pattern, max_new_tokens, tuple(options.stop)) if options.generate else None
     )
+    completions_file = None
+    if options.generate:
+        default = completions_path(options.output, options.model, options.split)
+        completions_file = options.completions or default
+    for flag, path in (("--output", options.output), ("--completions", completions_file)):
+        if path:
+            ready_to_write(flag, path)
     data_args = DataArguments(**{name: getattr(options, name) for name in EVAL_DATA_FLAGS})
     result = evaluate_saved_model(
         options.model,
@@ -105,13 +112,29 @@ def execute(options: argparse.Namespace) -> int:
     if Launch.from_environment().rank == 0:
         print(json.dumps(result))
         if options.output:
-            Path(options.output).write_text(json.dumps(result, indent=2) + "\n")
+            try:
+                Path(options.output).write_text(json.dumps(result, indent=2) + "\n")
+            except OSError as error:
+                message = f"--output {options.output}: cannot write it ({error.strerror})"
+                raise FinetuneError(message) from None
         if completions is not None:
-            write_completions(
-                completions,
-                options.completions or completions_path(options.output, options.model, options.split),
-            )
+            write_completions(completions, completions_file)
     return 0
+
+
+def ready_to_write(flag: str, path: str) -> None:
+    """A result file checked before the evaluation, which can take long: a file that cannot be
+    written at its end would throw the evaluation away. Its missing folders are made."""
+    target = Path(path)
+    if target.is_dir():
+        raise FinetuneError(f"{flag} {path} is a folder: give a file name")
+    folder = next((parent for parent in target.parents if parent.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise FinetuneError(f"{flag} {path}: {folder} is a file, not a folder")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise FinetuneError(f"{flag} {path}: cannot make its folder ({error.strerror})") from None
 
 
 def completions_path(output: str | None, model: str, split: str) -> str:
