@@ -102,6 +102,11 @@ class SlurmJob:
         """Every value the script writes is checked against its format: see DIRECTIVE_FORMATS."""
         if self.processes_per_node < 1:
             raise FinetuneError("give --gpus_per_node N (or --processes_per_node N for CPU ranks)")
+        if self.gpus_per_node and self.processes_per_node > self.gpus_per_node:
+            raise FinetuneError(
+                f"--processes_per_node {self.processes_per_node} is more than the {self.gpus_per_node} GPUs "
+                "a node gives: each rank takes a GPU of its own (NCCL refuses two ranks on one)"
+            )
         for name, (pattern, expected) in DIRECTIVE_FORMATS.items():
             value = getattr(self, name)
             if value is not None and not pattern.fullmatch(value):

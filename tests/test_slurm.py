@@ -370,6 +370,23 @@ def test_the_directive_block_runs_nothing_and_every_directive_comes_before_the_f
     assert result.returncode == 1 and result.stdout == "" and not marker.exists()
 
 
+def test_a_script_edited_by_hand_is_not_replaced_without_overwrite(tmp_path, capsys):
+    script = write_script(tmp_path, tmp_path / "run", *RUN_FLAGS, gpus_per_node="1")
+    assert write_script(tmp_path, tmp_path / "run", *RUN_FLAGS, gpus_per_node="1") == script  # the same: kept
+    script.write_text(script.read_text() + "# the partition our admins want\n")
+    edited = script.read_text()
+    refused(script, "--output_dir", str(tmp_path / "run"), *RUN_FLAGS)
+    assert "holds another script" in capsys.readouterr().err
+    assert script.read_text() == edited
+    write_script(tmp_path, tmp_path / "run", *RUN_FLAGS, "--overwrite", gpus_per_node="1")
+    assert script.read_text() != edited
+
+
+def test_more_ranks_per_node_than_gpus_are_refused_in_one_line(tmp_path, capsys):
+    refused(tmp_path / "job.sbatch", "--gpus_per_node", "2", "--processes_per_node", "3")
+    assert "--processes_per_node 3 is more than the 2 GPUs a node gives" in capsys.readouterr().err
+
+
 def test_memory_per_node_and_per_gpu_together_are_refused_in_one_line(tmp_path, capsys):
     script = tmp_path / "job.sbatch"
     refused(script, "--gpus_per_node", "1", "--mem", "16G", "--mem_per_gpu", "8G")

@@ -39,6 +39,9 @@ class SlurmFlags:
     )
     nccl_ib_disable: bool = field(default=False, metadata={"help": "NCCL_IB_DISABLE=1 (no InfiniBand)"})
     output: str = field(default="finetune.sbatch", metadata={"help": "where to write the script"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace an --output file that holds another script"}
+    )
 
     def __post_init__(self) -> None:
         if self.mem is not None and self.mem_per_gpu is not None:
@@ -67,8 +70,14 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         output_dir=training_args.output_dir,
         run_args=without_flag(run_args, "--output_dir"),  # the job passes its absolute output_dir
     )
+    script, output = job.script(), Path(options.output)
+    if not options.overwrite and output.is_file() and output.read_bytes() != script.encode():
+        raise FinetuneError(
+            f"{output} holds another script (one edited by hand, or another job's): pass --overwrite to "
+            "replace it, or choose another --output"
+        )
     try:  # the script is all this writes: the job creates its output_dir
-        Path(options.output).write_text(job.script())
+        output.write_text(script)
     except OSError as error:
         raise FinetuneError(f"cannot write the script to {options.output}: {error.strerror}") from None
     print(f"finetune: wrote {options.output}; submit it with: sbatch {options.output}")
