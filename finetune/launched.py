@@ -231,7 +231,7 @@ class BatchGeometry:
         time for eight samples' logits at once.
 
         A profile's CUDA graphs (the single profile's reduce-overhead) are then switched off where they
-        fail: with gradient accumulation, which failed on an H100 at the first backward ("accessing
+        fail: with gradient accumulation, which failed on a GPU at the first backward ("accessing
         tensor output of CUDAGraphs that has been overwritten by a subsequent run"), with gradient
         checkpointing, whose backward runs the recorded forward again (asked for explicitly, that is
         refused when parsing), and under flex attention, whose block mask is a new tensor every batch

@@ -370,7 +370,7 @@ def reduce_buffer_gib(
     peaked alike with buckets of 1M and 500M values: docs/speed.md). ZeRO-3 allocates its buffer with
     the optimizer, before the first step, so it is held whole; under sequence parallelism its engine
     reduces in `seq_parallel_communication_data_type` (fp32 by default), twice the bf16 buffer: what a
-    split 1B Llama's set-up peak held over the unsplit one's on two H200 (docs/long-context.md)."""
+    split 1B Llama's set-up peak held over the unsplit one's (docs/long-context.md)."""
     if not strategy.reduce_buffers:
         return 0.0
     values = strategy.reduce_bucket_values or shape.hidden * shape.hidden  # "auto": transformers' fill
@@ -389,7 +389,7 @@ def optimizer_step_gib(
     """What ZeRO-3's optimizer step adds beside every state on the GPU: one sub-group's gradients,
     flattened and cast to fp32 (SUB_GROUP_STEP_BYTES), a sub-group being at most sub_group_size values
     of a process's partition. Offloaded, the step runs on the CPU. Its peak when the activations are
-    few: gpt2-xl and a 1B Llama checkpointed at micro batch 8 on one H200 (docs/planner.md)."""
+    few: gpt2-xl and a 1B Llama checkpointed at micro batch 8 on one GPU (docs/planner.md)."""
     if strategy.optimizer_sub_group_values is None or "optimizer" in strategy.offloaded:
         return 0.0
     partition = trained_parameters(shape, workload) / layout.shard_group_size
@@ -417,9 +417,8 @@ def gathered_parameter_gib(
     DeepSpeed releases a module's gathered parameters after its forward only when their next use (the
     module's own backward) lies more than stage3_max_reuse_distance values ahead, so the last blocks'
     stay whole, in the compute dtype, up to that many values (and stage3_max_live_parameters). One
-    process gathers nothing: its partition is the parameter (`_no_gather_coalesced`). gpt2-xl at
-    micro batch 8 on two H200 held 30 blocks' weights (0.92e9 values, 1.72 GiB) at its peak
-    (docs/planner.md)."""
+    process gathers nothing: its partition is the parameter (`_no_gather_coalesced`). gpt2-xl on two
+    GPUs held its last blocks' weights whole at its peak (docs/planner.md)."""
     if strategy.gathered_parameter_values is None or layout.shard_group_size <= 1 or strategy.deepcompile:
         return 0.0
     held = min(shape.parameters, strategy.gathered_parameter_values)
@@ -479,7 +478,7 @@ def estimate(
         gradients_held = 0.0
     buckets = ddp_bucket_gib(strategy, framework, shape, workload, layout)
     # gradients as views into the buckets are the buckets: no copy beside them once the backward
-    # has made them; before it, neither way holds any (the 1B Llama's peak on two H200 was the
+    # has made them; before it, neither way holds any (the 1B Llama's peak on two GPUs was the
     # same with views, at the backward's start: docs/planner.md)
     gradients = max(gradients, buckets) if workload.ddp_bucket_views else gradients + buckets
     gradients_held += buckets

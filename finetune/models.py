@@ -184,7 +184,7 @@ def weights_come_from_rank_zero() -> bool:
     `fsdp_cpu_ram_efficient_loading` (the FSDP profiles), where accelerate shards the model on the meta
     device and fills every rank's shards from rank 0's full weights. The other ranks then leave their
     weights undrawn (allocated, never written: pages the host does not fill): drawn on every rank, a
-    from-scratch gpt-30b took 4 x 113 GiB of host memory and 302 s to its first step on four H200
+    large from-scratch model filled every rank's host memory and took minutes to its first step
     (docs/planner.md). Not the meta device: accelerate maps the optimizer's parameters to the shards
     by their storage, which meta tensors do not have."""
     from transformers.integrations import is_fsdp_enabled
@@ -406,8 +406,8 @@ def zero3_linear_warning(model: PreTrainedModel, block_classes: list[str]) -> st
     JSON's `zero_optimization.memory_efficient_linear` is false. The wrap is an autograd function that
     reads each weight's `ds_id`, so a compiled block guards on it: every block of an `nn.Linear` model
     (a Llama; GPT-2's LoRA adapters, not its Conv1D layers) recompiled until dynamo's limit and the
-    rest ran eager, the wrap also keeping each layer's input itself (a 1B Llama under zero3 ran
-    1.27-1.35x faster and 2.9 GiB lower without it: docs/speed.md). None where it does not apply."""
+    rest ran eager, the wrap also keeping each layer's input itself (a 1B Llama under zero3 ran faster
+    and in less memory without it: docs/speed.md). None where it does not apply."""
     try:
         from deepspeed.runtime.zero.linear import zero3_linear_wrap
     except ImportError:

@@ -58,9 +58,8 @@ def planned_strategies(profiles: list[str] | None, layout: ParallelLayout) -> li
 
 # Parameters x tokens of a process's micro batch from which FSDP2 ran at least as fast as ddp and
 # ZeRO-1/2 at the same micro batch: its per-step host work (the sharding floor) is then hidden under
-# the compute. Measured above it: gpt2-xl at 8 x 1024 (1.3e13) and gpt2-medium at 32 x 1024 (1.2e13),
-# on 2 and 4 H200 and H100; below it, gpt2-medium at 8 x 1024 (2.9e12), ddp ran 1.6-1.8x FSDP2 and
-# ZeRO-1/2 1.1-1.3x it (docs/speed.md).
+# the compute. Measured on 2 and 4 GPUs (docs/speed.md): above it, gpt2-xl at 8 x 1024 and gpt2-medium
+# at 32 x 1024; below it, gpt2-medium at 8 x 1024, where ddp and ZeRO-1/2 ran ahead of FSDP2.
 FSDP_FIRST_PARAMETER_TOKENS = 1e13
 
 
@@ -245,7 +244,7 @@ class GlobalBatchChoice:
 
     def rank(self, shape: ModelShape, workload: Workload) -> tuple:
         """`--profile auto`'s order, fastest first: the largest micro batch (accumulation only repeats
-        it; sharding's memory spent on it ran fsdp_grad_op 1.1x ddp's best on two H200), then the
+        it; sharding's memory spent on it ran fsdp_grad_op ahead of ddp's best: docs/speed.md), then the
         profiles' order at that micro batch."""
         micro = self.geometry.micro if self.geometry else 0
         return (-micro, speed_rank(self.strategy, shape, replace(workload, micro_batch=max(micro, 1))))

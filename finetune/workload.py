@@ -23,7 +23,7 @@ def without_zero3_partitioning() -> Iterator[None]:
 
     Once a ZeRO-3 run's TrainingArguments exist, transformers builds every model inside
     `deepspeed.zero.Init`, which partitions (and, without a process group, starts one) and then
-    cannot fill meta tensors: `--global_batch_size` under zero3 failed so on an H100. transformers
+    cannot fill meta tensors: `--global_batch_size` under zero3 failed so on a GPU. transformers
     offers no switch for one build, so its module-level reference is held aside and put back.
     """
     from transformers.integrations import deepspeed as hf_deepspeed
