@@ -121,8 +121,8 @@ def runs_deepspeed_linear(strategy: Strategy, shape: ModelShape) -> bool:
 def loss_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
     """Whose bytes per logit the loss keeps: the layers' kind's, but ZeRO-3 compiles its loss beside
     its blocks also where DeepSpeed's linear keeps a gated-MLP model's layers at bf16's kind (a 1B
-    Llama's checkpointed long blocks on one GPU were predicted 2.1x their peak with the eager loss's
-    bytes)."""
+    Llama's checkpointed long blocks on one GPU were predicted at twice their peak with the eager
+    loss's bytes: docs/planner.md)."""
     kind = calibration_kind(strategy, workload, shape)
     zero3_loss_compiled = strategy.is_zero3 and compiled_for(strategy, workload) and workload.loss_compiled
     return "zero3_compiled" if kind == "bf16" and zero3_loss_compiled else kind

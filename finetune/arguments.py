@@ -29,7 +29,7 @@ from finetune.run_flags import DataArguments, ModelArguments
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
-# about 1% more peak memory (docs/speed.md, "Two GPUs: FSDP2 units of several blocks").
+# little more peak memory (docs/speed.md, "Two GPUs: FSDP2 units of several blocks").
 FSDP_BLOCKS_PER_UNIT = 4
 
 

@@ -185,7 +185,7 @@ class Strategy:
         """Sort key, fastest first, where a step's host work shows (a small model's micro batch; the
         planner's `speed_rank` puts FSDP first where the micro batch hides it): each step keeps less
         per GPU and moves more. Offload to NVMe is slower than to CPU, offloading more is slower,
-        sharding more communicates more. At equal sharding ZeRO-2 ran 1.2x FSDP2's grad-op sharding
+        sharding more communicates more. At equal sharding ZeRO-2 ran ahead of FSDP2's grad-op sharding
         (gpt2-medium at micro batch 8), and FSDP2's full sharding ran ahead of ZeRO-3, whose hooks run
         per module, on every model, micro batch and GPU count measured (docs/speed.md)."""
         worst_offload = max((OFFLOAD_DEVICES.index(d) + 1 for d in self.offloaded.values()), default=0)
