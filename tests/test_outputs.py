@@ -89,6 +89,13 @@ def test_resume_keeps_the_earlier_runs_results(tmp_path):
     assert {name: data for name, data in listing(output_dir).items() if name != LOCK_FILE} == before
 
 
+def test_resume_given_with_overwrite_output_dir_deletes_nothing(tmp_path):
+    output_dir = earlier_run(tmp_path / "out")
+    before = listing(output_dir)
+    claim_on_main(output_dir, resume=True, overwrite=True)
+    assert {name: data for name, data in listing(output_dir).items() if name != LOCK_FILE} == before
+
+
 def test_overwrite_output_dir_says_what_it_removes_and_removes_only_that(tmp_path, monkeypatch):
     output_dir = earlier_run(tmp_path / "out")
     said = warnings(monkeypatch)
