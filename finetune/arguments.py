@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import HfArgumentParser, SchedulerType, TrainingArguments
 
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
@@ -49,7 +49,8 @@ class FinetuneTrainingArguments(TrainingArguments):
         default=1.0, metadata={"aliases": ["--epochs"], "help": "Training epochs."}
     )
     lr_scheduler_type: str = field(
-        default="cosine", metadata={"help": "linear, cosine, constant_with_warmup, ..."}
+        default="cosine",
+        metadata={"help": "Learning-rate schedule.", "choices": [kind.value for kind in SchedulerType]},
     )
     warmup_steps: float = field(
         default=0.05, metadata={"help": "Warm-up steps; a value below 1 is a fraction of all steps."}
@@ -369,6 +370,9 @@ class FinetuneTrainingArguments(TrainingArguments):
             check_run_name(self.run_name, "--run_name")
         check_seed(self.seed)
         self._check_optimizer_settings()
+        if self.torch_compile_mode is not None:
+            check_compile_mode(self.torch_compile_mode)
+        self.report_to = reporting_integrations(self.report_to)
         for flag in ("logging_steps", "eval_steps", "save_steps"):
             value = getattr(self, flag)
             if value is not None and value < 0:  # below 1: a fraction of the steps (TrainingArguments)
@@ -377,6 +381,37 @@ class FinetuneTrainingArguments(TrainingArguments):
             value = getattr(self, flag)
             if value is not None and value < 0:
                 raise FinetuneError(f"--{flag} must be 0 ({zero}) or more, got {value}")
+
+
+def check_compile_mode(mode: str) -> None:
+    """A mode torch.compile knows, asked of the installed torch (its list changes between releases):
+    an unknown one is otherwise a traceback at the first compiled forward, after data and model."""
+    import torch._inductor
+
+    modes = list(torch._inductor.list_mode_options())
+    if mode not in modes:
+        raise FinetuneError(f"--torch_compile_mode {mode}: torch knows {', '.join(modes)}")
+
+
+def reporting_integrations(report_to: str | list[str] | None) -> str | list[str] | None:
+    """--report_to as a list of names (comma-separated, as a recipe's list becomes), each one transformers
+    knows and finds installed: an unknown name or a missing package is otherwise a traceback when the
+    Trainer is built, after the data and the model. "all" and "none" stay as TrainingArguments reads them."""
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    if report_to is None or report_to in ("all", "none", ["all"], ["none"]):
+        return report_to
+    given = report_to.split(",") if isinstance(report_to, str) else report_to
+    names = list(dict.fromkeys(name.strip() for name in given if name.strip()))
+    unknown = [name for name in names if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        known = ", ".join(["none", "all", *INTEGRATION_TO_CALLBACK])
+        raise FinetuneError(f"--report_to {unknown[0]}: not an integration transformers knows ({known})")
+    missing = [name for name in names if name not in get_available_reporting_integrations()]
+    if missing:
+        raise FinetuneError(f"--report_to {missing[0]}: its package is not installed here")
+    return names
 
 
 NAME_MAX = 255  # bytes in one file or folder name on Linux and macOS file systems

@@ -140,6 +140,36 @@ def test_a_float_flag_given_as_nan_is_refused_though_every_range_check_passes_it
     assert_one_error(argv, capsys, f"{flag} is nan: give a number")
 
 
+@pytest.mark.parametrize("report_to", ["bogus", "tensorboard,bogus"])
+def test_a_report_to_transformers_does_not_know_is_refused_before_the_model(report_to, output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, *output_flags, "--report_to", report_to]
+    assert_one_error(argv, capsys, "--report_to bogus: not an integration transformers knows (none, all, ")
+
+
+def test_a_report_to_whose_package_is_missing_is_refused_before_the_model(output_flags, monkeypatch, capsys):
+    import transformers.integrations
+
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations", lambda: [])
+    argv = [*TINY_FROM_SCRATCH, *output_flags, "--report_to", "wandb"]
+    assert_one_error(argv, capsys, "--report_to wandb: its package is not installed here")
+
+
+def test_report_to_takes_a_comma_separated_list_as_a_recipes_list_becomes(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: gpt2\nreport_to: [tensorboard, tensorboard]\n")
+    _, _, training_args = parse_arguments([str(recipe)])
+    assert training_args.report_to == ["tensorboard"]  # once: one callback per integration
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [("--lr_scheduler_type", "argument --lr_scheduler_type/--lr-scheduler-type: invalid choice: 'bogus'"),
+     ("--torch_compile_mode", "--torch_compile_mode bogus: torch knows default, ")],
+)  # fmt: skip
+def test_an_unknown_schedule_or_compile_mode_is_refused_early(flag, expected, output_flags, capsys):
+    assert_one_error([*TINY_FROM_SCRATCH, *output_flags, flag, "bogus"], capsys, expected)
+
+
 def test_a_misspelt_flag_is_answered_with_the_closest_one(output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, "--learning_rat", "1", *output_flags]
     assert_one_error(argv, capsys, "did you mean --learning_rate?")
