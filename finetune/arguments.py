@@ -272,32 +272,13 @@ class FinetuneTrainingArguments(TrainingArguments):
         group), and what it sets up depends on the launch: it runs in `launch_settings.set_up_devices`, so
         that parsing reads no launcher variable and touches no device or folder.
         """
-        if self.per_device_train_batch_size < 1:
-            raise FinetuneError(f"--batch_size must be at least 1, got {self.per_device_train_batch_size}")
-        if self.throughput_warmup_steps < 0:
-            raise FinetuneError(
-                f"--throughput_warmup_steps must be 0 or more, got {self.throughput_warmup_steps}"
-            )
-        if self.fsdp_blocks_per_unit is not None and self.fsdp_blocks_per_unit < 1:
-            raise FinetuneError(f"--fsdp_blocks_per_unit must be at least 1, got {self.fsdp_blocks_per_unit}")
-        if self.sequence_parallel < 1:
-            raise FinetuneError(f"--sequence_parallel must be at least 1, got {self.sequence_parallel}")
-        if self.gc_interval < 0:
-            raise FinetuneError(
-                f"--gc_interval must be 0 (automatic collection) or more, got {self.gc_interval}"
-            )
+        check_lowest_values(self)
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise FinetuneError(f"--peak_tflops must be positive, got {self.peak_tflops}")
-        if self.global_batch_size is not None and self.global_batch_size < 1:
-            raise FinetuneError(f"--global_batch_size must be at least 1, got {self.global_batch_size}")
         if self.gpu_memory_gib is not None and self.gpu_memory_gib <= 0:
             raise FinetuneError(f"--gpu_memory_gib must be positive, got {self.gpu_memory_gib}")
         if self.gpu_memory_gib is not None and self.global_batch_size is None:
             raise FinetuneError("--gpu_memory_gib is only used with --global_batch_size")
-        if self.gradient_accumulation_steps < 1:
-            raise FinetuneError(
-                f"--gradient_accumulation_steps must be at least 1, got {self.gradient_accumulation_steps}"
-            )
         self._resolve_checkpointing_alias()
         if self.torch_compile_mode in CUDA_GRAPH_MODES and self.gradient_checkpointing:
             raise FinetuneError(
@@ -316,22 +297,6 @@ class FinetuneTrainingArguments(TrainingArguments):
                 raise FinetuneError("give either --precision or --bf16/--fp16, not both")
             self.bf16 = self.precision == "bf16"
             self.fp16 = self.precision == "fp16"
-
-    def _check_optimizer_settings(self) -> None:
-        """What torch's AdamW refuses only once the model is built (a traceback), or, for a negative
-        weight decay the Trainer passes per parameter group, never: it would push weights away
-        from zero. A negative warm-up gets a message that names the flag."""
-        if self.weight_decay < 0:
-            raise FinetuneError(f"--weight_decay must be 0 or more, got {self.weight_decay}")
-        for flag, beta in (("--adam_beta1", self.adam_beta1), ("--adam_beta2", self.adam_beta2)):
-            if not 0 <= beta < 1:
-                raise FinetuneError(f"{flag} must be at least 0 and below 1, got {beta}")
-        if self.adam_epsilon < 0:
-            raise FinetuneError(f"--adam_epsilon must be 0 or more, got {self.adam_epsilon}")
-        if self.warmup_steps < 0:
-            raise FinetuneError(
-                f"--warmup_steps must be 0 or more (below 1: a fraction of steps), got {self.warmup_steps}"
-            )
 
     def _resolve_checkpointing_alias(self) -> None:
         """--gradient_checkpointing (the flag the project documents) and --activation_checkpointing (its
@@ -369,18 +334,47 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.run_name:
             check_run_name(self.run_name, "--run_name")
         check_seed(self.seed)
-        self._check_optimizer_settings()
+        for flag, beta in (("--adam_beta1", self.adam_beta1), ("--adam_beta2", self.adam_beta2)):
+            if not 0 <= beta < 1:  # AdamW's own refusal is a traceback once the model is built
+                raise FinetuneError(f"{flag} must be at least 0 and below 1, got {beta}")
         if self.torch_compile_mode is not None:
             check_compile_mode(self.torch_compile_mode)
         self.report_to = reporting_integrations(self.report_to)
-        for flag in ("logging_steps", "eval_steps", "save_steps"):
-            value = getattr(self, flag)
-            if value is not None and value < 0:  # below 1: a fraction of the steps (TrainingArguments)
-                raise FinetuneError(f"--{flag} must be a number of steps or a fraction of them, got {value}")
-        for flag, zero in (("dataloader_num_workers", "load in the training process"), ("watchdog_s", "off")):
-            value = getattr(self, flag)
-            if value is not None and value < 0:
-                raise FinetuneError(f"--{flag} must be 0 ({zero}) or more, got {value}")
+
+
+FRACTION_OF_STEPS = "below 1: a fraction of the steps"
+# The smallest value of each numeric run flag, and what a value there means where it needs saying.
+# TrainingArguments takes them all without a word; below these, torch, datasets or the Trainer fail
+# with a traceback once data and model are built (worker counts, AdamW's epsilon), or misuse them: a
+# negative weight decay, which the Trainer passes per parameter group where AdamW never checks it,
+# pushes weights away from zero; a negative watchdog ends the run at its first step as hung.
+LOWEST_VALUES: dict[str, tuple[int, str]] = {
+    "per_device_train_batch_size": (1, ""),
+    "gradient_accumulation_steps": (1, ""),
+    "global_batch_size": (1, ""),
+    "fsdp_blocks_per_unit": (1, ""),
+    "sequence_parallel": (1, ""),
+    "throughput_warmup_steps": (0, ""),
+    "gc_interval": (0, "0: automatic collection"),
+    "dataloader_num_workers": (0, "0: load in the training process"),
+    "watchdog_s": (0, "0: off"),
+    "weight_decay": (0, ""),
+    "adam_epsilon": (0, ""),
+    "warmup_steps": (0, FRACTION_OF_STEPS),
+    "logging_steps": (0, FRACTION_OF_STEPS),
+    "eval_steps": (0, FRACTION_OF_STEPS),
+    "save_steps": (0, FRACTION_OF_STEPS),
+}
+FLAG_NAMES = {"per_device_train_batch_size": "--batch_size"}  # the documented alias
+
+
+def check_lowest_values(arguments: FinetuneTrainingArguments) -> None:
+    for name, (lowest, note) in LOWEST_VALUES.items():
+        value = getattr(arguments, name)
+        if value is not None and value < lowest:
+            flag = FLAG_NAMES.get(name, f"--{name}")
+            bound = "at least 1" if lowest == 1 else "0 or more"
+            raise FinetuneError(f"{flag} must be {bound}{f' ({note})' if note else ''}, got {value}")
 
 
 def check_compile_mode(mode: str) -> None:

@@ -11,7 +11,9 @@ import torch
 from accelerate.state import AcceleratorState, PartialState
 
 from finetune.arguments import (
+    FLAG_NAMES,
     FSDP_BLOCKS_PER_UNIT,
+    LOWEST_VALUES,
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
@@ -378,3 +380,11 @@ NEWER_CHECKPOINTING_NAME = any(
 def test_the_newer_activation_checkpointing_flag_asks_for_gradient_checkpointing(output_flags):
     _, _, training_args = parse_arguments(["--model", "gpt2", "--activation_checkpointing", *output_flags])
     assert training_args.gradient_checkpointing is True
+
+
+@pytest.mark.parametrize("name", list(LOWEST_VALUES))
+def test_every_numeric_flag_below_its_lowest_value_is_one_error_naming_the_flag(name):
+    lowest, _ = LOWEST_VALUES[name]
+    flag = FLAG_NAMES.get(name, f"--{name}")
+    with pytest.raises(FinetuneError, match=rf"^{flag} must be .*, got {lowest - 1}"):
+        parse_arguments(["--model", "gpt2", f"{flag}={lowest - 1}"])

@@ -124,11 +124,11 @@ def test_optimizer_settings_adamw_refuses_or_misuses_are_refused(flag, value, ex
 
 @pytest.mark.parametrize(
     ("flag", "expected"),
-    [("--logging_steps=-1", "--logging_steps must be a number of steps or a fraction of them"),
-     ("--save_steps=-2", "--save_steps must be a number of steps or a fraction of them"),
-     ("--dataloader_num_workers=-1", "--dataloader_num_workers must be 0 (load in the training process)"),
+    [("--logging_steps=-1", "--logging_steps must be 0 or more (below 1: a fraction of the steps)"),
+     ("--save_steps=-2", "--save_steps must be 0 or more (below 1: a fraction of the steps)"),
+     ("--dataloader_num_workers=-1", "--dataloader_num_workers must be 0 or more (0: load in the training"),
      ("--preprocessing_num_workers=-1", "--preprocessing_num_workers must be 0 or more"),
-     ("--watchdog_s=-1", "--watchdog_s must be 0 (off) or more")],
+     ("--watchdog_s=-1", "--watchdog_s must be 0 or more (0: off)")],
 )  # fmt: skip
 def test_a_negative_interval_or_worker_count_is_refused(flag, expected, output_flags, capsys):
     assert_one_error([*TINY_FROM_SCRATCH, flag, *output_flags], capsys, expected)
