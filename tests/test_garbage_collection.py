@@ -109,6 +109,6 @@ def test_runs_collect_every_ten_steps_by_default(output_flags):
 
 def test_a_negative_interval_is_refused(output_flags):
     with pytest.raises(
-        FinetuneError, match=r"^--gc_interval must be 0 \(automatic collection\) or more, got -1$"
+        FinetuneError, match=r"^--gc_interval must be 0 or more \(0: automatic collection\), got -1$"
     ):
         parse_arguments([*output_flags, "--gc_interval", "-1"])
