@@ -25,7 +25,7 @@ from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.garbage_collection import DEFAULT_GC_INTERVAL
 from finetune.profiles import CUDA_GRAPH_MODES
-from finetune.run_flags import DataArguments, ModelArguments
+from finetune.run_flags import DataArguments, ModelArguments, check_lowest_values
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
@@ -340,41 +340,6 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.torch_compile_mode is not None:
             check_compile_mode(self.torch_compile_mode)
         self.report_to = reporting_integrations(self.report_to)
-
-
-FRACTION_OF_STEPS = "below 1: a fraction of the steps"
-# The smallest value of each numeric run flag, and what a value there means where it needs saying.
-# TrainingArguments takes them all without a word; below these, torch, datasets or the Trainer fail
-# with a traceback once data and model are built (worker counts, AdamW's epsilon), or misuse them: a
-# negative weight decay, which the Trainer passes per parameter group where AdamW never checks it,
-# pushes weights away from zero; a negative watchdog ends the run at its first step as hung.
-LOWEST_VALUES: dict[str, tuple[int, str]] = {
-    "per_device_train_batch_size": (1, ""),
-    "gradient_accumulation_steps": (1, ""),
-    "global_batch_size": (1, ""),
-    "fsdp_blocks_per_unit": (1, ""),
-    "sequence_parallel": (1, ""),
-    "throughput_warmup_steps": (0, ""),
-    "gc_interval": (0, "0: automatic collection"),
-    "dataloader_num_workers": (0, "0: load in the training process"),
-    "watchdog_s": (0, "0: off"),
-    "weight_decay": (0, ""),
-    "adam_epsilon": (0, ""),
-    "warmup_steps": (0, FRACTION_OF_STEPS),
-    "logging_steps": (0, FRACTION_OF_STEPS),
-    "eval_steps": (0, FRACTION_OF_STEPS),
-    "save_steps": (0, FRACTION_OF_STEPS),
-}
-FLAG_NAMES = {"per_device_train_batch_size": "--batch_size"}  # the documented alias
-
-
-def check_lowest_values(arguments: FinetuneTrainingArguments) -> None:
-    for name, (lowest, note) in LOWEST_VALUES.items():
-        value = getattr(arguments, name)
-        if value is not None and value < lowest:
-            flag = FLAG_NAMES.get(name, f"--{name}")
-            bound = "at least 1" if lowest == 1 else "0 or more"
-            raise FinetuneError(f"{flag} must be {bound}{f' ({note})' if note else ''}, got {value}")
 
 
 def check_compile_mode(mode: str) -> None:

@@ -15,6 +15,46 @@ from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, PEFT_METHODS, ta
 from finetune.data_formats import DATA_FORMATS
 from finetune.errors import FinetuneError
 
+FRACTION_OF_STEPS = "below 1: a fraction of the steps"
+# The smallest value of each numeric run flag (model, data and training flags alike), and what a value
+# there means where it needs saying. The dataclasses take them all without a word; below these, torch,
+# datasets or the Trainer fail with a traceback once data and model are built (worker counts, AdamW's
+# epsilon, sample counts), or misuse them: a negative weight decay, which the Trainer passes per
+# parameter group where AdamW never checks it, pushes weights away from zero; a negative watchdog ends
+# the run at its first step as hung.
+LOWEST_VALUES: dict[str, tuple[int, str]] = {
+    "lora_rank": (1, ""),
+    "max_train_samples": (1, ""),
+    "max_eval_samples": (1, ""),
+    "preprocessing_num_workers": (0, "0: tokenize in the training process"),
+    "per_device_train_batch_size": (1, ""),
+    "gradient_accumulation_steps": (1, ""),
+    "global_batch_size": (1, ""),
+    "fsdp_blocks_per_unit": (1, ""),
+    "sequence_parallel": (1, ""),
+    "throughput_warmup_steps": (0, ""),
+    "gc_interval": (0, "0: automatic collection"),
+    "dataloader_num_workers": (0, "0: load in the training process"),
+    "watchdog_s": (0, "0: off"),
+    "weight_decay": (0, ""),
+    "adam_epsilon": (0, ""),
+    "warmup_steps": (0, FRACTION_OF_STEPS),
+    "logging_steps": (0, FRACTION_OF_STEPS),
+    "eval_steps": (0, FRACTION_OF_STEPS),
+    "save_steps": (0, FRACTION_OF_STEPS),
+}
+FLAG_NAMES = {"per_device_train_batch_size": "--batch_size"}  # the documented alias
+
+
+def check_lowest_values(arguments: object) -> None:
+    """One dataclass's flags of the table above (each class declares some of them)."""
+    for name, (lowest, note) in LOWEST_VALUES.items():
+        value = getattr(arguments, name, None)
+        if value is not None and value < lowest:
+            flag = FLAG_NAMES.get(name, f"--{name}")
+            bound = "at least 1" if lowest == 1 else "0 or more"
+            raise FinetuneError(f"{flag} must be {bound}{f' ({note})' if note else ''}, got {value}")
+
 
 @dataclass
 class ModelArguments:
@@ -70,6 +110,7 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
+        check_lowest_values(self)
         if not self.peft:
             return
         if self.from_scratch:
@@ -77,8 +118,6 @@ class ModelArguments:
                 f"--peft {self.peft} trains adapters on top of loaded weights, and --from_scratch has none "
                 "to load (nor saves them): save the initialised model first and pass its folder as --model"
             )
-        if self.lora_rank < 1:
-            raise FinetuneError(f"--lora_rank must be at least 1, got {self.lora_rank}")
         if not 0 <= self.lora_dropout < 1:
             raise FinetuneError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not target_modules(self.lora_target_modules):
@@ -151,14 +190,7 @@ class DataArguments:
     def __post_init__(self) -> None:
         if self.block_size is not None:
             check_block_size(self.block_size)
-        for name in ("max_train_samples", "max_eval_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise FinetuneError(f"--{name} must be at least 1, got {value}")
-        if self.preprocessing_num_workers is not None and self.preprocessing_num_workers < 0:
-            raise FinetuneError(
-                f"--preprocessing_num_workers must be 0 or more, got {self.preprocessing_num_workers}"
-            )
+        check_lowest_values(self)
         if not 0 < self.validation_split_percentage < 100:
             raise FinetuneError(
                 "--validation_split_percentage must be between 1 and 99, "

@@ -11,9 +11,7 @@ import torch
 from accelerate.state import AcceleratorState, PartialState
 
 from finetune.arguments import (
-    FLAG_NAMES,
     FSDP_BLOCKS_PER_UNIT,
-    LOWEST_VALUES,
     DataArguments,
     FinetuneTrainingArguments,
     ModelArguments,
@@ -24,6 +22,7 @@ from finetune.errors import FinetuneError
 from finetune.launch_settings import compiles_by_default, resolve_launch_settings
 from finetune.launched import Launch
 from finetune.profiles import load_strategy
+from finetune.run_flags import FLAG_NAMES, LOWEST_VALUES
 
 from launching import resolve_and_set_up
 
