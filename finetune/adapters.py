@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from finetune.errors import FinetuneError
+
 DEFAULT_LORA_DROPOUT = 0.05  # --lora_dropout's default, which the planner assumes too
 
 if TYPE_CHECKING:
@@ -78,12 +80,29 @@ def add_adapters(model: PreTrainedModel, flags: dict[str, Any], compute_dtype: s
     ZeRO-3 the base is already partitioned in DeepSpeed's own dtype handling and is left as it is.
     """
     from peft import get_peft_model
+    from peft.utils.error import NoMatchingPeftModuleError
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     dtype = COMPUTE_DTYPES.get(compute_dtype)
     if dtype is not None and not is_deepspeed_zero3_enabled():
         model.to(dtype)
-    return get_peft_model(model, adapter_config(flags, model))
+    try:
+        return get_peft_model(model, adapter_config(flags, model))
+    except NoMatchingPeftModuleError:
+        raise FinetuneError(
+            f"--lora_target_modules {flags['lora_target_modules']}: no layer of this model has that name; "
+            f"its linear layers: {', '.join(linear_layer_names(model))} (or all-linear)"
+        ) from None
+
+
+def linear_layer_names(model: torch.nn.Module) -> list[str]:
+    """The distinct last names of the layers LoRA can adapt (Linear and GPT-2's Conv1D), as
+    --lora_target_modules takes them."""
+    from transformers.pytorch_utils import Conv1D
+
+    adaptable = (torch.nn.Linear, Conv1D)
+    names = (name for name, module in model.named_modules() if isinstance(module, adaptable))
+    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names))
 
 
 def trainable_parameters(model: torch.nn.Module) -> int:

@@ -25,6 +25,7 @@ from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.garbage_collection import DEFAULT_GC_INTERVAL
 from finetune.profiles import CUDA_GRAPH_MODES
+from finetune.resolve import hub_offline
 from finetune.run_flags import DataArguments, ModelArguments, check_lowest_values
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -340,6 +341,42 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.torch_compile_mode is not None:
             check_compile_mode(self.torch_compile_mode)
         self.report_to = reporting_integrations(self.report_to)
+        check_optimizer(self.optim, self.optim_args, self)
+        if self.label_smoothing_factor != 0:
+            raise FinetuneError(
+                "--label_smoothing_factor: finetune trains on and reports the model's own causal-LM loss "
+                "(perplexity is its exponential; --chunked_loss and --sequence_parallel compute it without "
+                "the logits the Trainer's label smoother reads): label smoothing is not supported"
+            )
+        for flag, value in (("--fsdp", self.fsdp), ("--fsdp_config", self.fsdp_config)):
+            if value:  # TrainingArguments' own FSDP switch, beside the launch's: they would disagree
+                raise FinetuneError(
+                    f"{flag}: FSDP comes from the profile here (--profile fsdp or fsdp_grad_op, "
+                    "accelerate_configs/fsdp.yaml), which the planner, checkpoints and summary read"
+                )
+        if self.push_to_hub and hub_offline():  # else the Trainer's traceback when it creates the repo
+            raise FinetuneError("--push_to_hub needs the Hugging Face Hub, and HF_HUB_OFFLINE is set")
+
+
+def check_optimizer(optim: str, optim_args: str | None, arguments: TrainingArguments) -> None:
+    """--optim and --optim_args as the Trainer reads them, asked of transformers now: a malformed
+    --optim_args or an optimizer whose package is missing is otherwise a traceback when the Trainer
+    builds the optimizer, after data and model. torch's own AdamW, the default, needs no asking."""
+    if optim_args:
+        malformed = [item for item in optim_args.replace(" ", "").split(",") if item.count("=") != 1]
+        if malformed:
+            raise FinetuneError(f"--optim_args: {malformed[0]!r} is not key=value (give k1=v1,k2=v2)")
+    if optim in ("adamw_torch", "adamw_torch_fused"):
+        return
+    from transformers import Trainer
+
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(arguments)
+    except ImportError as error:
+        raise FinetuneError(f"--optim {optim}: {first_line(error)}") from None
+    except ValueError as error:
+        if "model" not in str(error):  # what it checks against the model waits for the model
+            raise FinetuneError(f"--optim {optim}: {first_line(error)}") from None
 
 
 def check_compile_mode(mode: str) -> None:

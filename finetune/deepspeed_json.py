@@ -117,6 +117,27 @@ def check_nvme_path(config_path: Path | None, config: dict[str, Any] | None, nvm
         )
 
 
+TORCH_ADAMW = ("adamw_torch", "adamw_torch_fused")  # the Trainer's AdamW: the algorithm DeepSpeed's runs
+
+
+def check_optimizer_flags(
+    config_path: Path | None, config: dict[str, Any] | None, optim: str, optim_args: str | None
+) -> None:
+    """A JSON with an "optimizer" section builds DeepSpeed's own optimizer, and the Trainer then never
+    reads --optim or --optim_args (transformers' deepspeed_optim_sched): refused rather than ignored."""
+    if config is None or "optimizer" not in config:
+        return
+    if optim not in TORCH_ADAMW or optim_args:
+        section = config["optimizer"]
+        kind = section.get("type") if isinstance(section, dict) else None
+        flag = f"--optim {optim}" if optim not in TORCH_ADAMW else "--optim_args"
+        raise FinetuneError(
+            f"{flag}: {config_path} sets DeepSpeed's own optimizer{f' ({kind})' if kind else ''}, which "
+            "the Trainer's optimizer flags do not replace: leave them out, or copy the JSON without its "
+            '"optimizer" section'
+        )
+
+
 def fill_nvme_path(config: dict[str, Any], nvme_path: str) -> dict[str, Any]:
     filled = json.loads(json.dumps(config))
     for section in _nvme_sections(filled):

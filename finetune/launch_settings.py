@@ -22,6 +22,7 @@ from finetune.build_locks import (
 from finetune.deepspeed_json import (
     check_deepspeed_config,
     check_nvme_path,
+    check_optimizer_flags,
     needs_nvme_path,
     write_filled_config,
 )
@@ -57,6 +58,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
+    check_optimizer_flags(config_path, deepspeed_config, training_args.optim, training_args.optim_args)
     adapt_arguments_to_cpu(training_args, launch)
     _apply_batch_copies(training_args, launch)
 

@@ -40,15 +40,16 @@ OWN_LAYERS = {"use_kernels": False}
 MAX_DEFAULT_BLOCK_SIZE = 1024
 
 
-def resolve_model(name: str) -> str:
-    """A local folder if there is one (path or $FINETUNE_DATA_DIR/<name>), else the Hub id."""
+def resolve_model(name: str, what: str = "model") -> str:
+    """A local folder if there is one (path or $FINETUNE_DATA_DIR/<name>), else the Hub id; `what` names
+    the flag's thing (model or tokenizer) in the error."""
     canonical = MODEL_ALIASES.get(name, name)
     found = resolve(name, local_names=(canonical,), hub_id=canonical)
     if found.local_path is not None:
         return str(found.local_path)
     if found.hub_id is not None:
         return found.hub_id
-    raise FinetuneError(f"model '{name}' not found; {describe_tried(found)}")
+    raise FinetuneError(f"{what} '{name}' not found; {describe_tried(found)}")
 
 
 def load_config(args: ModelArguments, location: str) -> PretrainedConfig:
@@ -69,7 +70,7 @@ def load_config(args: ModelArguments, location: str) -> PretrainedConfig:
 
 
 def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBase:
-    source = resolve_model(args.tokenizer) if args.tokenizer else location
+    source = resolve_model(args.tokenizer, "tokenizer") if args.tokenizer else location
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     except Exception as error:  # the tokenizers library raises a bare Exception for a damaged file

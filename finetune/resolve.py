@@ -97,6 +97,8 @@ def resolve(name: str, local_names: tuple[str, ...] = (), hub_id: str | None = N
     else:
         for candidate in dict.fromkeys((name, *local_names)):
             candidate_path = root / candidate
+            if candidate_path == path:  # an absolute name: the data dir adds nothing to it
+                continue
             if candidate_path.exists():
                 return Resolved(name, candidate_path, None, tried)
             tried.append(str(candidate_path))

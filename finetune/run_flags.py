@@ -28,6 +28,7 @@ LOWEST_VALUES: dict[str, tuple[int, str]] = {
     "max_eval_samples": (1, ""),
     "preprocessing_num_workers": (0, "0: tokenize in the training process"),
     "per_device_train_batch_size": (1, ""),
+    "per_device_eval_batch_size": (1, ""),
     "gradient_accumulation_steps": (1, ""),
     "global_batch_size": (1, ""),
     "fsdp_blocks_per_unit": (1, ""),
@@ -38,6 +39,8 @@ LOWEST_VALUES: dict[str, tuple[int, str]] = {
     "watchdog_s": (0, "0: off"),
     "weight_decay": (0, ""),
     "adam_epsilon": (0, ""),
+    "max_grad_norm": (0, "0: no clipping"),
+    "neftune_noise_alpha": (0, ""),
     "warmup_steps": (0, FRACTION_OF_STEPS),
     "logging_steps": (0, FRACTION_OF_STEPS),
     "eval_steps": (0, FRACTION_OF_STEPS),
@@ -118,6 +121,8 @@ class ModelArguments:
                 f"--peft {self.peft} trains adapters on top of loaded weights, and --from_scratch has none "
                 "to load (nor saves them): save the initialised model first and pass its folder as --model"
             )
+        if not self.lora_alpha > 0:  # 0 scales every update away: the adapters would train nothing
+            raise FinetuneError(f"--lora_alpha must be positive, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
             raise FinetuneError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not target_modules(self.lora_target_modules):

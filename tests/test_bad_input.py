@@ -198,6 +198,66 @@ def test_an_unknown_run_flag_given_to_a_command_points_at_the_run_flags_help(cap
     assert_one_error(argv, capsys, expected, entry=cli.main)
 
 
+def test_an_optimizer_whose_package_is_missing_is_refused_before_the_model(output_flags, monkeypatch, capsys):
+    from transformers import trainer_optimizer
+
+    monkeypatch.setattr(trainer_optimizer, "is_bitsandbytes_available", lambda: False)
+    argv = [*TINY_FROM_SCRATCH, "--optim", "adamw_bnb_8bit", *output_flags]
+    assert_one_error(argv, capsys, "--optim adamw_bnb_8bit: You need to install `bitsandbytes`")
+
+
+def test_optim_args_that_are_not_key_value_pairs_are_one_line(output_flags, capsys):
+    argv = [
+        *TINY_FROM_SCRATCH,
+        "--optim",
+        "adafactor",
+        "--optim_args",
+        "scale_parameter=false,warmup",
+        *output_flags,
+    ]
+    assert_one_error(argv, capsys, "--optim_args: 'warmup' is not key=value")
+
+
+def test_optim_flags_a_deepspeed_json_with_its_own_optimizer_would_ignore_are_refused(
+    output_flags, monkeypatch, capsys
+):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv(
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE", str(PROJECT_ROOT / "ds_configs" / "zero2_offload.json")
+    )
+    argv = [*TINY_FROM_SCRATCH, "--optim", "sgd", *output_flags]
+    assert_one_error(argv, capsys, "--optim sgd: ")
+    argv = [*TINY_FROM_SCRATCH, "--optim_args", "foreach=false", *output_flags]
+    assert_one_error(argv, capsys, "--optim_args: ")
+    assert_one_error(argv, capsys, "zero2_offload.json sets DeepSpeed's own optimizer (AdamW)")
+
+
+def test_label_smoothing_which_would_change_the_reported_loss_is_refused(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--label_smoothing_factor", "0.1", *output_flags]
+    assert_one_error(argv, capsys, "--label_smoothing_factor: finetune trains on and reports the model's own")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--fsdp", "full_shard"), ("--fsdp_config", '{"min_num_params": 1}')]
+)
+def test_trainer_fsdp_flags_beside_the_profiles_fsdp_point_at_the_fsdp_profiles(
+    flag, value, output_flags, capsys
+):
+    assert_one_error(
+        [*TINY_FROM_SCRATCH, flag, value, *output_flags], capsys, f"{flag}: FSDP comes from the profile"
+    )
+
+
+def test_push_to_hub_offline_is_refused_before_the_trainer_tries(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--push_to_hub", *output_flags]
+    assert_one_error(argv, capsys, "--push_to_hub needs the Hugging Face Hub, and HF_HUB_OFFLINE is set")
+
+
+def test_a_tokenizer_not_found_is_called_a_tokenizer(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--tokenizer", "/no/such/tokenizer", *output_flags]
+    assert_one_error(argv, capsys, "tokenizer '/no/such/tokenizer' not found; looked in: local path")
+
+
 def test_nvme_profile_without_a_folder_asks_for_nvme_path(output_flags, monkeypatch, capsys):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", NVME_CONFIG)

@@ -145,6 +145,19 @@ def test_default_targets_every_llama_projection_but_not_the_output_layer():
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
+def test_target_modules_no_layer_has_are_one_error_listing_the_layers_it_has():
+    flags = lora_flags("--lora_target_modules", "q_proj,v_proj")
+    with pytest.raises(
+        FinetuneError, match=r"^--lora_target_modules q_proj,v_proj: no layer .*c_attn, c_proj, c_fc"
+    ):
+        add_adapters(gpt2(), flags, "fp32")
+
+
+def test_a_lora_alpha_that_scales_every_update_away_is_refused():
+    with pytest.raises(FinetuneError, match=r"^--lora_alpha must be positive, got 0.0$"):
+        parse_arguments(["--peft", "lora", "--lora_alpha", "0"])
+
+
 def test_only_the_adapters_are_trainable():
     model = add_adapters(gpt2(layers=2, width=64), lora_flags(), "fp32")
     in_out_per_layer = (
