@@ -85,6 +85,11 @@ def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
     hub_id, hub_config = HUB_NAMES.get(args.dataset, (args.dataset, None))
     found = resolve(args.dataset, local_names=LOCAL_FOLDERS.get(args.dataset, ()), hub_id=hub_id)
     if found.local_path is not None:
+        if args.dataset_config:  # load_local has no configurations: the flag would be ignored
+            raise FinetuneError(
+                f"--dataset_config {args.dataset_config}: {found.local_path} is a local dataset, read as "
+                "it is; a configuration names one of a Hub dataset's"
+            )
         return load_local(found.local_path), str(found.local_path)
     if found.hub_id is None:
         raise FinetuneError(f"dataset '{args.dataset}' not found; {describe_tried(found)}")

@@ -144,6 +144,16 @@ class BatchGeometry:
             f"{self.accumulation} x {processes}"
         )
 
+    def check_fits(self, train_samples: int) -> None:
+        """A training set smaller than one step's batch makes every step an epoch of fewer samples than
+        asked (the Trainer steps at the epoch's end) while the summary and the schedule count the batch
+        asked for: refused, once the set's size is known."""
+        if train_samples < self.global_batch:
+            raise FinetuneError(
+                f"the {self.describe()} is larger than the training set ({train_samples} samples): "
+                "lower --batch_size or --gradient_accumulation_steps, or give more data"
+            )
+
     @classmethod
     def of(cls, training_args: Any, data_parallel: int) -> BatchGeometry:
         return cls(training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps,

@@ -163,6 +163,7 @@ def train_and_measure(
         ),
     )
     record.update(data_fields(location, block_size, data.summary))
+    BatchGeometry.of(training_args, launch.data_parallel_size).check_fits(data.summary.train_samples)
     packed_examples = data.summary.packing and data.summary.data_format != "text"
     check_data(split, degree, packed_examples)
     number_examples_without_reading_back(packed_examples)

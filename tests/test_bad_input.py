@@ -60,6 +60,23 @@ def test_empty_dataset_is_rejected(output_flags, make_text_file, capsys):
     assert_one_error([*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags], capsys, "empty data file")
 
 
+def test_a_global_batch_larger_than_the_training_set_is_refused_once_its_size_is_known(
+    output_flags, make_text_file, capsys
+):
+    path = make_text_file("short.txt", "a short line of text for a tiny training set\n" * 400)
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), "--block_size", "32", "--batch_size", "4",
+            "--gradient_accumulation_steps", "100", *output_flags]  # fmt: skip
+    assert_one_error(
+        argv, capsys, "the global batch 400 = micro batch 4 x accumulation 100 x 1 process is larger"
+    )
+
+
+def test_a_dataset_config_for_a_local_dataset_is_refused_not_ignored(output_flags, make_text_file, capsys):
+    path = make_text_file("local.txt", "some text\n" * 50)
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), "--dataset_config", "en", *output_flags]
+    assert_one_error(argv, capsys, f"--dataset_config en: {path} is a local dataset")
+
+
 def test_data_file_of_unknown_type_names_the_known_suffixes(output_flags, make_text_file, capsys):
     path = make_text_file("passwd", "root:x:0:0:root:/root:/bin/bash\n" * 20)
     argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
