@@ -80,29 +80,61 @@ def add_adapters(model: PreTrainedModel, flags: dict[str, Any], compute_dtype: s
     ZeRO-3 the base is already partitioned in DeepSpeed's own dtype handling and is left as it is.
     """
     from peft import get_peft_model
-    from peft.utils.error import NoMatchingPeftModuleError
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     dtype = COMPUTE_DTYPES.get(compute_dtype)
     if dtype is not None and not is_deepspeed_zero3_enabled():
         model.to(dtype)
-    try:
-        return get_peft_model(model, adapter_config(flags, model))
-    except NoMatchingPeftModuleError:
+    check_targets(model, flags["lora_target_modules"])
+    return get_peft_model(model, adapter_config(flags, model))
+
+
+def adapted_layers(model: torch.nn.Module, targets: str) -> list[tuple[str, torch.nn.Module]]:
+    """The layers `--lora_target_modules targets` adapts, as peft chooses them: for "all-linear"
+    (`_maybe_include_all_linear_layers`) every Linear and Conv1D layer but the output layer; for
+    names, the Linear and Conv1D layers whose name is one of them or ends with "." and one of them."""
+    wanted = target_modules(targets)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    layers = linear_layers(model)
+    if wanted == ALL_LINEAR:
+        return [(name, module) for name, module in layers if module is not output]
+    return [(name, module) for name, module in layers if _named(name, wanted)]
+
+
+def _named(name: str, wanted: list[str]) -> bool:
+    return any(name == target or name.endswith(f".{target}") for target in wanted)
+
+
+def check_targets(model: torch.nn.Module, targets: str) -> None:
+    """Each name of --lora_target_modules names a linear layer of the model: peft adapts what matches
+    and drops a misspelt name without a word, or fails after the model is built when none does.
+    Checked on the meta-device model before any data is read."""
+    wanted = target_modules(targets)
+    if wanted == ALL_LINEAR:
+        return
+    adapted = [name for name, _ in adapted_layers(model, targets)]
+    missing = [target for target in wanted if not any(_named(name, [target]) for name in adapted)]
+    if missing:
         raise FinetuneError(
-            f"--lora_target_modules {flags['lora_target_modules']}: no layer of this model has that name; "
+            f"--lora_target_modules {targets}: no linear layer of this model is named {missing[0]}; "
             f"its linear layers: {', '.join(linear_layer_names(model))} (or all-linear)"
-        ) from None
+        )
+
+
+def linear_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The layers LoRA adapts here: Linear, and transformers' Conv1D (GPT-2's projections)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, (torch.nn.Linear, Conv1D))
+    ]
 
 
 def linear_layer_names(model: torch.nn.Module) -> list[str]:
-    """The distinct last names of the layers LoRA can adapt (Linear and GPT-2's Conv1D), as
-    --lora_target_modules takes them."""
-    from transformers.pytorch_utils import Conv1D
-
-    adaptable = (torch.nn.Linear, Conv1D)
-    names = (name for name, module in model.named_modules() if isinstance(module, adaptable))
-    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names))
+    """Their distinct last names, as --lora_target_modules takes them."""
+    return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, _ in linear_layers(model)))
 
 
 def trainable_parameters(model: torch.nn.Module) -> int:
@@ -111,25 +143,20 @@ def trainable_parameters(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in unique)
 
 
-def adapted_layer_sizes(model: torch.nn.Module) -> tuple[int, int]:
-    """(sum of in + out features, sum of out features) over the layers "all-linear" adapts.
+def adapted_layer_sizes(model: torch.nn.Module, targets: str = ALL_LINEAR) -> tuple[int, int]:
+    """(sum of in + out features, sum of out features) over the layers `targets` adapts.
 
     LoRA of rank r adds r·(in + out) parameters per layer, DoRA also one magnitude per output: the
-    planner counts adapters from these two sums without building them. Mirrors peft's choice
-    (`_maybe_include_all_linear_layers`): Linear and Conv1D layers except the output layer.
+    planner counts adapters from these two sums without building them.
     """
     from transformers.pytorch_utils import Conv1D
 
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     in_out = outputs = 0
-    for module in model.modules():
-        if module is output:
-            continue
-        if isinstance(module, torch.nn.Linear):
-            in_out += module.in_features + module.out_features
-            outputs += module.out_features
-        elif isinstance(module, Conv1D):
+    for _, module in adapted_layers(model, targets):
+        if isinstance(module, Conv1D):
             features_in, features_out = module.weight.shape
-            in_out += features_in + features_out
-            outputs += features_out
+        else:
+            features_in, features_out = module.in_features, module.out_features
+        in_out += features_in + features_out
+        outputs += features_out
     return in_out, outputs

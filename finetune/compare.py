@@ -65,12 +65,19 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
     """What `finetune plan` predicts per GPU for the run the summary describes: its model, micro
     batch and accumulation, block, dtype, compilation, adapters and processes (tf32 matmuls are fp32
     storage)."""
+    from finetune.adapters import ALL_LINEAR
     from finetune.memory_model import Calibration, estimate
     from finetune.model_shapes import shape_of
     from finetune.workload import Workload
 
     arguments = summary["arguments"]
-    shape, _ = shape_of(summary["model"], arguments.get("config_overrides"), summary["block_size"])
+    targets = arguments.get("lora_target_modules") if summary["peft"] else None
+    shape, _ = shape_of(
+        summary["model"],
+        arguments.get("config_overrides"),
+        summary["block_size"],
+        adapter_targets=targets or ALL_LINEAR,
+    )
     workload = Workload(
         micro_batch=summary["micro_batch_size"],
         block_size=summary["block_size"],

@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from finetune.adapters import ALL_LINEAR
 from finetune.errors import FinetuneError, first_line
 from finetune.workload import ModelShape
 
@@ -71,17 +72,22 @@ def model_config(model: str, config_overrides: str | None = None) -> Any:
 
 
 def shape_of(
-    model: str, config_overrides: str | None = None, block_size: int | None = None, sequence_parallel: int = 1
+    model: str,
+    config_overrides: str | None = None,
+    block_size: int | None = None,
+    sequence_parallel: int = 1,
+    adapter_targets: str = ALL_LINEAR,
 ) -> tuple[ModelShape, int]:
     """The model's shape and the block size a run of it trains at (`block_size`, else its default),
-    from its config alone (no weights); a block longer than the model's context, or heads the
-    sequence degree cannot split, are refused in one line, as the run refuses them."""
+    from its config alone (no weights), its adapter sums over the layers `adapter_targets` names; a
+    block longer than the model's context, heads the sequence degree cannot split or an adapter
+    target no layer has are refused in one line, as the run refuses them."""
     from finetune.models import choose_block_size
     from finetune.sequence_parallel import check_heads
 
     config = model_config(model, config_overrides)
     try:  # the model's own constructor checks its shape (heads dividing the width, and so on)
-        shape = ModelShape.from_config(model, config)
+        shape = ModelShape.from_config(model, config, adapter_targets)
     except ValueError as error:
         raise FinetuneError(
             f"{model} with --config_overrides {config_overrides}: {first_line(error)}"

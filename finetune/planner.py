@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
+from finetune.adapters import ALL_LINEAR
 from finetune.callbacks import GIB
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch, asked_evaluation_micro_batch, mixed_precision
@@ -312,8 +313,10 @@ def describe_training(shape: ModelShape, workload: Workload) -> str:
     if workload.peft is None:
         return ""
     adapters = trained_parameters(shape, workload)
+    targets = shape.adapter_targets
+    layers = "all linear layers" if targets == ALL_LINEAR else f"the layers named {targets}"
     return (
-        f", --peft {workload.peft} rank {workload.lora_rank} on all linear layers: {adapters:,} trained "
+        f", --peft {workload.peft} rank {workload.lora_rank} on {layers}: {adapters:,} trained "
         f"parameters, the base frozen in {workload.dtype}"
     )
 
@@ -341,7 +344,11 @@ def run_workload(
     place run flags become a Workload. `dtype` plans another precision than the flags' (`--precision
     auto` before the launch resolves it)."""
     shape, block_size = shape_of(
-        model_args.model, model_args.config_overrides, data_args.block_size, training_args.sequence_parallel
+        model_args.model,
+        model_args.config_overrides,
+        data_args.block_size,
+        training_args.sequence_parallel,
+        model_args.lora_target_modules if model_args.peft else ALL_LINEAR,
     )
     return shape, Workload(
         micro_batch=training_args.per_device_train_batch_size,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from finetune.adapters import DEFAULT_LORA_DROPOUT, adapted_layer_sizes
+from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, adapted_layer_sizes, check_targets
 
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a value in the training dtype
 
@@ -43,19 +43,25 @@ class ModelShape:
     layers: int
     hidden: int
     vocab: int
-    adapted_in_out: int = 0  # sum of in + out features over the layers "all-linear" adapts
+    adapted_in_out: int = 0  # sum of in + out features over the layers --peft adapts (--lora_target_modules)
     adapted_out: int = 0  # sum of their out features (DoRA's magnitudes)
     layer_norm: bool = True  # nn.LayerNorm, which autocast runs in fp32 (GPT-2); False for RMSNorm models
     gated_mlp: bool = False  # gate and up projections (Llama-style): Calibration.layer_bytes_for
     intermediate: int = 0  # the MLP's inner width; 0 where a shape leaves it out: GPT-2's, 4 x hidden
+    adapter_targets: str = ALL_LINEAR  # the --lora_target_modules the adapter sums count
 
     @classmethod
-    def from_config(cls, name: str, config: PretrainedConfig) -> ModelShape:
-        """Counted on the meta device: exact, and free even for billions of parameters."""
+    def from_config(
+        cls, name: str, config: PretrainedConfig, adapter_targets: str = ALL_LINEAR
+    ) -> ModelShape:
+        """Counted on the meta device: exact, and free even for billions of parameters. The adapter sums
+        count the layers `adapter_targets` (--lora_target_modules) names, each name checked as a run
+        checks it."""
         with torch.device("meta"), without_zero3_partitioning():
             model = AutoModelForCausalLM.from_config(config)
         parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-        in_out, out = adapted_layer_sizes(model)
+        check_targets(model, adapter_targets)
+        in_out, out = adapted_layer_sizes(model, adapter_targets)
         layer_norm = any(type(module) is torch.nn.LayerNorm for module in model.modules())
         gated = any(name.endswith(("gate_proj", "gate_up_proj")) for name, _ in model.named_modules())
         intermediate = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
@@ -70,6 +76,7 @@ class ModelShape:
             layer_norm,
             gated,
             intermediate or 4 * config.hidden_size,
+            adapter_targets,
         )
 
     @property
@@ -77,7 +84,7 @@ class ModelShape:
         return self.intermediate or 4 * self.hidden
 
     def adapter_parameters(self, peft: str, rank: int) -> int:
-        """What `--peft` adds and trains with the default targets (all-linear)."""
+        """What `--peft` adds and trains on the shape's adapted layers."""
         return rank * self.adapted_in_out + (self.adapted_out if peft == "dora" else 0)
 
 

@@ -21,7 +21,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config
 
 from finetune import run
 from finetune.activation_memory import CALIBRATION_KINDS, adapter_activation_gib, adapter_input_bytes
-from finetune.adapters import adapter_config, adapter_flags, add_adapters, trainable_parameters
+from finetune.adapters import (
+    adapted_layer_sizes,
+    adapter_config,
+    adapter_flags,
+    add_adapters,
+    trainable_parameters,
+)
 from finetune.arguments import parse_arguments
 from finetune.checkpoint import read_manifest
 from finetune.compare import read_rows, training_variants, variant_flags
@@ -30,6 +36,7 @@ from finetune.export import export_checkpoint
 from finetune.flops import flops_per_token, model_flops_per_token
 from finetune.layout import ParallelLayout
 from finetune.memory_model import BACKWARD_END, BACKWARD_START, Calibration, estimate
+from finetune.planner import run_workload
 from finetune.profiles import load_strategy
 from finetune.summary import read_summary
 from finetune.workload import ModelShape, Workload
@@ -145,12 +152,38 @@ def test_default_targets_every_llama_projection_but_not_the_output_layer():
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
-def test_target_modules_no_layer_has_are_one_error_listing_the_layers_it_has():
-    flags = lora_flags("--lora_target_modules", "q_proj,v_proj")
+@pytest.mark.parametrize("targets", ["q_proj,v_proj", "c_attn,q_proj"])
+def test_a_target_module_no_linear_layer_has_is_one_error_listing_the_layers_it_has(targets):
     with pytest.raises(
-        FinetuneError, match=r"^--lora_target_modules q_proj,v_proj: no layer .*c_attn, c_proj, c_fc"
+        FinetuneError, match=r"is named q_proj; its linear layers: c_attn, c_proj, c_fc, lm_head"
     ):
-        add_adapters(gpt2(), flags, "fp32")
+        add_adapters(gpt2(), lora_flags("--lora_target_modules", targets), "fp32")
+
+
+def test_a_run_with_a_target_module_no_layer_has_stops_before_reading_data(base_dir, tmp_path, capsys):
+    argv = ["--model", str(base_dir), "--peft", "lora", "--lora_target_modules", "q_proj",
+            "--dataset", str(tmp_path / "never-read.txt"), "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit):
+        run.main(argv)
+    assert "finetune: error: --lora_target_modules q_proj: no linear layer" in capsys.readouterr().err
+
+
+def test_planner_counts_the_adapters_of_the_named_target_modules_only():
+    model = gpt2()
+    attention_only, _ = adapted_layer_sizes(model, "c_attn")
+    assert attention_only == 2 * (64 + 192)  # two layers' c_attn, 64 in and 192 out
+    assert adapted_layer_sizes(model, "attn.c_proj")[0] == 2 * (64 + 64)
+    assert adapted_layer_sizes(model, "c_proj")[0] == 2 * (64 + 64) + 2 * (
+        256 + 64
+    )  # attention's and the MLP's
+
+
+def test_plan_of_targeted_lora_predicts_less_than_of_all_linear_lora():
+    flags = ["--model", "gpt2", "--peft", "lora"]
+    shape_all, _ = run_workload(*parse_arguments(flags))
+    shape_few, _ = run_workload(*parse_arguments([*flags, "--lora_target_modules", "c_attn"]))
+    assert shape_few.adapter_parameters("lora", 16) < shape_all.adapter_parameters("lora", 16)
+    assert shape_few.adapter_parameters("lora", 16) == 16 * 12 * (768 + 3 * 768)
 
 
 def test_a_lora_alpha_that_scales_every_update_away_is_refused():
