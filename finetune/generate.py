@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,14 +10,20 @@ import jinja2
 import torch
 from accelerate import PartialState
 from tqdm import tqdm
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase, set_seed
+from transformers import (
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    set_seed,
+)
 
 from finetune.arguments import check_seed
 from finetune.checkpoint import load_weights_only
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import end_of_turn_ids
 from finetune.local_data import not_text
-from finetune.models import SavedModel
+from finetune.models import SavedModel, context_key, context_length
 
 
 @dataclass(frozen=True)
@@ -132,28 +139,53 @@ def generate(model_path: str, prompts: list[str], sampling: Sampling, chat: Chat
     load_weights_only()
     saved = SavedModel.at(model_path)
     tokenizer = saved.tokenizer()
-    model = saved.model(saved.config()).eval()
+    config = saved.config()
+    encoded = []
+    for prompt in prompts:
+        text = prompt if chat is None else chat.render(tokenizer, prompt, model_path)
+        ids = tokenizer(text, add_special_tokens=chat is None)["input_ids"]
+        encoded.append(ids or [start_of_text(tokenizer)])
+    rooms = [room_for(config, len(prompt_ids), sampling.max_new_tokens) for prompt_ids in encoded]
+    model = saved.model(config).eval()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     stop_ids = end_of_turn_ids(tokenizer)
     generation_config = sampling.generation_config(tokenizer.pad_token_id, stop_ids)
     completions = []
-    for prompt in prompts:
+    for prompt_ids, room in zip(encoded, rooms, strict=True):
         set_seed(sampling.seed)
-        text = prompt if chat is None else chat.render(tokenizer, prompt, model_path)
-        prompt_ids = tokenizer(text, add_special_tokens=chat is None)["input_ids"] or [
-            start_of_text(tokenizer)
-        ]
         inputs = torch.tensor([prompt_ids], device=device)
         output = model.generate(
             input_ids=inputs,
             attention_mask=torch.ones_like(inputs),
             generation_config=generation_config,
             tokenizer=tokenizer,
+            max_new_tokens=room,
         )
         generated = output[0, len(prompt_ids) :].tolist()
         completions.append(completion_text(tokenizer, generated, stop_ids, sampling.stop))
     return completions
+
+
+def room_for(config: PretrainedConfig, prompt_tokens: int, max_new_tokens: int) -> int:
+    """New tokens a prompt leaves room for in the model's context, at most --max_new_tokens: past
+    GPT-2's learned positions (n_positions) generation fails with an index error deep in its
+    embedding. A prompt that fills the context is refused; a cut is said once on stderr."""
+    context = context_length(config)
+    if context is None or prompt_tokens + max_new_tokens <= context:
+        return max_new_tokens
+    if prompt_tokens >= context:
+        raise FinetuneError(
+            f"a prompt of {prompt_tokens} tokens fills the model's context of {context} tokens (its "
+            f"config's {context_key(config)}): shorten the prompt"
+        )
+    room = context - prompt_tokens
+    print(
+        f"finetune: a prompt of {prompt_tokens} tokens leaves room for {room} new tokens in the model's "
+        f"context of {context} (--max_new_tokens {max_new_tokens})",
+        file=sys.stderr,
+    )
+    return room
 
 
 @torch.no_grad()

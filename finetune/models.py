@@ -79,6 +79,11 @@ def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBa
         )
         which = f" ({', '.join(empty)} empty)" if empty else ""
         raise FinetuneError(f"cannot load a tokenizer from {source}{which}: {first_line(error)}") from None
+    if len(tokenizer) < 2:  # transformers builds an empty tokenizer from a folder without its files
+        raise FinetuneError(
+            f"no tokenizer in {source}: its files (tokenizer.json, or vocab.json and merges.txt, ...) are "
+            "missing: copy them into it (finetune run also takes --tokenizer NAME)"
+        )
     if tokenizer.chat_template:  # a folder's template is data, checked before anything renders it
         check_chat_template(tokenizer.chat_template, f"the chat template of {source}")
     if tokenizer.pad_token is None:

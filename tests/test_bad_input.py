@@ -275,6 +275,22 @@ def test_a_tokenizer_not_found_is_called_a_tokenizer(output_flags, capsys):
     assert_one_error(argv, capsys, "tokenizer '/no/such/tokenizer' not found; looked in: local path")
 
 
+def test_a_model_folder_without_tokenizer_files_is_refused_not_given_an_empty_tokenizer(
+    tiny_gpt2_dir, tmp_path, output_flags, capsys
+):
+    bare = tmp_path / "weights-only"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((tiny_gpt2_dir / name).read_bytes())
+    assert_one_error(["--model", str(bare), *output_flags], capsys, f"no tokenizer in {bare}: its files")
+    assert_one_error(["generate", str(bare), "--prompt", "hi"], capsys, "no tokenizer in", entry=cli.main)
+
+
+def test_export_of_a_model_folder_says_it_already_is_one(tiny_gpt2_dir, tmp_path, capsys):
+    argv = ["export", str(tiny_gpt2_dir), str(tmp_path / "exported")]
+    assert_one_error(argv, capsys, f"{tiny_gpt2_dir} is a model folder, not a checkpoint", entry=cli.main)
+
+
 def test_nvme_profile_without_a_folder_asks_for_nvme_path(output_flags, monkeypatch, capsys):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", NVME_CONFIG)
@@ -449,6 +465,14 @@ def test_deepspeed_stage_4_under_a_bare_launch_is_rejected(output_flags, tmp_pat
 def test_generate_rejects_sampling_settings_out_of_range(flag, value, capsys):
     argv = ["generate", "no-model-is-loaded", "--prompt", "Hello", flag, value]
     assert_one_error(argv, capsys, f"{flag} must be", entry=cli.main)
+
+
+def test_generate_from_a_prompt_that_fills_the_context_is_refused_before_the_model_is_loaded(
+    tiny_gpt2_dir, capsys
+):
+    argv = ["generate", str(tiny_gpt2_dir), "--prompt", " ".join(["Hello"] * 128), "--max_new_tokens", "1"]
+    expected = "a prompt of 128 tokens fills the model's context of 128 tokens (its config's n_positions)"
+    assert_one_error(argv, capsys, expected, entry=cli.main)
 
 
 @pytest.mark.parametrize(

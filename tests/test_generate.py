@@ -34,6 +34,13 @@ def test_an_empty_prompt_starts_from_the_beginning_of_text_token(tiny_gpt2_dir):
     assert from_nothing
 
 
+def test_max_new_tokens_past_the_models_context_generate_up_to_it_and_say_so(tiny_gpt2_dir, capsys):
+    (completion,) = generate(str(tiny_gpt2_dir), ["Hello"], Sampling(max_new_tokens=500, greedy=True))
+    assert completion  # GPT-2's learned positions end at n_positions (128): past them, an index error
+    expected = "a prompt of 1 tokens leaves room for 127 new tokens in the model's context of 128"
+    assert expected in capsys.readouterr().err
+
+
 def test_prompts_come_from_flags_then_the_file(make_text_file):
     path = make_text_file("prompts.txt", "second\n\nthird\n")
     assert read_prompts(["first"], str(path)) == ["first", "second", "third"]

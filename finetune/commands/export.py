@@ -45,15 +45,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def check_export_source(checkpoint: Path) -> None:
-    """A run's output_dir given for one of its checkpoints: say which to pass."""
-    from finetune.checkpoint import checkpoints_newest_first
+    """A run's output_dir or a model folder given for a checkpoint: say what to pass, or that the folder
+    is already what export writes (where the checkpoint's own check would call it half-written)."""
+    from finetune.checkpoint import checkpoints_newest_first, folder_step
+    from finetune.models import has_weights
     from finetune.run_folder import MANIFEST
 
-    newest = checkpoints_newest_first(checkpoint) if checkpoint.is_dir() else []
-    if newest and not (checkpoint / MANIFEST).exists():
+    if not checkpoint.is_dir() or (checkpoint / MANIFEST).exists():
+        return
+    newest = checkpoints_newest_first(checkpoint)
+    if newest:
         raise FinetuneError(
             f"{checkpoint} is a run's output_dir, not a checkpoint: pass one of its checkpoints, the newest "
             f"being {newest[0]} (its final model is already a model folder: eval and generate take it)"
+        )
+    if folder_step(checkpoint) is None and has_weights(checkpoint):
+        raise FinetuneError(
+            f"{checkpoint} is a model folder, not a checkpoint: it already is what export writes (eval and "
+            "generate take it as it is)"
         )
 
 
