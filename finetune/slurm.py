@@ -49,6 +49,23 @@ DIRECTIVE_FORMATS = {
         "interface names, e.g. ib0,eth0",
     ),
 }
+LATEST_SIGNAL_S = 65535  # sbatch's --signal: "sig_time must be an integer between 0 and 65535"
+
+
+def limit_seconds(time: str) -> int | None:
+    """sbatch's --time in seconds (None for unlimited): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or
+    D-HH:MM:SS, as its manual reads them."""
+    if time.lower() in ("unlimited", "infinite"):
+        return None
+    days, _, clock = time.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (*parts, 0, 0)[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+    return (hours * 60 + minutes) * 60 + seconds
+
+
 COUNTS = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "signal_seconds": 1}
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 NODE_TASK = (
@@ -115,6 +132,16 @@ class SlurmJob:
             value = getattr(self, name)
             if value is not None and value < smallest:
                 raise FinetuneError(f"--{name} {value}: must be at least {smallest}")
+        if self.signal_seconds > LATEST_SIGNAL_S:
+            raise FinetuneError(
+                f"--signal_seconds {self.signal_seconds}: sbatch takes at most {LATEST_SIGNAL_S}"
+            )
+        limit = limit_seconds(self.time)
+        if limit is not None and self.signal_seconds >= limit:
+            raise FinetuneError(
+                f"--signal_seconds {self.signal_seconds} is not less than --time {self.time} ({limit} s): "
+                "the job would be told to checkpoint and requeue as it starts, every time"
+            )
         for value in (self.profile, self.output_dir, *self.run_args):
             if CONTROL_CHARACTER.search(value):
                 raise FinetuneError(

@@ -353,6 +353,20 @@ def test_every_sbatch_time_format_is_accepted(time, tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("time", "signal_seconds", "expected"),
+    [("2", "120", "is not less than --time 2 (120 s): the job would be told to checkpoint"),
+     ("1-00:00:00", "120000", "sbatch takes at most 65535")],
+)  # fmt: skip
+def test_a_signal_sbatch_cannot_send_before_the_limit_is_refused(
+    time, signal_seconds, expected, tmp_path, capsys
+):
+    script = tmp_path / "job.sbatch"
+    refused(script, "--time", time, "--signal_seconds", signal_seconds)
+    assert expected in capsys.readouterr().err
+    assert not script.exists()
+
+
 def test_the_directive_block_runs_nothing_and_every_directive_comes_before_the_first_command(tmp_path):
     """sbatch reads `#SBATCH` lines until the first command; bash runs the block as comments."""
     marker = tmp_path / "ran"
