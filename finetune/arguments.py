@@ -485,11 +485,14 @@ def recipe_to_flags(path: Path) -> list[str]:
             + " (see `finetune/run.py --help`)"
         )
     flags: list[str] = []
+    actions = make_parser()._option_string_actions
     for key, value in recipe.items():
         if value is None or value == []:
             continue
         flags.append(f"--{key}")
-        if isinstance(value, list):
+        if isinstance(value, list) and actions[f"--{key}"].nargs in ("+", "*"):
+            flags.extend(str(item) for item in value)  # a list flag: each item one value, commas kept
+        elif isinstance(value, list):
             flags.append(",".join(str(item) for item in value))
         elif isinstance(value, dict):
             flags.append(json.dumps(value))

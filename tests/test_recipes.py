@@ -61,3 +61,17 @@ def test_a_recipe_file_that_exists_here_is_used_as_it_is(tmp_path):
 
 def test_an_unknown_recipe_name_is_left_for_the_run_parser_to_report():
     assert with_shipped_recipe(["no_such_recipe.yaml"]) == ["no_such_recipe.yaml"]
+
+
+def test_a_recipe_list_for_a_list_flag_gives_each_item_as_one_value_commas_kept(tmp_path):
+    recipe = tmp_path / "prompts.yaml"
+    recipe.write_text('generation_prompt: [Once upon a time, "Apples, pears and"]\n')
+    _, _, training_args = parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert training_args.generation_prompt == ["Once upon a time", "Apples, pears and"]
+
+
+def test_a_recipe_list_for_a_comma_separated_flag_is_joined_with_commas(tmp_path):
+    recipe = tmp_path / "targets.yaml"
+    recipe.write_text("peft: lora\nlora_target_modules: [q_proj, v_proj]\n")
+    model_args, _, _ = parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert model_args.lora_target_modules == "q_proj,v_proj"
