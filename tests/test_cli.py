@@ -182,6 +182,29 @@ def test_an_nvme_path_the_profile_cannot_take_is_refused_before_anything_is_laun
     assert not (tmp_path / "swap").exists()
 
 
+def test_an_optimizer_the_profiles_deepspeed_json_would_ignore_is_refused_before_anything_is_launched(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(subprocess, "Popen", refuse_to_launch)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(
+            [
+                "run",
+                "--profile",
+                "zero3_offload",
+                "--model",
+                "gpt2",
+                "--optim",
+                "sgd",
+                "--output_dir",
+                str(tmp_path),
+            ]
+        )
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("finetune: error:")]
+    assert len(errors) == 1 and "zero3_offload.json sets DeepSpeed's own optimizer (AdamW)" in errors[0]
+
+
 @pytest.mark.parametrize("model_flags", [["--model", "gpt2-medium"], ["recipe.yaml"]], ids=["flag", "recipe"])
 def test_compare_runs_the_model_of_the_model_flag_or_of_the_recipe(model_flags, tmp_path, monkeypatch):
     write_recipe(tmp_path, "model: gpt2-medium\n")
