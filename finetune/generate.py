@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,13 +159,21 @@ def generate(model_path: str, prompts: list[str], sampling: Sampling, chat: Chat
         output = model.generate(
             input_ids=inputs,
             attention_mask=torch.ones_like(inputs),
-            generation_config=generation_config,
+            generation_config=replace_max_new_tokens(generation_config, room),
             tokenizer=tokenizer,
-            max_new_tokens=room,
         )
         generated = output[0, len(prompt_ids) :].tolist()
         completions.append(completion_text(tokenizer, generated, stop_ids, sampling.stop))
     return completions
+
+
+def replace_max_new_tokens(config: GenerationConfig, max_new_tokens: int) -> GenerationConfig:
+    """A copy with another length: transformers deprecates passing it beside a generation config."""
+    if config.max_new_tokens == max_new_tokens:
+        return config
+    shortened = copy.deepcopy(config)
+    shortened.max_new_tokens = max_new_tokens
+    return shortened
 
 
 def room_for(config: PretrainedConfig, prompt_tokens: int, max_new_tokens: int) -> int:
