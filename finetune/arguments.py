@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from transformers import HfArgumentParser, SchedulerType, TrainingArguments
 
+from finetune.deepspeed_json import TORCH_ADAMW
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
 from finetune.garbage_collection import DEFAULT_GC_INTERVAL
@@ -341,7 +342,7 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.torch_compile_mode is not None:
             check_compile_mode(self.torch_compile_mode)
         self.report_to = reporting_integrations(self.report_to)
-        check_optimizer(self.optim, self.optim_args, self)
+        check_optimizer(self)
         if self.label_smoothing_factor != 0:
             raise FinetuneError(
                 "--label_smoothing_factor: finetune trains on and reports the model's own causal-LM loss "
@@ -358,15 +359,16 @@ class FinetuneTrainingArguments(TrainingArguments):
             raise FinetuneError("--push_to_hub needs the Hugging Face Hub, and HF_HUB_OFFLINE is set")
 
 
-def check_optimizer(optim: str, optim_args: str | None, arguments: TrainingArguments) -> None:
+def check_optimizer(arguments: TrainingArguments) -> None:
     """--optim and --optim_args as the Trainer reads them, asked of transformers now: a malformed
     --optim_args or an optimizer whose package is missing is otherwise a traceback when the Trainer
     builds the optimizer, after data and model. torch's own AdamW, the default, needs no asking."""
+    optim, optim_args = arguments.optim, arguments.optim_args
     if optim_args:
         malformed = [item for item in optim_args.replace(" ", "").split(",") if item.count("=") != 1]
         if malformed:
             raise FinetuneError(f"--optim_args: {malformed[0]!r} is not key=value (give k1=v1,k2=v2)")
-    if optim in ("adamw_torch", "adamw_torch_fused"):
+    if optim in TORCH_ADAMW:
         return
     from transformers import Trainer
 
