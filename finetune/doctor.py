@@ -153,7 +153,7 @@ def not_writable(folder: Path) -> str | None:
 def output_dir_check(model_args, training_args) -> Check:
     """What `finetune run` decides before training: a folder in use, or holding another run's results
     that neither --resume nor --overwrite_output_dir says what to do with, is refused there."""
-    from finetune.outputs import earlier_results, read_holder, refuse_deleting_inputs
+    from finetune.outputs import earlier_results, read_holder, refuse_deleting_inputs, set_aside_results
     from finetune.run_folder import LOCK_FILE
 
     folder = Path(training_args.output_dir)
@@ -166,7 +166,8 @@ def output_dir_check(model_args, training_args) -> Check:
     if holder is not None and not holder.is_gone():
         return Check("output_dir", f"in use by pid {holder.pid} on {holder.host}", expected, False,
                      "wait for that run, or choose another --output_dir")  # fmt: skip
-    found = earlier_results(folder) if folder.is_dir() else []
+    # what a run killed before its first step set aside is put back by the next one, then judged
+    found = sorted([*earlier_results(folder), *set_aside_results(folder)]) if folder.is_dir() else []
     if not found:
         return Check("output_dir", f"{folder}: no earlier results", expected, True)
     names = ", ".join(path.name for path in found[:4]) + (", ..." if len(found) > 4 else "")

@@ -2,8 +2,10 @@
 trains in it, and never outlived by the ranks that train in it.
 
 - Results of an earlier run (summary, checkpoints, model, TensorBoard logs) are kept unless the user
-  continues that run (`--resume`) or replaces it (`--overwrite_output_dir`, which says what it removes
-  and removes it before training, so no earlier checkpoint can later be mixed with the new run's).
+  continues that run (`--resume`) or replaces it (`--overwrite_output_dir`, which says what it replaces
+  and moves it into `.replaced/` before the data is read, so no earlier checkpoint can later be mixed
+  with the new run's; they are deleted at the new run's first step and put back if it stops before
+  it: a misspelt dataset must not cost the results it was meant to replace).
 - Rank 0 holds an `flock` on `output_dir/.finetune.lock` (host, pid and start time inside) for as long
   as it lives, so a second run into the folder, `--resume` included, fails at once naming the holder.
   The kernel drops the lock when its process dies, however it dies; a lock file whose pid is gone from
@@ -24,17 +26,20 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 import torch.distributed as dist
+from transformers import TrainerCallback
 from transformers.utils import logging
 
 from finetune.errors import FinetuneError
 from finetune.processes import process_is_gone
-from finetune.run_folder import ADAPTER_CARD, LOCK_FILE, RESULT_PATTERNS, SUMMARY_FILE
+from finetune.run_folder import ADAPTER_CARD, LOCK_FILE, REPLACED_DIR, RESULT_PATTERNS, SUMMARY_FILE
 
 if TYPE_CHECKING:
     from finetune.arguments import FinetuneTrainingArguments
@@ -206,13 +211,14 @@ def refuse_deleting_inputs(output_dir: Path, inputs: dict[str, str | None]) -> N
 def claim_on_main(
     output_dir: Path, resume: bool, overwrite: bool, inputs: dict[str, str | None] | None = None
 ) -> None:
-    """Lock output_dir, then refuse, keep or remove what an earlier run left in it (never `inputs`,
+    """Lock output_dir, then refuse, keep or set aside what an earlier run left in it (never `inputs`,
     the folders the run reads by flag)."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise FinetuneError(f"--output_dir {output_dir}: cannot create it ({error.strerror})") from None
     lock_output_dir(output_dir)
+    put_back_earlier_results(output_dir)
     found = earlier_results(output_dir)
     if not found or resume:
         return
@@ -228,8 +234,83 @@ def claim_on_main(
     except FinetuneError:
         unlock_output_dir(output_dir)
         raise
-    logger.warning(f"finetune: --overwrite_output_dir: removing {names} from {output_dir}")
-    remove(found)
+    logger.warning(
+        f"finetune: --overwrite_output_dir: replacing {names} in {output_dir} (deleted at the first "
+        "training step, put back if the run stops before it)"
+    )
+    set_aside(output_dir, found)
+
+
+def set_aside(output_dir: Path, found: list[Path]) -> None:
+    """One rename per result into output_dir/.replaced/: nothing is copied, and the names the new run
+    writes (checkpoint-N, run_summary.json) are free."""
+    aside = output_dir / REPLACED_DIR
+    aside.mkdir()
+    for path in found:
+        path.rename(aside / path.name)
+
+
+def put_back(output_dir: Path) -> list[str]:
+    """What set_aside moved, back in place of whatever the stopped run wrote under the same names
+    before its first step (its summary, an empty TensorBoard folder)."""
+    names = []
+    for path in set_aside_results(output_dir):
+        target = output_dir / path.name
+        if target.exists() or target.is_symlink():
+            remove([target])
+        path.rename(target)
+        names.append(path.name)
+    if (output_dir / REPLACED_DIR).is_dir():
+        (output_dir / REPLACED_DIR).rmdir()
+    return names
+
+
+def set_aside_results(output_dir: Path) -> list[Path]:
+    """Results an --overwrite_output_dir run set aside and has not yet replaced by training a step."""
+    aside = output_dir / REPLACED_DIR
+    return sorted(aside.iterdir()) if aside.is_dir() else []
+
+
+def put_back_earlier_results(output_dir: Path) -> None:
+    """A run killed (SIGKILL, a lost node) before its first step could not put them back itself."""
+    names = put_back(output_dir)
+    if names:
+        logger.warning(
+            f"finetune: {output_dir}: put back {', '.join(names)}, which an --overwrite_output_dir run "
+            "set aside and never replaced (it ended before its first step)"
+        )
+
+
+@contextmanager
+def earlier_results_back_unless_trained(output_dir: Path, is_main: bool) -> Iterator[None]:
+    """Around the run: if it stops before its first step, for a bad flag found once the data or model
+    is read, an out-of-memory at the first step or a Ctrl-C, what --overwrite_output_dir set aside is
+    put back, over this run's own summary."""
+    try:
+        yield
+    except BaseException:
+        if is_main:
+            names = put_back(output_dir)
+            if names:
+                logger.warning(
+                    f"finetune: --overwrite_output_dir: the run stopped before its first step; "
+                    f"{', '.join(names)} put back in {output_dir}"
+                )
+        raise
+
+
+class DeleteReplacedAtFirstStep(TrainerCallback):
+    """The earlier results --overwrite_output_dir set aside go once the new run has trained a step:
+    from then on the folder is the new run's, and their disk space is free before its first checkpoint."""
+
+    def __init__(self, output_dir: str | Path) -> None:
+        self.aside = Path(output_dir) / REPLACED_DIR
+        self.done = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.done and state.is_world_process_zero and self.aside.exists():
+            shutil.rmtree(self.aside)
+        self.done = True
 
 
 def die_with_launcher(launch: Launch) -> None:

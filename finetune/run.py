@@ -60,7 +60,7 @@ from finetune.models import (
     vocabulary_growth,
 )
 from finetune.model_setup import prepare_model
-from finetune.outputs import claim_output_dir
+from finetune.outputs import DeleteReplacedAtFirstStep, claim_output_dir, earlier_results_back_unless_trained
 from finetune.packing import number_examples_without_reading_back
 from finetune.zero3_grad_norm import zero3_norm_in_one_kernel
 from finetune.launch_settings import set_up_devices
@@ -222,7 +222,16 @@ def train_and_measure(
         data_collator=collate_for_split(data.collator, split, degree, launch.on_gpu, block_size),
         compute_metrics=token_weighted_loss,
         preprocess_logits_for_metrics=loss_sums_per_sample,
-        callbacks=[memory, throughput, collections, stop, startup, StepCountersOnTheirDevice(), watchdog]
+        callbacks=[
+            memory,
+            throughput,
+            collections,
+            stop,
+            startup,
+            StepCountersOnTheirDevice(),
+            watchdog,
+            DeleteReplacedAtFirstStep(training_args.output_dir),
+        ]
         + ([ContinueTheReplannedSchedule()] if extension else []),
         run_flags=run_defining_flags(model_args, data_args, training_args),
         launch=launch,
@@ -287,33 +296,46 @@ def main(argv: list[str] | None = None) -> None:
         claim_output_dir(
             training_args, launch, {"--model": model_args.model, "--tokenizer": model_args.tokenizer}
         )
-        resume_from = checkpoint_to_resume(
-            training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
-        )
-        flags = run_defining_flags(model_args, data_args, training_args)
-        finished = check_resume(resume_from, flags, training_args, launch)
-        if finished:
-            if training_args.process_index == 0:
-                print(f"finetune: {finished}: nothing to do")
-            return
-        if resume_from and not training_args.run_name:  # a checkpoint's manifest is input too
-            check_run_name(read_manifest(resume_from)["run_name"], f"run_name in {resume_from}'s manifest")
-        training_args.run_name = (
-            training_args.run_name
-            or (resume_from and read_manifest(resume_from)["run_name"])
-            or default_run_name(model_args.model, training_args, launch)
-        )
-        resume_from = continue_on_this_world_size(resume_from, training_args, launch)
-        is_main = training_args.process_index == 0
-        if resume_from and is_main:
-            print(f"finetune: resuming from {resume_from} (step {read_manifest(resume_from).get('step')})")
-        record = RunRecord(
-            training_args.output_dir, training_args.run_name, is_main, started_at=process_start_time()
-        )
-        with record.until_exit(), how_to_go_on_after_divergence(training_args.output_dir):
-            train_and_measure(model_args, data_args, training_args, launch, record, resume_from)
-        if is_main:
-            print(format_report(record.fields))
+        with earlier_results_back_unless_trained(
+            Path(training_args.output_dir), training_args.process_index == 0
+        ):
+            run_in_claimed_folder(model_args, data_args, training_args, launch)
+
+
+def run_in_claimed_folder(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: FinetuneTrainingArguments,
+    launch: Launch,
+) -> None:
+    """Resume or start, train, report: everything after output_dir is this run's."""
+    resume_from = checkpoint_to_resume(
+        training_args.output_dir, training_args.resume, training_args.resume_from_checkpoint
+    )
+    flags = run_defining_flags(model_args, data_args, training_args)
+    finished = check_resume(resume_from, flags, training_args, launch)
+    if finished:
+        if training_args.process_index == 0:
+            print(f"finetune: {finished}: nothing to do")
+        return
+    if resume_from and not training_args.run_name:  # a checkpoint's manifest is input too
+        check_run_name(read_manifest(resume_from)["run_name"], f"run_name in {resume_from}'s manifest")
+    training_args.run_name = (
+        training_args.run_name
+        or (resume_from and read_manifest(resume_from)["run_name"])
+        or default_run_name(model_args.model, training_args, launch)
+    )
+    resume_from = continue_on_this_world_size(resume_from, training_args, launch)
+    is_main = training_args.process_index == 0
+    if resume_from and is_main:
+        print(f"finetune: resuming from {resume_from} (step {read_manifest(resume_from).get('step')})")
+    record = RunRecord(
+        training_args.output_dir, training_args.run_name, is_main, started_at=process_start_time()
+    )
+    with record.until_exit(), how_to_go_on_after_divergence(training_args.output_dir):
+        train_and_measure(model_args, data_args, training_args, launch, record, resume_from)
+    if is_main:
+        print(format_report(record.fields))
 
 
 def exit_without_teardown(entry: Callable[[], None]) -> NoReturn:

@@ -13,6 +13,8 @@ names, so a new kind of file is added in one place and the folder rules cover it
       runs/RUN_NAME/            TensorBoard (finetune/reporting.py)
       hang-stepN/               every rank's stack when the watchdog ended the run (finetune/watchdog.py)
       doctor.json               `finetune doctor`'s table (finetune/doctor.py)
+      .replaced/                an earlier run's results that --overwrite_output_dir set aside: deleted
+                                at the new run's first step, put back if it stops before (finetune/outputs.py)
       .launch/PROFILE.yaml      the profile `finetune run` launched with, as its printed command names it
       .launch/ready-WHAT-PID-START@HOST   a machine's first rank's word that WHAT (dataset preparation)
                                 is done, for the machine's other ranks (finetune/slow_work.py)
@@ -29,6 +31,7 @@ from pathlib import Path
 SUMMARY_FILE = "run_summary.json"
 LOCK_FILE = ".finetune.lock"
 STAGING_DIR = ".staging"
+REPLACED_DIR = ".replaced"
 FINAL_MODEL_STAGING = "final-model"  # under STAGING_DIR: a save that fails there leaves the folder as it was
 CHECKPOINT_PREFIX = "checkpoint-"  # transformers' PREFIX_CHECKPOINT_DIR and its dash
 CHECKPOINT_PATTERN = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")

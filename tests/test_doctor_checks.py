@@ -11,6 +11,7 @@ from finetune import doctor
 from finetune.doctor import Check, memory_check, ops_needed, slurm_checks, table
 from finetune.launched import Launch
 from finetune.profiles import load_strategy
+from finetune.run_folder import REPLACED_DIR
 
 
 def test_a_slurm_job_with_fewer_nodes_than_machines_fails(monkeypatch):
@@ -135,6 +136,13 @@ def test_an_output_dir_holding_another_runs_results_fails_as_the_run_would_refus
     assert "--resume" in row.advice and "--overwrite_output_dir" in row.advice
     assert output_dir_row(tmp_path, "--resume").passed
     assert output_dir_row(tmp_path, "--overwrite_output_dir").passed
+
+
+def test_results_a_killed_overwrite_run_set_aside_count_as_the_folders_results(tmp_path):
+    """The next run puts them back before it judges the folder, so the row judges them too."""
+    (tmp_path / REPLACED_DIR / "checkpoint-4").mkdir(parents=True)
+    row = output_dir_row(tmp_path)
+    assert not row.passed and "holds another run's results (checkpoint-4)" in row.measured
 
 
 def test_an_empty_output_dir_passes_and_overwriting_the_model_read_fails(tmp_path):

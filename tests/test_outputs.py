@@ -16,7 +16,7 @@ import pytest
 from finetune import cli, outputs, run
 from finetune.errors import FinetuneError
 from finetune.outputs import claim_on_main, earlier_results, lock_output_dir, read_holder, unlock_output_dir
-from finetune.run_folder import LOCK_FILE, MANIFEST
+from finetune.run_folder import LOCK_FILE, MANIFEST, REPLACED_DIR
 from finetune.summary import read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
@@ -42,6 +42,11 @@ def earlier_run(output_dir: Path) -> Path:
 
 def listing(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def top_level(folder: Path) -> list[str]:
+    """The folder's own entries, less what --overwrite_output_dir set aside."""
+    return sorted(path.name for path in folder.iterdir() if path.name != REPLACED_DIR)
 
 
 def error_lines(capsys) -> list[str]:
@@ -96,15 +101,49 @@ def test_resume_given_with_overwrite_output_dir_deletes_nothing(tmp_path):
     assert {name: data for name, data in listing(output_dir).items() if name != LOCK_FILE} == before
 
 
-def test_overwrite_output_dir_says_what_it_removes_and_removes_only_that(tmp_path, monkeypatch):
+def test_overwrite_output_dir_says_what_it_replaces_and_sets_only_that_aside(tmp_path, monkeypatch):
     output_dir = earlier_run(tmp_path / "out")
     said = warnings(monkeypatch)
     claim_on_main(output_dir, resume=False, overwrite=True)
     assert said == [
-        f"finetune: --overwrite_output_dir: removing checkpoint-5, model.safetensors, run_summary.json "
-        f"from {output_dir}"
+        f"finetune: --overwrite_output_dir: replacing checkpoint-5, model.safetensors, run_summary.json "
+        f"in {output_dir} (deleted at the first training step, put back if the run stops before it)"
     ]
-    assert sorted(listing(output_dir)) == [LOCK_FILE, "notes.txt"]
+    assert top_level(output_dir) == [LOCK_FILE, "notes.txt"]
+    assert sorted(path.name for path in (output_dir / REPLACED_DIR).iterdir()) == [
+        "checkpoint-5", "model.safetensors", "run_summary.json"
+    ]  # fmt: skip
+
+
+def test_a_run_refused_after_overwrite_output_dir_puts_the_earlier_results_back(tmp_path, capsys):
+    """The global batch is checked against the training set once the data is read, after the claim."""
+    output_dir = earlier_run(tmp_path / "out")
+    before = listing(output_dir)
+    too_few = ["--max_train_samples", "2", "--batch_size", "4", "--overwrite_output_dir"]
+    with pytest.raises(SystemExit) as stopped:
+        run.main([*RUN_FLAGS, *too_few, "--output_dir", str(output_dir)])
+    assert stopped.value.code == 2
+    (line,) = error_lines(capsys)
+    assert "global batch" in line
+    assert {name: data for name, data in listing(output_dir).items() if name != LOCK_FILE} == before
+
+
+def test_a_run_that_trains_deletes_the_results_overwrite_output_dir_set_aside(tmp_path):
+    output_dir = earlier_run(tmp_path / "out")
+    run.main([*RUN_FLAGS, "--overwrite_output_dir", "--save_strategy", "no", "--output_dir", str(output_dir)])
+    assert read_summary(output_dir)["status"] == "completed"
+    assert not (output_dir / REPLACED_DIR).exists() and not (output_dir / "checkpoint-5").exists()
+    assert (output_dir / "notes.txt").read_text() == "mine"
+
+
+def test_results_set_aside_by_a_run_killed_before_its_first_step_are_put_back_by_the_next(tmp_path):
+    output_dir = earlier_run(tmp_path / "out")
+    before = listing(output_dir)
+    claim_on_main(output_dir, resume=False, overwrite=True)
+    unlock_output_dir(output_dir)  # as the kernel drops a SIGKILLed holder's lock
+    with pytest.raises(FinetuneError, match=r"holds another run's results \(checkpoint-5, model"):
+        claim_on_main(output_dir, resume=False, overwrite=False)
+    assert {name: data for name, data in listing(output_dir).items() if name != LOCK_FILE} == before
 
 
 @pytest.mark.parametrize("status", ["failed", "interrupted"])
@@ -308,7 +347,7 @@ def test_overwrite_output_dir_removes_an_adapter_and_universal_checkpoints_too(t
     said = warnings(monkeypatch)
     claim_on_main(output_dir, resume=False, overwrite=True)
     assert "adapter_config.json, adapter_model.safetensors" in said[0] and "universal-checkpoint-4" in said[0]
-    assert sorted(listing(output_dir)) == [LOCK_FILE]
+    assert top_level(output_dir) == [LOCK_FILE]
 
 
 def test_overwrite_removes_peft_s_model_card_with_the_adapters_but_not_a_readme_alone(tmp_path, monkeypatch):
@@ -320,7 +359,7 @@ def test_overwrite_removes_peft_s_model_card_with_the_adapters_but_not_a_readme_
         (output_dir / name).write_text("{}")
     warnings(monkeypatch)
     claim_on_main(output_dir, resume=False, overwrite=True)
-    assert sorted(listing(output_dir)) == [LOCK_FILE]
+    assert top_level(output_dir) == [LOCK_FILE]
 
 
 @pytest.mark.parametrize("inside", [".", "base"])
