@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from finetune.deepspeed_json import check_nvme_path
+from finetune.deepspeed_json import NO_JSON_DECIDED_FLAGS, JsonDecidedFlags
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE
@@ -201,14 +201,15 @@ def run_profile(
     run_args: list[str],
     run_dir: Path,
     timeout_s: float,
-    nvme_path: str | None = None,
+    json_flags: JsonDecidedFlags = NO_JSON_DECIDED_FLAGS,
 ) -> Row:
     """One run of the comparison, launched as `finetune run` would; a profile that run would refuse
-    before launching (its NVMe folder) fails here the same way, its error line in launch.log."""
+    before launching (no NVMe folder, an --optim its JSON's optimizer overrides) fails here the same
+    way without launching, its error line in launch.log."""
     profile = load_profile(profile_name)
     log = run_dir / "launch.log"
     try:
-        check_nvme_path(profile.deepspeed_config_path, profile.deepspeed_config, nvme_path)
+        json_flags.check(profile.deepspeed_config_path, profile.deepspeed_config)
     except FinetuneError as error:
         reason = f"finetune: error: {error}"
         log.write_text(reason + "\n")
@@ -423,11 +424,12 @@ def compare(
     timeout_s: float,
     command_line: str,
     variants: tuple[str, ...] = ("",),
-    nvme_path: str | None = None,
+    json_flags: JsonDecidedFlags = NO_JSON_DECIDED_FLAGS,
 ) -> list[Row]:
     """Run the profiles in turn, each once per training variant (`training_variants`); the files in
     output_dir are rewritten after every run, with the rows of an earlier comparison there kept.
-    `nvme_path` is the run flags' --nvme_path, as parsed. Returns this comparison's rows."""
+    `json_flags`: the run flags, as parsed, that a profile's DeepSpeed JSON may refuse. Returns this
+    comparison's rows."""
     if output_dir.exists() and not output_dir.is_dir():
         raise FinetuneError(f"--output_dir {output_dir} is a file, not a folder")
     earlier = read_rows(output_dir)
@@ -461,7 +463,7 @@ def compare(
                 ran["training"] = variant
             try:
                 flags = [*run_args, *variant_flags(variant)]
-                row = run_profile(name, placement, flags, run_dir, timeout_s, nvme_path)
+                row = run_profile(name, placement, flags, run_dir, timeout_s, json_flags)
             except KeyboardInterrupt:
                 rows.append(Row(profile, "interrupted", "stopped by Ctrl-C", **ran))
                 save()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,28 @@ def check_optimizer_flags(
             "the Trainer's optimizer flags do not replace: leave them out, or copy the JSON without its "
             '"optimizer" section'
         )
+
+
+@dataclass(frozen=True)
+class JsonDecidedFlags:
+    """The run flags a profile's DeepSpeed JSON has the last word on: --nvme_path (where it swaps to
+    NVMe) and --optim/--optim_args (its "optimizer" section). Checked by `finetune run` and `finetune
+    compare` before they launch a profile, and by every rank of a bare launch."""
+
+    nvme_path: str | None = None
+    optim: str = TORCH_ADAMW[0]
+    optim_args: str | None = None
+
+    @classmethod
+    def of(cls, training_args: Any) -> JsonDecidedFlags:
+        return cls(training_args.nvme_path, training_args.optim, training_args.optim_args)
+
+    def check(self, config_path: Path | None, config: dict[str, Any] | None) -> None:
+        check_nvme_path(config_path, config, self.nvme_path)
+        check_optimizer_flags(config_path, config, self.optim, self.optim_args)
+
+
+NO_JSON_DECIDED_FLAGS = JsonDecidedFlags()  # the run flags' defaults: every profile takes them
 
 
 def fill_nvme_path(config: dict[str, Any], nvme_path: str) -> dict[str, Any]:

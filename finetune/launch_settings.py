@@ -20,9 +20,8 @@ from finetune.build_locks import (
     unbuilt,
 )
 from finetune.deepspeed_json import (
+    JsonDecidedFlags,
     check_deepspeed_config,
-    check_nvme_path,
-    check_optimizer_flags,
     needs_nvme_path,
     write_filled_config,
 )
@@ -50,6 +49,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     config_path, deepspeed_config = launch.deepspeed_config_path, launch.deepspeed_config
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
+    JsonDecidedFlags.of(training_args).check(config_path, deepspeed_config)
     _apply_fsdp_blocks_per_unit(training_args, launch)
     _apply_sequence_parallel(training_args, launch)
     if training_args.torch_compile is None:
@@ -58,7 +58,6 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
     _apply_auto_precision(training_args)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
-    check_optimizer_flags(config_path, deepspeed_config, training_args.optim, training_args.optim_args)
     adapt_arguments_to_cpu(training_args, launch)
     _apply_batch_copies(training_args, launch)
 
@@ -137,7 +136,6 @@ def _apply_nvme_path(
     one's "auto" batch sizes in __post_init__ from a world size it may not know yet (1 on CPU gloo
     ranks), and DeepSpeed then refuses the batch of 2 ranks.
     """
-    check_nvme_path(config_path, config, training_args.nvme_path)
     if config is None or not needs_nvme_path(config):
         return
     Path(training_args.nvme_path).mkdir(parents=True, exist_ok=True)

@@ -210,7 +210,7 @@ def test_compare_runs_the_model_of_the_model_flag_or_of_the_recipe(model_flags, 
     write_recipe(tmp_path, "model: gpt2-medium\n")
     given = []
 
-    def compare(profiles, placement, run_args, output_dir, timeout, command_line, nvme_path):
+    def compare(profiles, placement, run_args, output_dir, timeout, command_line, json_flags):
         given.append(run_args)
         output_dir.mkdir(parents=True)
         (output_dir / "comparison.md").write_text("| profile |\n")

@@ -195,7 +195,7 @@ def test_a_copied_profile_is_compared_beside_a_shipped_name_under_its_file_name(
     copy = (tmp_path / "mine" / "zero3.yaml").rename(tmp_path / "mine" / "my_zero3.yaml")
     ran = []
 
-    def run_profile(name, placement, run_args, run_dir, timeout_s, nvme_path):
+    def run_profile(name, placement, run_args, run_dir, timeout_s, json_flags):
         ran.append((name, run_dir.name))
         return Row(load_profile(name).name, "completed")
 
@@ -204,6 +204,22 @@ def test_a_copied_profile_is_compared_beside_a_shipped_name_under_its_file_name(
     assert [row.profile for row in rows] == ["ddp", "my_zero3"]
     assert ran[1][0] == str(copy) and ran[1][1].startswith("my_zero3-")
     assert "| my_zero3 | completed |" in (tmp_path / "out" / "comparison.md").read_text()
+
+
+def test_a_profile_whose_json_overrides_the_optim_flag_fails_its_row_without_launching(
+    tmp_path, monkeypatch, capsys
+):
+    def launched(*args, **kwargs):
+        raise AssertionError("a profile `finetune run` would refuse was launched")
+
+    monkeypatch.setattr(finetune.compare.subprocess, "Popen", launched)
+    output_dir = tmp_path / "out"
+    argv = ["compare", "--profiles", "zero2_offload", "--output_dir", str(output_dir),
+            "--model", str(BYTE_GPT2), "--optim", "sgd"]  # fmt: skip
+    assert cli_main(argv) == 1
+    (row,) = read_rows(output_dir)
+    assert row.status == "failed"
+    assert "--optim sgd: " in row.reason and "zero2_offload.json sets DeepSpeed's own optimizer" in row.reason
 
 
 def measured(profile: str, training: str, memory: float, speed: float) -> Row:

@@ -57,6 +57,7 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         training_variants,
         variant_flags,
     )
+    from finetune.deepspeed_json import JsonDecidedFlags
 
     run_args = expand_recipe(run_args)  # every run's own flags are added around these
     variants = training_variants(options.variants, run_args)
@@ -80,7 +81,7 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
         options.timeout,
         command_line,
         **({"variants": tuple(variants)} if options.variants else {}),
-        nvme_path=training_args.nvme_path,
+        json_flags=JsonDecidedFlags.of(training_args),
     )
     print((Path(options.output_dir) / "comparison.md").read_text())
     return 0 if any(row.status == "completed" for row in rows) else 1

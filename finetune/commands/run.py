@@ -24,7 +24,7 @@ from finetune.commands.shared import (
     placement_of,
     shipped_for_help,
 )
-from finetune.deepspeed_json import check_nvme_path, check_optimizer_flags
+from finetune.deepspeed_json import JsonDecidedFlags
 from finetune.errors import RESUMABLE_EXIT_CODE, FinetuneError
 from finetune.launch import DOCTOR_SCRIPT, RUN_SCRIPT, Placement, launch_command, resolved_profile_file
 from finetune.launched import PROFILE_VARIABLE, precision_on, visible_gpu_supports_bf16
@@ -74,10 +74,7 @@ def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
     profile = load_profile(options.profile)
     strategy, degree = profile.strategy, training_args.sequence_parallel
-    check_nvme_path(profile.deepspeed_config_path, profile.deepspeed_config, training_args.nvme_path)
-    check_optimizer_flags(
-        profile.deepspeed_config_path, profile.deepspeed_config, training_args.optim, training_args.optim_args
-    )
+    JsonDecidedFlags.of(training_args).check(profile.deepspeed_config_path, profile.deepspeed_config)
     check_strategy(strategy, degree)
     check_device(strategy.sequence_split, degree, torch.cuda.is_available())  # runs here, on these GPUs
     if options.doctor:
