@@ -29,6 +29,10 @@ from finetune.profiles import CUDA_GRAPH_MODES
 from finetune.resolve import hub_offline
 from finetune.run_flags import DataArguments, ModelArguments, check_lowest_values
 
+# What the evaluation reports (the Trainer's loss, evaluation.token_weighted_loss's mean over tokens and
+# its perplexity), each better lower: the names --metric_for_best_model may pick.
+LOWER_IS_BETTER = ("loss", "token_loss", "perplexity")
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
 # little more peak memory (docs/speed.md, "Two GPUs: FSDP2 units of several blocks").
@@ -355,8 +359,30 @@ class FinetuneTrainingArguments(TrainingArguments):
                     f"{flag}: FSDP comes from the profile here (--profile fsdp or fsdp_grad_op, "
                     "accelerate_configs/fsdp.yaml), which the planner, checkpoints and summary read"
                 )
+        self._check_best_model_metric()
+        if self.auto_find_batch_size:  # accelerate's find_executable_batch_size, gradient accumulation kept
+            raise FinetuneError(
+                "--auto_find_batch_size would shrink the micro batch at an out-of-memory, and with it the "
+                "global batch the summary and a resume record: --global_batch_size N plans the largest "
+                "micro batch that fits (`finetune plan` shows it)"
+            )
         if self.push_to_hub and hub_offline():  # else the Trainer's traceback when it creates the repo
             raise FinetuneError("--push_to_hub needs the Hugging Face Hub, and HF_HUB_OFFLINE is set")
+
+    def _check_best_model_metric(self) -> None:
+        """--metric_for_best_model among what the evaluation reports, lower being better for each:
+        transformers' default calls every name not ending in "loss" greater-is-better, so perplexity
+        would keep the worst checkpoint, and a name the evaluation lacks is a KeyError after training."""
+        metric = self.metric_for_best_model
+        if metric is None:
+            return
+        if metric.removeprefix("eval_") not in LOWER_IS_BETTER:
+            raise FinetuneError(
+                f"--metric_for_best_model {metric}: the evaluation reports {', '.join(LOWER_IS_BETTER)}"
+            )
+        if self.greater_is_better:
+            raise FinetuneError(f"--greater_is_better: a lower {metric} is the better model")
+        self.greater_is_better = False
 
 
 def check_optimizer(arguments: TrainingArguments) -> None:

@@ -254,6 +254,31 @@ def test_label_smoothing_which_would_change_the_reported_loss_is_refused(output_
     assert_one_error(argv, capsys, "--label_smoothing_factor: finetune trains on and reports the model's own")
 
 
+def test_a_best_model_metric_the_evaluation_does_not_report_is_refused_before_training(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--metric_for_best_model", "accuracy", *output_flags]
+    assert_one_error(
+        argv, capsys, "--metric_for_best_model accuracy: the evaluation reports loss, token_loss, perplexity"
+    )
+
+
+@pytest.mark.parametrize("metric", ["perplexity", "eval_perplexity", "token_loss", "loss"])
+def test_the_best_model_is_the_one_of_lowest_loss_or_perplexity(metric):
+    """transformers' default would call perplexity greater-is-better and keep the worst checkpoint."""
+    _, _, training_args = parse_arguments([*TINY_FROM_SCRATCH, "--metric_for_best_model", metric])
+    assert training_args.greater_is_better is False
+
+
+def test_greater_is_better_for_a_loss_or_perplexity_is_refused(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--metric_for_best_model", "perplexity", "--greater_is_better", "true",
+            *output_flags]  # fmt: skip
+    assert_one_error(argv, capsys, "--greater_is_better: a lower perplexity is the better model")
+
+
+def test_auto_find_batch_size_which_would_change_the_global_batch_points_at_the_planner(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--auto_find_batch_size", *output_flags]
+    assert_one_error(argv, capsys, "--auto_find_batch_size would shrink the micro batch")
+
+
 @pytest.mark.parametrize(
     ("flag", "value"), [("--fsdp", "full_shard"), ("--fsdp_config", '{"min_num_params": 1}')]
 )

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, EvalPrediction
 
 from finetune import losses
+from finetune.arguments import LOWER_IS_BETTER
 from finetune.data import arrange_splits, load_raw, split_tokens
 from finetune.errors import FinetuneError
 from finetune.evaluation import (
@@ -78,6 +79,12 @@ def test_loss_is_weighted_by_tokens_not_by_samples():
     assert metrics["token_loss"] == pytest.approx(16.0 / 6.0)  # a mean of sample means would be 4.0
     assert metrics["tokens"] == 6
     assert metrics["perplexity"] == pytest.approx(math.exp(16.0 / 6.0))
+
+
+def test_the_best_model_metrics_are_what_the_evaluation_reports_besides_its_token_count():
+    prediction = EvalPrediction(predictions=np.array([[10.0, 5.0]]), label_ids=np.zeros((1, 1)))
+    reported = {"loss", *token_weighted_loss(prediction)} - {"tokens"}  # the Trainer adds eval_loss
+    assert reported == set(LOWER_IS_BETTER)
 
 
 def test_perplexity_of_a_huge_loss_is_infinite():
