@@ -521,15 +521,18 @@ def test_eval_rejects_window_settings_out_of_range(flag, value, tiny_gpt2_dir, c
     ("flags", "expected"),
     [(["--output", "{tmp}"], "--output {tmp} is a folder: give a file name"),
      (["--output", "{tmp}/a_file/result.json"], "{tmp}/a_file is a file, not a folder"),
-     (["--generate", "--completions", "{tmp}"], "--completions {tmp} is a folder: give a file name")],
+     (["--generate", "--completions", "{tmp}"], "--completions {tmp} is a folder: give a file name"),
+     (["--output", "{model}/config.json"], "--output {model}/config.json is a file of the evaluated model"),
+     (["--generate", "--completions", "{model}/model.safetensors"], "is a file of the evaluated model"),
+     (["--output", "{tmp}/r.json", "--generate", "--completions", "{tmp}/r.json"], "both name {tmp}/r.json")],
 )  # fmt: skip
 def test_eval_refuses_a_result_file_it_could_not_write_before_evaluating(
     flags, expected, tiny_gpt2_dir, tmp_path, capsys
 ):
     (tmp_path / "a_file").write_text("kept")
-    given = [flag.format(tmp=tmp_path) for flag in flags]
+    given = [flag.format(tmp=tmp_path, model=tiny_gpt2_dir) for flag in flags]
     argv = ["eval", str(tiny_gpt2_dir), "--dataset", "no-such-dataset", *given]  # refused before the data
-    assert_one_error(argv, capsys, expected.format(tmp=tmp_path), entry=cli.main)
+    assert_one_error(argv, capsys, expected.format(tmp=tmp_path, model=tiny_gpt2_dir), entry=cli.main)
 
 
 def test_eval_makes_the_missing_folders_of_its_result_file(tiny_gpt2_dir, tmp_path, capsys):

@@ -12,6 +12,7 @@ from typing import Literal
 from finetune.commands.shared import EVAL_DATA_FLAGS
 from finetune.errors import FinetuneError
 from finetune.run_flags import DataArguments, add_run_flags
+from finetune.run_folder import MANIFEST, RESULT_PATTERNS
 
 
 @dataclass
@@ -93,9 +94,15 @@ def execute(options: argparse.Namespace) -> int:
     if options.generate:
         default = completions_path(options.output, options.model, options.split)
         completions_file = options.completions or default
+    if (
+        options.output
+        and completions_file
+        and Path(options.output).resolve() == Path(completions_file).resolve()
+    ):
+        raise FinetuneError(f"--output and --completions both name {options.output}: give two files")
     for flag, path in (("--output", options.output), ("--completions", completions_file)):
         if path:
-            ready_to_write(flag, path)
+            ready_to_write(flag, path, options.model)
     data_args = DataArguments(**{name: getattr(options, name) for name in EVAL_DATA_FLAGS})
     result = evaluate_saved_model(
         options.model,
@@ -122,12 +129,16 @@ def execute(options: argparse.Namespace) -> int:
     return 0
 
 
-def ready_to_write(flag: str, path: str) -> None:
+def ready_to_write(flag: str, path: str, model: str) -> None:
     """A result file checked before the evaluation, which can take long: a file that cannot be
-    written at its end would throw the evaluation away. Its missing folders are made."""
+    written at its end would throw the evaluation away, and one of the evaluated model's own files
+    (its weights, config, tokenizer, a run's summary) must not be written over. Its missing folders
+    are made."""
     target = Path(path)
     if target.is_dir():
         raise FinetuneError(f"{flag} {path} is a folder: give a file name")
+    if target.resolve() in files_of_the_model(model):
+        raise FinetuneError(f"{flag} {path} is a file of the evaluated model {model}: give another file name")
     folder = next((parent for parent in target.parents if parent.exists()), None)
     if folder is not None and not folder.is_dir():
         raise FinetuneError(f"{flag} {path}: {folder} is a file, not a folder")
@@ -135,6 +146,15 @@ def ready_to_write(flag: str, path: str) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise FinetuneError(f"{flag} {path}: cannot make its folder ({error.strerror})") from None
+
+
+def files_of_the_model(model: str) -> set[Path]:
+    """A model folder's files as a run or an export leaves them (run_folder's names)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return set()
+    found = (path for pattern in (*RESULT_PATTERNS, MANIFEST) for path in folder.glob(pattern))
+    return {path.resolve() for path in found if path.is_file()}
 
 
 def completions_path(output: str | None, model: str, split: str) -> str:
