@@ -85,7 +85,7 @@ def add_adapters(model: PreTrainedModel, flags: dict[str, Any], compute_dtype: s
     dtype = COMPUTE_DTYPES.get(compute_dtype)
     if dtype is not None and not is_deepspeed_zero3_enabled():
         model.to(dtype)
-    check_targets(model, flags["lora_target_modules"])
+    check_targets(model, flags["lora_target_modules"])  # names only: ZeRO-3 has partitioned the weights
     return get_peft_model(model, adapter_config(flags, model))
 
 
@@ -121,6 +121,12 @@ def check_targets(model: torch.nn.Module, targets: str) -> None:
         )
 
 
+def check_adapters(model: torch.nn.Module, targets: str, rank: int) -> None:
+    """The adapter flags against the model's layers, on the meta-device model before any data is read."""
+    check_targets(model, targets)
+    check_rank(rank, narrowest_adapted_width(model, targets))
+
+
 def linear_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The layers LoRA adapts here: Linear, and transformers' Conv1D (GPT-2's projections)."""
     from transformers.pytorch_utils import Conv1D
@@ -143,20 +149,41 @@ def trainable_parameters(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in unique)
 
 
+def narrowest_adapted_width(model: torch.nn.Module, targets: str = ALL_LINEAR) -> int:
+    """The smallest of min(in, out) over the layers `targets` adapts: the highest rank any of their
+    updates can have, whatever the adapter's rank (0 where nothing is adapted)."""
+    return min((min(_features(module)) for _, module in adapted_layers(model, targets)), default=0)
+
+
+def check_rank(rank: int, narrowest: int) -> None:
+    """A rank above a layer's narrower side adds parameters an update can never use: B·A of rank r on
+    a layer of n inputs or outputs has rank at most n. peft builds it without a word."""
+    if narrowest and rank > narrowest:
+        raise FinetuneError(
+            f"--lora_rank {rank} is above {narrowest}, the narrower side of the narrowest layer it adapts: "
+            f"no update of that layer has a higher rank; give --lora_rank {narrowest} or less"
+        )
+
+
+def _features(module: torch.nn.Module) -> tuple[int, int]:
+    """(in, out) of a Linear, or of transformers' Conv1D, which stores its weight transposed."""
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(module, Conv1D):
+        features_in, features_out = module.weight.shape
+        return features_in, features_out
+    return module.in_features, module.out_features
+
+
 def adapted_layer_sizes(model: torch.nn.Module, targets: str = ALL_LINEAR) -> tuple[int, int]:
     """(sum of in + out features, sum of out features) over the layers `targets` adapts.
 
     LoRA of rank r adds r·(in + out) parameters per layer, DoRA also one magnitude per output: the
     planner counts adapters from these two sums without building them.
     """
-    from transformers.pytorch_utils import Conv1D
-
     in_out = outputs = 0
     for _, module in adapted_layers(model, targets):
-        if isinstance(module, Conv1D):
-            features_in, features_out = module.weight.shape
-        else:
-            features_in, features_out = module.in_features, module.out_features
+        features_in, features_out = _features(module)
         in_out += features_in + features_out
         outputs += features_out
     return in_out, outputs

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from finetune.adapters import ALL_LINEAR
+from finetune.adapters import ALL_LINEAR, check_rank
 from finetune.callbacks import GIB
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch, asked_evaluation_micro_batch, mixed_precision
@@ -350,6 +350,8 @@ def run_workload(
         training_args.sequence_parallel,
         model_args.lora_target_modules if model_args.peft else ALL_LINEAR,
     )
+    if model_args.peft:
+        check_rank(model_args.lora_rank, shape.adapted_narrowest)
     return shape, Workload(
         micro_batch=training_args.per_device_train_batch_size,
         block_size=block_size,

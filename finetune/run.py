@@ -25,7 +25,7 @@ from transformers import set_seed
 from transformers.integrations import TensorBoardCallback
 from transformers.utils import logging
 
-from finetune.adapters import adapter_flags, check_targets
+from finetune.adapters import adapter_flags, check_adapters
 from finetune.after_training import evaluate_save_and_generate
 from finetune.arguments import (
     DataArguments,
@@ -147,7 +147,7 @@ def train_and_measure(
     degree, split = launch.layout.sequence_parallel, launch.sequence_split
     check_model(meta_model, config, degree, split, model_args.attn_implementation)
     if model_args.peft and meta_model is not None:
-        check_targets(meta_model, model_args.lora_target_modules)
+        check_adapters(meta_model, model_args.lora_target_modules, model_args.lora_rank)
     del meta_model
     block_size = choose_block_size(data_args.block_size, config)
     tokenizer = load_tokenizer(model_args, location)

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from finetune.adapters import ALL_LINEAR, DEFAULT_LORA_DROPOUT, adapted_layer_sizes, check_targets
+from finetune.adapters import (
+    ALL_LINEAR,
+    DEFAULT_LORA_DROPOUT,
+    adapted_layer_sizes,
+    check_targets,
+    narrowest_adapted_width,
+)
 
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a value in the training dtype
 
@@ -49,6 +55,7 @@ class ModelShape:
     gated_mlp: bool = False  # gate and up projections (Llama-style): Calibration.layer_bytes_for
     intermediate: int = 0  # the MLP's inner width; 0 where a shape leaves it out: GPT-2's, 4 x hidden
     adapter_targets: str = ALL_LINEAR  # the --lora_target_modules the adapter sums count
+    adapted_narrowest: int = 0  # the highest rank an update of every adapted layer can have
 
     @classmethod
     def from_config(
@@ -77,6 +84,7 @@ class ModelShape:
             gated,
             intermediate or 4 * config.hidden_size,
             adapter_targets,
+            narrowest_adapted_width(model, adapter_targets),
         )
 
     @property

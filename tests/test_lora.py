@@ -22,10 +22,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config
 from finetune import run
 from finetune.activation_memory import CALIBRATION_KINDS, adapter_activation_gib, adapter_input_bytes
 from finetune.adapters import (
+    ALL_LINEAR,
     adapted_layer_sizes,
     adapter_config,
     adapter_flags,
     add_adapters,
+    check_adapters,
+    narrowest_adapted_width,
     trainable_parameters,
 )
 from finetune.arguments import parse_arguments
@@ -166,6 +169,25 @@ def test_a_run_with_a_target_module_no_layer_has_stops_before_reading_data(base_
     with pytest.raises(SystemExit):
         run.main(argv)
     assert "finetune: error: --lora_target_modules q_proj: no linear layer" in capsys.readouterr().err
+
+
+def test_a_rank_above_the_narrowest_adapted_layer_stops_a_run_before_reading_data(base_dir, tmp_path, capsys):
+    argv = ["--model", str(base_dir), "--peft", "lora", "--lora_rank", "65",
+            "--dataset", str(tmp_path / "never-read.txt"), "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit):
+        run.main(argv)
+    assert "finetune: error: --lora_rank 65 is above 64, the narrower side" in capsys.readouterr().err
+
+
+def test_the_narrowest_adapted_width_is_of_the_named_layers_only():
+    model = gpt2()  # width 64, MLP 256: every layer's narrower side is 64
+    assert narrowest_adapted_width(model) == narrowest_adapted_width(model, "c_fc") == 64
+    check_adapters(model, ALL_LINEAR, 64)  # a full-rank update is allowed
+
+
+def test_a_plan_with_a_rank_above_the_models_width_is_refused():
+    with pytest.raises(FinetuneError, match=r"--lora_rank 1000 is above 768"):
+        run_workload(*parse_arguments(["--model", "gpt2", "--peft", "lora", "--lora_rank", "1000"]))
 
 
 def test_planner_counts_the_adapters_of_the_named_target_modules_only():
