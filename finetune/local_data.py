@@ -81,13 +81,27 @@ def load_local(path: Path) -> DatasetDict:
         if problem:
             raise FinetuneError(problem)
     try:
-        return load_dataset(builder, data_files=files, **options)
+        loaded = load_dataset(builder, data_files=files, **options)
     except DatasetGenerationError as error:
         cause = error.__cause__ or error
         problem = first_unreadable(files, builder) or columns_differ(files)
         if problem:
             raise FinetuneError(problem) from None
         raise FinetuneError(f"{path}: cannot read as {builder} data ({first_line(cause)})") from None
+    if builder == "json" and any(loaded[split].num_rows == len(paths) for split, paths in files.items()):
+        check_rows_are_not_under_one_key(files)  # one row a file: perhaps each file is one object
+    return loaded
+
+
+def check_rows_are_not_under_one_key(files: dict[str, list[str]]) -> None:
+    for paths in files.values():
+        for path in paths:
+            key = rows_under_one_key(Path(path).read_text(encoding="utf-8"))
+            if key is not None:
+                raise FinetuneError(
+                    f"{path}: one JSON object holding its rows under {key!r}: give the rows as JSON Lines "
+                    "(one object per line) or as a JSON list"
+                )
 
 
 def first_row_columns(path: Path) -> tuple[str, ...] | None:
@@ -200,6 +214,22 @@ def unreadable_json(file: Path, text: str) -> str | None:
         if not isinstance(row, dict):
             return f"{file} line {number}: a JSON line must be an object of columns, got {type(row).__name__}"
     return None
+
+
+def rows_under_one_key(text: str) -> str | None:
+    """The key of a file that is one JSON object whose only value is a list of row objects
+    (`{"data": [{...}, ...]}`, SQuAD's layout): the json builder reads it as one row. A conversation's
+    messages (objects with a role, or ShareGPT's "from") are a row's column, not rows."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not (isinstance(document, dict) and len(document) == 1):
+        return None
+    ((key, value),) = document.items()
+    rows = isinstance(value, list) and value and all(isinstance(row, dict) for row in value)
+    messages = rows and any("role" in row or "from" in row for row in value)
+    return key if rows and not messages else None
 
 
 def row_place(source: str, index: int) -> str:

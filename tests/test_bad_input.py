@@ -565,6 +565,25 @@ def test_bad_jsonl_line_is_named(output_flags, make_text_file, capsys):
     assert_one_error(argv, capsys, f"{path} line 3: not valid JSON (")
 
 
+def test_a_json_object_holding_its_rows_under_one_key_says_how_to_lay_them_out(
+    output_flags, make_text_file, capsys
+):
+    path = make_text_file("squad.json", json.dumps({"data": [{"text": "hello world " * 30}] * 40}, indent=1))
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path}: one JSON object holding its rows under 'data': give the rows as")
+
+
+def test_a_one_line_conversation_is_a_row_not_rows_under_a_key():
+    from finetune.local_data import rows_under_one_key
+
+    conversation = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    }
+    assert rows_under_one_key(json.dumps(conversation)) is None
+    assert rows_under_one_key(json.dumps({"conversations": [{"from": "human", "value": "hi"}]})) is None
+    assert rows_under_one_key(json.dumps({"rows": [{"text": "a"}, {"text": "b"}]})) == "rows"
+
+
 def test_csv_that_does_not_parse_names_the_line(output_flags, make_text_file, capsys):
     path = make_text_file("data.csv", 'text,label\n"a",1\n"b",2,3\n"c",4\n')
     argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
