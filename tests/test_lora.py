@@ -163,20 +163,20 @@ def test_a_target_module_no_linear_layer_has_is_one_error_listing_the_layers_it_
         add_adapters(gpt2(), lora_flags("--lora_target_modules", targets), "fp32")
 
 
-def test_a_run_with_a_target_module_no_layer_has_stops_before_reading_data(base_dir, tmp_path, capsys):
-    argv = ["--model", str(base_dir), "--peft", "lora", "--lora_target_modules", "q_proj",
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [(["--lora_target_modules", "q_proj"], "--lora_target_modules q_proj: no linear layer"),
+     (["--lora_rank", "65"], "--lora_rank 65 is above 64, the narrower side")],
+    ids=["target_no_layer_has", "rank_above_the_narrowest_layer"],
+)  # fmt: skip
+def test_adapter_flags_the_model_cannot_take_stop_a_run_before_reading_data(
+    flags, expected, base_dir, tmp_path, capsys
+):
+    argv = ["--model", str(base_dir), "--peft", "lora", *flags,
             "--dataset", str(tmp_path / "never-read.txt"), "--output_dir", str(tmp_path / "out")]  # fmt: skip
     with pytest.raises(SystemExit):
         run.main(argv)
-    assert "finetune: error: --lora_target_modules q_proj: no linear layer" in capsys.readouterr().err
-
-
-def test_a_rank_above_the_narrowest_adapted_layer_stops_a_run_before_reading_data(base_dir, tmp_path, capsys):
-    argv = ["--model", str(base_dir), "--peft", "lora", "--lora_rank", "65",
-            "--dataset", str(tmp_path / "never-read.txt"), "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    with pytest.raises(SystemExit):
-        run.main(argv)
-    assert "finetune: error: --lora_rank 65 is above 64, the narrower side" in capsys.readouterr().err
+    assert f"finetune: error: {expected}" in capsys.readouterr().err
 
 
 def test_the_narrowest_adapted_width_is_of_the_named_layers_only():
