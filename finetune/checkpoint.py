@@ -50,13 +50,18 @@ def file_records(checkpoint: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def write_manifest(checkpoint: Path, step: int, run_name: str, run: dict[str, Any] | None = None) -> None:
+def write_manifest(
+    checkpoint: Path, step: int, run_name: str, run: dict[str, Any] | None = None, model_only: bool = False
+) -> None:
     """`run` is the identity of the run that wrote the checkpoint (finetune/resume.py), checked on resume.
 
-    A `--peft` run's checkpoint says that it holds the adapters only, and names the base they need.
+    A `--peft` run's checkpoint says that it holds the adapters only, and names the base they need; a
+    `--save_only_model` run's, that it holds no optimizer, scheduler or data position to resume.
     """
     files = file_records(checkpoint)
     manifest: dict[str, Any] = {"step": step, "run_name": run_name, "files": files}
+    if model_only:
+        manifest["model_only"] = True
     if run is not None:
         manifest["run"] = run
         flags = run.get("flags", {})
@@ -85,6 +90,14 @@ def remove_if_empty(staging: Path) -> None:
 
 def read_manifest(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / MANIFEST).read_text())
+
+
+def holds_model_only(checkpoint: Path) -> bool:
+    """Written under --save_only_model: weights without the states a resume continues from."""
+    try:
+        return bool(read_manifest(checkpoint).get("model_only"))
+    except (OSError, ValueError, AttributeError):  # no manifest, or not one: the resume's checks say so
+        return False
 
 
 def manifest_files_problem(checkpoint: Path, files: Any) -> str | None:

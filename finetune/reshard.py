@@ -110,7 +110,9 @@ def convert_to_universal(checkpoint: Path, tag: str) -> Path:
             )
         )
     manifest = read_manifest(checkpoint)
-    write_manifest(staged, manifest["step"], manifest["run_name"], manifest.get("run"))
+    write_manifest(
+        staged, manifest["step"], manifest["run_name"], manifest.get("run"), manifest.get("model_only", False)
+    )
     if target.exists():
         shutil.rmtree(target)
     os.replace(staged, target)

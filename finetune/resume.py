@@ -24,7 +24,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 
-from finetune.checkpoint import checkpoints_newest_first, read_manifest, swapped_to_nvme
+from finetune.checkpoint import checkpoints_newest_first, holds_model_only, read_manifest, swapped_to_nvme
 from finetune.errors import Diverged, FinetuneError
 from finetune.launched import BatchGeometry, Launch, mixed_precision
 from finetune.summary import read_summary
@@ -314,13 +314,18 @@ def check_resume(
             "resume as the same run: its Adam state restarts and the first step's update is lost; "
             + how_to_continue(checkpoint)
         )
+    if finished is None and checkpoint is not None and holds_model_only(checkpoint):
+        raise FinetuneError(
+            f"{checkpoint} holds the model only (--save_only_model): no optimizer, scheduler or data "
+            f"position to continue the run from; {how_to_continue(checkpoint)}"
+        )
     return finished
 
 
 def how_to_continue(checkpoint: str | Path | None) -> str:
-    """What to do with the checkpoint a stopped run leaves: resume it, or (zero3_nvme) export it and
-    start from its weights."""
-    if checkpoint is not None and swapped_to_nvme(Path(checkpoint)):
+    """What to do with the checkpoint a stopped run leaves: resume it, or (zero3_nvme, --save_only_model)
+    export it and start from its weights."""
+    if checkpoint is not None and (swapped_to_nvme(Path(checkpoint)) or holds_model_only(Path(checkpoint))):
         return f"start a new run from its weights: finetune export {checkpoint} DIR, then --model DIR"
     return "run the same command with --resume to continue"
 

@@ -409,7 +409,8 @@ class FinetuneTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             identity = run_identity(self.run_flags, self.launch, self.args)
-            write_manifest(staged, self.state.global_step, self.args.run_name, identity)
+            step, model_only = self.state.global_step, self.args.save_only_model
+            write_manifest(staged, step, self.args.run_name, identity, model_only)
             publish(staged, Path(output_dir) / name)
             remove_if_empty(staged.parent)
         if self.state.best_model_checkpoint == str(staged):

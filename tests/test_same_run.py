@@ -29,7 +29,7 @@ from finetune.resume import (
     run_differences,
     run_identity,
 )
-from finetune.run_folder import SUMMARY_FILE
+from finetune.run_folder import MANIFEST, SUMMARY_FILE
 
 from launching import PROJECT_ROOT, TINY_MODEL, resolve_and_set_up
 
@@ -48,11 +48,13 @@ def identity_of(flags: list[str], **geometry: object) -> dict:
     return {**identity, **geometry}
 
 
-def make_checkpoint(output_dir: Path, step: int, identity: dict | None, max_steps: int = 20) -> Path:
+def make_checkpoint(
+    output_dir: Path, step: int, identity: dict | None, max_steps: int = 20, model_only: bool = False
+) -> Path:
     checkpoint = output_dir / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
     TrainerState(global_step=step, max_steps=max_steps).save_to_json(str(checkpoint / "trainer_state.json"))
-    write_manifest(checkpoint, step, "run-a", identity)
+    write_manifest(checkpoint, step, "run-a", identity, model_only)
     return checkpoint
 
 
@@ -117,6 +119,23 @@ def test_a_stopped_run_tells_a_zero3_nvme_checkpoint_to_export_and_any_other_to_
     assert how_to_continue(plain) == "run the same command with --resume to continue"
     exported = f"start a new run from its weights: finetune export {swapped} DIR, then --model DIR"
     assert how_to_continue(str(swapped)) == exported
+
+
+def test_a_save_only_model_runs_checkpoints_say_they_hold_the_model_only(tmp_path, run_py):
+    result = run_py(tmp_path / "out", "--max_steps", "2", "--save_steps", "2", "--save_only_model")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "checkpoint-2" / MANIFEST).read_text())["model_only"] is True
+
+
+def test_resuming_a_model_only_checkpoint_is_refused_saying_to_start_from_its_weights(tmp_path, run_py):
+    """transformers would resume it with a fresh optimizer and learning-rate schedule, without a word."""
+    checkpoint = make_checkpoint(tmp_path / "out", 10, identity_of(FLAGS), model_only=True)
+    result = run_py(tmp_path / "out", "--resume")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    assert len(errors) == 1 and "holds the model only (--save_only_model)" in errors[0]
+    assert f"finetune export {checkpoint} DIR" in errors[0]
+    assert how_to_continue(checkpoint).startswith("start a new run from its weights")
 
 
 def test_a_checkpoint_with_another_learning_rate_is_refused_naming_both_values(tmp_path, run_py):
