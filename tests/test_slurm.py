@@ -401,6 +401,13 @@ def test_more_ranks_per_node_than_gpus_are_refused_in_one_line(tmp_path, capsys)
     assert "--processes_per_node 3 is more than the 2 GPUs a node gives" in capsys.readouterr().err
 
 
+def test_save_only_model_which_leaves_a_requeued_job_nothing_to_resume_is_refused(tmp_path, capsys):
+    script = tmp_path / "job.sbatch"
+    refused(script, "--gpus_per_node", "1", "--save_only_model")
+    assert "--save_only_model: a requeued job resumes from its newest checkpoint" in capsys.readouterr().err
+    assert not script.exists()
+
+
 def test_memory_per_node_and_per_gpu_together_are_refused_in_one_line(tmp_path, capsys):
     script = tmp_path / "job.sbatch"
     refused(script, "--gpus_per_node", "1", "--mem", "16G", "--mem_per_gpu", "8G")

@@ -63,6 +63,11 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     flags_into(SlurmFlags, options)  # its checks, before anything is read
     load_profile(options.profile)
     _, _, training_args = parse_run_flags(run_args, ("--output_dir", f"outputs/{options.job_name}"))
+    if training_args.save_only_model:
+        raise FinetuneError(
+            "--save_only_model: a requeued job resumes from its newest checkpoint, which would hold no "
+            "optimizer, scheduler or data position to resume"
+        )
     job = flags_into(
         SlurmJob,
         options,
