@@ -373,6 +373,13 @@ class FinetuneTrainingArguments(TrainingArguments):
         """--metric_for_best_model among what the evaluation reports, lower being better for each:
         transformers' default calls every name not ending in "loss" greater-is-better, so perplexity
         would keep the worst checkpoint, and a name the evaluation lacks is a KeyError after training."""
+        if self.save_strategy == "best" and getattr(self.eval_strategy, "value", self.eval_strategy) == "no":
+            raise FinetuneError(
+                "--save_strategy best saves when an evaluation finds a better model, and none runs during "
+                "training: add --eval_strategy steps (with --eval_steps) or epoch"
+            )
+        if self.metric_for_best_model is None and self.save_strategy == "best":
+            self.metric_for_best_model = "loss"  # as transformers picks for --load_best_model_at_end
         metric = self.metric_for_best_model
         if metric is None:
             return

@@ -268,6 +268,17 @@ def test_the_best_model_is_the_one_of_lowest_loss_or_perplexity(metric):
     assert training_args.greater_is_better is False
 
 
+def test_save_strategy_best_keeps_the_checkpoint_of_lowest_evaluation_loss_by_default():
+    flags = ["--save_strategy", "best", "--eval_strategy", "steps", "--eval_steps", "5"]
+    _, _, training_args = parse_arguments([*TINY_FROM_SCRATCH, *flags])
+    assert (training_args.metric_for_best_model, training_args.greater_is_better) == ("loss", False)
+
+
+def test_save_strategy_best_without_an_evaluation_during_training_is_refused(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--save_strategy", "best", *output_flags]  # no checkpoint would be saved
+    assert_one_error(argv, capsys, "--save_strategy best saves when an evaluation finds a better model")
+
+
 def test_greater_is_better_for_a_loss_or_perplexity_is_refused(output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, "--metric_for_best_model", "perplexity", "--greater_is_better", "true",
             *output_flags]  # fmt: skip
