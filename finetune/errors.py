@@ -34,6 +34,12 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def lines_joined(error: BaseException) -> str:
+    """An error's message on one line, every line kept: for short messages whose facts follow their
+    first line (TrainingArguments': "... but found" and the two strategies below it)."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+
+
 class FinetuneError(Exception):
     """Bad input (unknown name, impossible setting). Reported as one line, never as a traceback."""
 

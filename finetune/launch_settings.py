@@ -26,7 +26,7 @@ from finetune.deepspeed_json import (
     write_filled_config,
 )
 from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, one_gpu_per_process
-from finetune.errors import FinetuneError, first_line
+from finetune.errors import FinetuneError, lines_joined
 from finetune.launched import (
     BatchGeometry,
     Launch,
@@ -81,8 +81,8 @@ def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> 
     try:
         with without_printed_lines(DEEPSPEED_OP_LOADED):  # the device set-up starts DeepSpeed
             TrainingArguments.__post_init__(training_args)
-    except ValueError as error:
-        raise FinetuneError(first_line(error)) from None
+    except ValueError as error:  # its checks of the flags, a few lines each
+        raise FinetuneError(lines_joined(error)) from None
     apply_collective_timeout(training_args)
     one_gpu_per_process(training_args, launch)
 

@@ -279,6 +279,13 @@ def test_save_strategy_best_without_an_evaluation_during_training_is_refused(out
     assert_one_error(argv, capsys, "--save_strategy best saves when an evaluation finds a better model")
 
 
+def test_a_transformers_flag_check_keeps_the_facts_below_its_first_line(output_flags, capsys):
+    argv = [*TINY_FROM_SCRATCH, "--load_best_model_at_end", *output_flags]
+    assert_one_error(
+        argv, capsys, 'strategy to match, except when --save_strategy="best", but found - Evaluation'
+    )
+
+
 def test_greater_is_better_for_a_loss_or_perplexity_is_refused(output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, "--metric_for_best_model", "perplexity", "--greater_is_better", "true",
             *output_flags]  # fmt: skip
