@@ -33,6 +33,9 @@ from finetune.run_flags import DataArguments, ModelArguments, check_lowest_value
 # its perplexity), each better lower: the names --metric_for_best_model may pick.
 LOWER_IS_BETTER = ("loss", "token_loss", "perplexity")
 
+# Flags that take "k1=v1,k2=v2", which a recipe may write as a YAML mapping; other mappings (the
+# TrainingArguments that take a dict: --lr_scheduler_kwargs, ...) go as JSON.
+KEY_VALUE_FLAGS = ("config_overrides", "optim_args")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
 # little more peak memory (docs/speed.md, "Two GPUs: FSDP2 units of several blocks").
@@ -529,6 +532,8 @@ def recipe_to_flags(path: Path) -> list[str]:
             flags.extend(str(item) for item in value)  # a list flag: each item one value, commas kept
         elif isinstance(value, list):
             flags.append(",".join(str(item) for item in value))
+        elif isinstance(value, dict) and key in KEY_VALUE_FLAGS:
+            flags.append(",".join(f"{name}={item}" for name, item in value.items()))
         elif isinstance(value, dict):
             flags.append(json.dumps(value))
         else:

@@ -25,9 +25,13 @@ if TYPE_CHECKING:  # transformers' classes cost every `finetune` command seconds
 
 
 def adapt_arguments_to_cpu(args: TrainingArguments, launch: Launch) -> None:
-    """Before the process group exists: choose gloo the way each profile needs it."""
+    """Before the process group exists: choose gloo the way each profile needs it, and say a lone
+    process without a GPU trains on the CPU."""
     if launch.fsdp_on_cpu:
         args.ddp_backend = "gloo"
+        return
+    if not launch.on_gpu and not launch.strategy.multi_process:
+        args.use_cpu = True  # what the run is anyway; transformers refuses bf16 without it ("bf16/gpu")
         return
     if not launch.several_cpu_ranks:
         return

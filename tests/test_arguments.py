@@ -114,6 +114,14 @@ def test_precision_fp32_turns_off_mixed_precision(output_flags):
     assert training.fp16 is False
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a lone process trains on its GPU there")
+def test_bf16_asked_of_a_lone_process_without_a_gpu_trains_in_bf16_on_the_cpu(output_flags):
+    """transformers refused it ("Your setup doesn't support bf16/gpu") unless --use_cpu was given."""
+    _, _, training_args = parse_arguments(["--precision", "bf16", *output_flags])
+    resolve_and_set_up(training_args, Launch.from_environment())
+    assert training_args.bf16 and training_args.use_cpu
+
+
 def test_block_size_of_one_token_is_rejected(output_flags):
     with pytest.raises(FinetuneError, match="block_size"):
         parse_arguments(["--block_size", "1", *output_flags])

@@ -4,6 +4,7 @@ A recipe's first line is the command that runs it; `finetune run` finds the ship
 where the path given does not exist (outside a checkout).
 """
 
+import json
 import shlex
 from pathlib import Path
 
@@ -75,3 +76,18 @@ def test_a_recipe_list_for_a_comma_separated_flag_is_joined_with_commas(tmp_path
     recipe.write_text("peft: lora\nlora_target_modules: [q_proj, v_proj]\n")
     model_args, _, _ = parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
     assert model_args.lora_target_modules == "q_proj,v_proj"
+
+
+def test_a_recipe_mapping_for_a_key_value_flag_becomes_its_k_equals_v_list(tmp_path):
+    recipe = tmp_path / "small.yaml"
+    recipe.write_text("config_overrides: {n_layer: 2, n_embd: 64}\noptim_args:\n  foreach: false\n")
+    model_args, _, training_args = parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert model_args.config_overrides == "n_layer=2,n_embd=64"
+    assert training_args.optim_args == "foreach=False"
+
+
+def test_a_recipe_mapping_for_a_dict_flag_goes_as_json(tmp_path):
+    recipe = tmp_path / "schedule.yaml"
+    recipe.write_text("lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr: 1.0e-6}\n")
+    _, _, training_args = parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert json.loads(training_args.lr_scheduler_kwargs) == {"min_lr": 1e-6}  # TrainingArguments reads it
