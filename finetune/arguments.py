@@ -362,7 +362,7 @@ class FinetuneTrainingArguments(TrainingArguments):
                     f"{flag}: FSDP comes from the profile here (--profile fsdp or fsdp_grad_op, "
                     "accelerate_configs/fsdp.yaml), which the planner, checkpoints and summary read"
                 )
-        self._check_best_model_metric()
+        self._check_best_model_flags()
         if self.auto_find_batch_size:  # accelerate's find_executable_batch_size, gradient accumulation kept
             raise FinetuneError(
                 "--auto_find_batch_size would shrink the micro batch at an out-of-memory, and with it the "
@@ -372,10 +372,11 @@ class FinetuneTrainingArguments(TrainingArguments):
         if self.push_to_hub and hub_offline():  # else the Trainer's traceback when it creates the repo
             raise FinetuneError("--push_to_hub needs the Hugging Face Hub, and HF_HUB_OFFLINE is set")
 
-    def _check_best_model_metric(self) -> None:
-        """--metric_for_best_model among what the evaluation reports, lower being better for each:
-        transformers' default calls every name not ending in "loss" greater-is-better, so perplexity
-        would keep the worst checkpoint, and a name the evaluation lacks is a KeyError after training."""
+    def _check_best_model_flags(self) -> None:
+        """--save_strategy best needs evaluations during training; --metric_for_best_model is among what
+        the evaluation reports, lower being better for each: transformers' default calls every name not
+        ending in "loss" greater-is-better, so perplexity would keep the worst checkpoint, and a name the
+        evaluation lacks is a KeyError after training."""
         if self.save_strategy == "best" and getattr(self.eval_strategy, "value", self.eval_strategy) == "no":
             raise FinetuneError(
                 "--save_strategy best saves when an evaluation finds a better model, and none runs during "

@@ -218,7 +218,8 @@ def claim_on_main(
     except OSError as error:
         raise FinetuneError(f"--output_dir {output_dir}: cannot create it ({error.strerror})") from None
     lock_output_dir(output_dir)
-    put_back_earlier_results(output_dir)
+    # a run killed (SIGKILL, a lost node) before its first step could not put them back itself
+    put_back(output_dir, "an earlier run set them aside and ended before its first step")
     found = earlier_results(output_dir)
     if not found or resume:
         return
@@ -250,9 +251,9 @@ def set_aside(output_dir: Path, found: list[Path]) -> None:
         path.rename(aside / path.name)
 
 
-def put_back(output_dir: Path) -> list[str]:
+def put_back(output_dir: Path, why: str) -> None:
     """What set_aside moved, back in place of whatever the stopped run wrote under the same names
-    before its first step (its summary, an empty TensorBoard folder)."""
+    before its first step (its summary, an empty TensorBoard folder); said with `why`."""
     names = []
     for path in set_aside_results(output_dir):
         target = output_dir / path.name
@@ -262,23 +263,16 @@ def put_back(output_dir: Path) -> list[str]:
         names.append(path.name)
     if (output_dir / REPLACED_DIR).is_dir():
         (output_dir / REPLACED_DIR).rmdir()
-    return names
+    if names:
+        logger.warning(
+            f"finetune: --overwrite_output_dir: {why}; {', '.join(names)} put back in {output_dir}"
+        )
 
 
 def set_aside_results(output_dir: Path) -> list[Path]:
     """Results an --overwrite_output_dir run set aside and has not yet replaced by training a step."""
     aside = output_dir / REPLACED_DIR
     return sorted(aside.iterdir()) if aside.is_dir() else []
-
-
-def put_back_earlier_results(output_dir: Path) -> None:
-    """A run killed (SIGKILL, a lost node) before its first step could not put them back itself."""
-    names = put_back(output_dir)
-    if names:
-        logger.warning(
-            f"finetune: {output_dir}: put back {', '.join(names)}, which an --overwrite_output_dir run "
-            "set aside and never replaced (it ended before its first step)"
-        )
 
 
 @contextmanager
@@ -290,12 +284,7 @@ def earlier_results_back_unless_trained(output_dir: Path, is_main: bool) -> Iter
         yield
     except BaseException:
         if is_main:
-            names = put_back(output_dir)
-            if names:
-                logger.warning(
-                    f"finetune: --overwrite_output_dir: the run stopped before its first step; "
-                    f"{', '.join(names)} put back in {output_dir}"
-                )
+            put_back(output_dir, "the run stopped before its first step")
         raise
 
 
