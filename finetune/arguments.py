@@ -274,6 +274,11 @@ class FinetuneTrainingArguments(TrainingArguments):
     # (BatchGeometry.apply).
     attention_kernel: str = field(default="sdpa", init=False, repr=False)
 
+    @property
+    def resumes_a_run(self) -> bool:
+        """--resume, or transformers' own --resume_from_checkpoint PATH."""
+        return self.resume or bool(self.resume_from_checkpoint)
+
     def __post_init__(self) -> None:
         """Check the values and fill the defaults that depend on nothing else; finish nothing.
 

@@ -171,14 +171,14 @@ def output_dir_check(model_args, training_args) -> Check:
     if not found:
         return Check("output_dir", f"{folder}: no earlier results", expected, True)
     names = ", ".join(path.name for path in found[:4]) + (", ..." if len(found) > 4 else "")
-    if training_args.resume or training_args.resume_from_checkpoint:
+    if training_args.resumes_a_run:
         return Check("output_dir", f"{folder}: {names} (continued: --resume)", expected, True)
     if not training_args.overwrite_output_dir:
         return Check("output_dir", f"{folder} holds another run's results ({names})", expected, False,
                      "pass --resume to continue it, --overwrite_output_dir to replace it, or choose another "
                      "--output_dir")  # fmt: skip
     try:
-        refuse_deleting_inputs(folder, {"--model": model_args.model, "--tokenizer": model_args.tokenizer})
+        refuse_deleting_inputs(folder, model_args.folders_read())
     except FinetuneError as error:
         return Check("output_dir", str(error), expected, False, "choose another --output_dir")
     return Check("output_dir", f"{folder}: {names} (replaced: --overwrite_output_dir)", expected, True)

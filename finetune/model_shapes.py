@@ -59,14 +59,14 @@ def gpt2_shape(name: str) -> ModelShape:
 
 def model_config(model: str, config_overrides: str | None = None) -> Any:
     """The model's config as a run reads it, overrides applied."""
-    from finetune.models import load_config, resolve_model
+    from finetune.models import apply_config_overrides, load_config, resolve_model
     from finetune.run_flags import ModelArguments
 
     location = resolve_model(model) if model not in MODEL_LADDER else local_folder(model)
     if location is None:  # a GPT-2 size without its folder here: its shape is built in, no Hub needed
         config = ladder_config(model)
         if config_overrides:
-            config.update_from_string(config_overrides)
+            apply_config_overrides(config, config_overrides)
         return config
     return load_config(ModelArguments(model=model, config_overrides=config_overrides), location)
 

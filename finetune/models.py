@@ -60,13 +60,35 @@ def load_config(args: ModelArguments, location: str) -> PretrainedConfig:
             f"cannot load the config of model '{args.model}' from {location}: {first_line(error)}"
         ) from None
     if args.config_overrides:
-        try:
-            config.update_from_string(args.config_overrides)
-        except ValueError as error:
-            raise FinetuneError(
-                f"--config_overrides '{args.config_overrides}': {first_line(error)}"
-            ) from None
+        apply_config_overrides(config, args.config_overrides)
     return config
+
+
+# The sizes a model is built from, by transformers' common names (a config's attribute_map gives its
+# own: GPT-2's n_layer is num_hidden_layers). No model config checks them: `n_layer=0` or `n_layer=-1`
+# builds, trains and saves a model without a single block.
+SIZES = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+def apply_config_overrides(config: PretrainedConfig, overrides: str) -> None:
+    """run_clm.py's `--config_overrides "n_layer=2,n_embd=64"`, with a size below 1 refused."""
+    try:
+        config.update_from_string(overrides)
+    except ValueError as error:
+        raise FinetuneError(f"--config_overrides '{overrides}': {first_line(error)}") from None
+    for size in SIZES:
+        value = getattr(config, size, None)
+        if isinstance(value, int) and value < 1:
+            name = config.attribute_map.get(size, size)
+            raise FinetuneError(f"--config_overrides '{overrides}': {name} must be at least 1, got {value}")
 
 
 def load_tokenizer(args: ModelArguments, location: str) -> PreTrainedTokenizerBase:

@@ -208,6 +208,25 @@ def refuse_deleting_inputs(output_dir: Path, inputs: dict[str, str | None]) -> N
             )
 
 
+def check_claimable(
+    output_dir: Path, resume: bool, overwrite: bool, inputs: dict[str, str | None] | None = None
+) -> list[Path]:
+    """What an earlier run left in output_dir that this run may replace (none to keep or resume);
+    refused where it may not. Reads only: `finetune run` asks it before it writes its launch folder
+    there, rank 0 again under the lock."""
+    found = earlier_results(output_dir) if output_dir.is_dir() else []
+    if not found or resume:
+        return []
+    names = ", ".join(path.name for path in found)
+    if not overwrite:
+        raise FinetuneError(
+            f"--output_dir {output_dir} holds another run's results ({names}): pass --resume to continue "
+            "that run, --overwrite_output_dir to delete them and start anew, or choose another folder"
+        )
+    refuse_deleting_inputs(output_dir, inputs or {})
+    return found
+
+
 def claim_on_main(
     output_dir: Path, resume: bool, overwrite: bool, inputs: dict[str, str | None] | None = None
 ) -> None:
@@ -220,21 +239,14 @@ def claim_on_main(
     lock_output_dir(output_dir)
     # a run killed (SIGKILL, a lost node) before its first step could not put them back itself
     put_back(output_dir, "an earlier run set them aside and ended before its first step")
-    found = earlier_results(output_dir)
-    if not found or resume:
-        return
-    names = ", ".join(path.name for path in found)
-    if not overwrite:
-        unlock_output_dir(output_dir)
-        raise FinetuneError(
-            f"--output_dir {output_dir} holds another run's results ({names}): pass --resume to continue "
-            "that run, --overwrite_output_dir to delete them and start anew, or choose another folder"
-        )
     try:
-        refuse_deleting_inputs(output_dir, inputs or {})
+        found = check_claimable(output_dir, resume, overwrite, inputs)
     except FinetuneError:
         unlock_output_dir(output_dir)
         raise
+    if not found:
+        return
+    names = ", ".join(path.name for path in found)
     logger.warning(
         f"finetune: --overwrite_output_dir: replacing {names} in {output_dir} (deleted at the first "
         "training step, put back if the run stops before it)"
@@ -349,7 +361,7 @@ def claim_output_dir(
         try:
             claim_on_main(
                 Path(args.output_dir),
-                args.resume or bool(args.resume_from_checkpoint),
+                args.resumes_a_run,
                 args.overwrite_output_dir,
                 inputs,
             )

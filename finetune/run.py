@@ -293,9 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         load_onto_indexed_cpu(launch)
         set_up_devices(training_args, launch)
         refuse_incompatible(model_args, training_args, launch)
-        claim_output_dir(
-            training_args, launch, {"--model": model_args.model, "--tokenizer": model_args.tokenizer}
-        )
+        claim_output_dir(training_args, launch, model_args.folders_read())
         with earlier_results_back_unless_trained(
             Path(training_args.output_dir), training_args.process_index == 0
         ):

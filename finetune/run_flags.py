@@ -130,6 +130,10 @@ class ModelArguments:
         if not target_modules(self.lora_target_modules):
             raise FinetuneError("--lora_target_modules is empty: give all-linear or module names")
 
+    def folders_read(self) -> dict[str, str | None]:
+        """The folders the run reads by flag, which --overwrite_output_dir must never delete."""
+        return {"--model": self.model, "--tokenizer": self.tokenizer}
+
 
 @dataclass
 class DataArguments:

@@ -708,6 +708,7 @@ def test_a_commands_flag_of_the_wrong_type_is_one_line_without_the_usage(capsys)
         (["--gpu_memory", "-80"], "argument --gpu_memory/--gpu-memory: invalid positive number value: '-80'"),
         (["--margin", "1.5"], "argument --margin: invalid fraction (0 to below 1) value: '1.5'"),
         (["--config_overrides", "n_embd=100,n_head=3"], "`embed_dim` must be divisible by num_heads"),
+        (["--config_overrides", "n_layer=0"], "--config_overrides 'n_layer=0': n_layer must be at least 1"),
     ],
 )
 def test_plan_refuses_numbers_it_cannot_plan_in_one_line(flags, expected, capsys):

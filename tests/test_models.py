@@ -13,6 +13,7 @@ from transformers.integrations import HfDeepSpeedConfig
 from finetune.errors import FinetuneError
 from finetune.models import (
     ZERO3_LINEAR_WARNING,
+    apply_config_overrides,
     build_model,
     check_attention_implementation,
     choose_block_size,
@@ -74,6 +75,19 @@ def test_unknown_config_override_key_is_an_error():
     args = ModelArguments(model="gpt2", from_scratch=True, config_overrides="n_layers_typo=1")
     with pytest.raises(FinetuneError, match="n_layers_typo"):
         load_config(args, resolve_model(args.model))
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides", "named"),
+    [("gpt2", "n_layer=0", "n_layer must be at least 1, got 0"),
+     ("gpt2", "n_embd=-64", "n_embd must be at least 1, got -64"),
+     ("llama", "num_key_value_heads=0", "num_key_value_heads must be at least 1, got 0"),
+     ("llama", "intermediate_size=0", "intermediate_size must be at least 1, got 0")],
+)  # fmt: skip
+def test_a_config_override_of_a_size_below_one_is_refused_by_its_name(architecture, overrides, named):
+    """A GPT-2 of n_layer=0 or -1 built, trained and saved without a single block."""
+    with pytest.raises(FinetuneError, match=f"--config_overrides '{overrides}': {named}"):
+        apply_config_overrides(tiny_config(architecture), overrides)
 
 
 def test_default_block_size_is_the_context_when_it_is_short():

@@ -87,6 +87,30 @@ def test_second_run_into_a_used_output_dir_is_refused_and_touches_nothing(tmp_pa
     assert listing(output_dir) == before
 
 
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [([], "holds another run's results"),
+     (["--overwrite_output_dir", "--model", "{out}"], "would delete --model")],
+    ids=["another run's results", "overwrite of the model read"],
+)  # fmt: skip
+def test_finetune_run_refuses_a_folder_not_its_own_before_launching_or_writing_into_it(
+    flags, refusal, tmp_path, monkeypatch, capsys
+):
+    """The launch folder (.launch/) was written into the refused folder, a pretrained model's one too."""
+    output_dir = earlier_run(tmp_path / "out")
+    before = listing(output_dir)
+    monkeypatch.setattr(subprocess, "Popen", lambda *_, **__: pytest.fail("launched"))
+    flags = [flag.format(out=output_dir) for flag in flags]
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "--profile", "single", *RUN_FLAGS, "--output_dir", str(output_dir), *flags])
+    assert stopped.value.code == 2
+    (line,) = error_lines(capsys)
+    assert refusal in line
+    assert listing(output_dir) == before and sorted(output_dir.iterdir()) == sorted(
+        output_dir / name for name in ("checkpoint-5", "model.safetensors", "run_summary.json", "notes.txt")
+    )
+
+
 def test_resume_keeps_the_earlier_runs_results(tmp_path):
     output_dir = earlier_run(tmp_path / "out")
     before = listing(output_dir)

@@ -68,7 +68,16 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:
 
 def run_command(options: argparse.Namespace, run_args: list[str]) -> int:
     run_args = with_shipped_recipe(run_args)
-    _, _, training_args = parse_run_flags(run_args)
+    from finetune.outputs import check_claimable  # imports the Trainer: not for every command's start
+
+    model_args, _, training_args = parse_run_flags(run_args)
+    # refused here, before the launch folder is written into a folder that is not this run's
+    check_claimable(
+        Path(training_args.output_dir),
+        training_args.resumes_a_run,
+        training_args.overwrite_output_dir,
+        model_args.folders_read(),
+    )
     if options.profile == "auto":
         options.profile, reason = auto_profile(run_args, options.num_processes)
         print(f"finetune: --profile auto picked {options.profile}: {reason}", file=sys.stderr)
