@@ -85,7 +85,9 @@ def add_adapters(model: PreTrainedModel, flags: dict[str, Any], compute_dtype: s
     dtype = COMPUTE_DTYPES.get(compute_dtype)
     if dtype is not None and not is_deepspeed_zero3_enabled():
         model.to(dtype)
-    check_targets(model, flags["lora_target_modules"])  # names only: ZeRO-3 has partitioned the weights
+    # for a model of remote code, which had no meta-device check (run.py); its names only, as ZeRO-3 has
+    # partitioned the weights that the rank check reads
+    check_targets(model, flags["lora_target_modules"])
     return get_peft_model(model, adapter_config(flags, model))
 
 

@@ -18,6 +18,8 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType
 
+from finetune.errors import FinetuneError
+
 if TYPE_CHECKING:  # transformers' classes cost every `finetune` command seconds to import
     from transformers import TrainingArguments
 
@@ -39,6 +41,22 @@ def adapt_arguments_to_cpu(args: TrainingArguments, launch: Launch) -> None:
         args.ddp_backend = "gloo"
     else:
         args.use_cpu = True
+
+
+def check_precision_without_gpu(precision: str, launch: Launch) -> None:
+    """Mixed precision the profile's ranks cannot train in without a GPU, refused before the device
+    set-up: DeepSpeed's CPU accelerator takes no fp16 (a traceback on every rank), and transformers
+    takes bf16 off GPUs only as `use_cpu`, which would turn DeepSpeed and FSDP off (its error asks for
+    exactly that). The single and ddp profiles train on CPUs in both."""
+    framework = launch.strategy.framework
+    refused = {"deepspeed": ("fp16", "bf16"), "fsdp": ("bf16",)}.get(framework, ())
+    if launch.on_gpu or precision not in refused:
+        return
+    raise FinetuneError(
+        f"--precision {precision}: profile {launch.strategy_name} ({framework}) trains in {precision} on "
+        "GPUs only; without a GPU pass --precision fp32 (--precision auto chooses it), or try "
+        f"{precision} on the CPU under the single or ddp profile"
+    )
 
 
 def apply_collective_timeout(args: TrainingArguments) -> None:

@@ -25,12 +25,18 @@ from finetune.deepspeed_json import (
     needs_nvme_path,
     write_filled_config,
 )
-from finetune.devices import adapt_arguments_to_cpu, apply_collective_timeout, one_gpu_per_process
+from finetune.devices import (
+    adapt_arguments_to_cpu,
+    apply_collective_timeout,
+    check_precision_without_gpu,
+    one_gpu_per_process,
+)
 from finetune.errors import FinetuneError, lines_joined
 from finetune.launched import (
     BatchGeometry,
     Launch,
     check_cuda_graphs,
+    mixed_precision,
     precision_on,
     visible_gpu_supports_bf16,
 )
@@ -57,6 +63,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     check_cuda_graphs(training_args, launch.strategy)
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
     _apply_auto_precision(training_args)
+    check_precision_without_gpu(mixed_precision(training_args), launch)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args, launch)
     _apply_batch_copies(training_args, launch)

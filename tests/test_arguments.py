@@ -20,7 +20,7 @@ from finetune.arguments import (
 )
 from finetune.errors import FinetuneError
 from finetune.launch_settings import compiles_by_default, resolve_launch_settings
-from finetune.launched import Launch
+from finetune.launched import Launch, mixed_precision
 from finetune.profiles import load_strategy
 from finetune.run_flags import FLAG_NAMES, LOWEST_VALUES
 
@@ -120,6 +120,30 @@ def test_bf16_asked_of_a_lone_process_without_a_gpu_trains_in_bf16_on_the_cpu(ou
     _, _, training_args = parse_arguments(["--precision", "bf16", *output_flags])
     resolve_and_set_up(training_args, Launch.from_environment())
     assert training_args.bf16 and training_args.use_cpu
+
+
+@pytest.mark.parametrize(("profile", "precision"), [("zero2", "bf16"), ("zero3", "fp16"), ("fsdp", "bf16")])
+def test_mixed_precision_a_profiles_cpu_ranks_cannot_take_is_refused_in_one_line(
+    output_flags, profile, precision
+):
+    """It was transformers' "Your setup doesn't support bf16/gpu" (asking for use_cpu, which turns
+    DeepSpeed and FSDP off) or a DeepSpeed traceback on every rank ("Type fp16 is not supported")."""
+    _, _, training_args = parse_arguments(["--precision", precision, *output_flags])
+    with pytest.raises(
+        FinetuneError, match=f"--precision {precision}: profile {profile} .* on GPUs only"
+    ) as error:
+        resolve_launch_settings(training_args, Launch(load_strategy(profile), on_gpu=False))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("profile", "precision", "on_gpu"),
+    [("ddp", "bf16", False), ("fsdp", "fp16", False), ("zero2", "bf16", True), ("zero3", "fp16", True)],
+)
+def test_mixed_precision_the_ranks_can_take_is_kept(output_flags, profile, precision, on_gpu):
+    _, _, training_args = parse_arguments(["--precision", precision, *output_flags])
+    resolve_launch_settings(training_args, Launch(load_strategy(profile), on_gpu=on_gpu))
+    assert mixed_precision(training_args) == precision
 
 
 def test_block_size_of_one_token_is_rejected(output_flags):
