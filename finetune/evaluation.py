@@ -29,7 +29,7 @@ from finetune.checkpoint import load_weights_only
 from finetune.data import load_raw, named_split, split_tokens, variant_used
 from finetune.data_formats import IGNORE_INDEX
 from finetune.errors import FinetuneError
-from finetune.generate import complete_greedily
+from finetune.generate import check_stop_texts, complete_greedily
 from finetune.instruction import detect_format, encode, template_for
 from finetune.losses import loss_sums_per_sample
 from finetune.models import SavedModel, choose_block_size, context_length
@@ -231,6 +231,7 @@ class AnswerCheck:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise FinetuneError(f"--max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        check_stop_texts(self.stop)
         if self.pattern is not None:
             try:
                 re.compile(self.pattern)

@@ -27,6 +27,13 @@ from finetune.local_data import not_text
 from finetune.models import SavedModel, context_key, context_length
 
 
+def check_stop_texts(stop: tuple[str, ...]) -> None:
+    """An empty --stop would end every completion before its first token (a ValueError traceback in
+    the text cut, after the model was loaded and had generated)."""
+    if "" in stop:
+        raise FinetuneError("--stop '' is empty: give the text that ends a completion, e.g. --stop 'Question:'")
+
+
 @dataclass(frozen=True)
 class Sampling:
     max_new_tokens: int = 50
@@ -49,6 +56,7 @@ class Sampling:
         if self.top_k < 0:
             raise FinetuneError(f"--top_k must be 0 (no limit) or more, got {self.top_k}")
         check_seed(self.seed)
+        check_stop_texts(self.stop)
 
     def generation_config(self, pad_token_id: int, stop_ids: list[int]) -> GenerationConfig:
         common = {

@@ -510,6 +510,18 @@ def test_generate_rejects_sampling_settings_out_of_range(flag, value, capsys):
     assert_one_error(argv, capsys, f"{flag} must be", entry=cli.main)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["generate", "no-model-is-loaded", "--prompt", "Hello"], ["eval", "no-model-is-loaded", "--generate"]],
+    ids=["generate", "eval --generate"],
+)
+def test_an_empty_stop_text_is_refused_before_the_model_is_loaded(command, capsys):
+    """It ended every completion at once: a ValueError traceback after generating."""
+    assert_one_error(
+        [*command, "--stop", "Question:", "--stop", ""], capsys, "--stop '' is empty", entry=cli.main
+    )
+
+
 def test_generate_from_a_prompt_that_fills_the_context_is_refused_before_the_model_is_loaded(
     tiny_gpt2_dir, capsys
 ):
