@@ -182,8 +182,9 @@ def evaluate_saved_model(
         )
         return {"model": model_path, **dataset, "split": split, **result}
     if answers is not None or max_examples is not None:
+        flag = "--generate" if answers is not None else "--max_examples"
         raise FinetuneError(
-            f"--generate and --max_examples need prompts and answers; dataset '{data_args.dataset}' is "
+            f"{flag} needs prompts and answers; dataset '{data_args.dataset}' is "
             "plain text (docs/instruction-data.md lists the formats)"
         )
     stride = block_size if stride is None else stride

@@ -31,7 +31,9 @@ def check_stop_texts(stop: tuple[str, ...]) -> None:
     """An empty --stop would end every completion before its first token (a ValueError traceback in
     the text cut, after the model was loaded and had generated)."""
     if "" in stop:
-        raise FinetuneError("--stop '' is empty: give the text that ends a completion, e.g. --stop 'Question:'")
+        raise FinetuneError(
+            "--stop '' is empty: give the text that ends a completion, e.g. --stop 'Question:'"
+        )
 
 
 @dataclass(frozen=True)

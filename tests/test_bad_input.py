@@ -565,6 +565,24 @@ def test_eval_refuses_a_result_file_it_could_not_write_before_evaluating(
     assert_one_error(argv, capsys, expected.format(tmp=tmp_path, model=tiny_gpt2_dir), entry=cli.main)
 
 
+def test_eval_refuses_a_completions_file_without_generate_which_would_not_write_it(capsys):
+    argv = ["eval", "no-model-is-loaded", "--completions", "answers.jsonl"]
+    assert_one_error(argv, capsys, "--completions holds generated answers: add --generate", entry=cli.main)
+
+
+@pytest.mark.parametrize(
+    ("given", "named"), [(["--generate"], "--generate"), (["--max_examples", "2"], "--max_examples")]
+)
+def test_eval_of_answers_on_plain_text_names_the_flag_given(
+    given, named, tiny_gpt2_dir, make_text_file, capsys
+):
+    text = make_text_file("plain.txt", "words and more words\n" * 40)
+    argv = ["eval", str(tiny_gpt2_dir), "--dataset", str(text), *given]
+    assert_one_error(
+        argv, capsys, f"{named} needs prompts and answers; dataset '{text}' is plain text", entry=cli.main
+    )
+
+
 def test_eval_makes_the_missing_folders_of_its_result_file(tiny_gpt2_dir, tmp_path, capsys):
     result = tmp_path / "new" / "folder" / "result.json"
     argv = ["eval", str(tiny_gpt2_dir), "--block_size", "32", "--max_tokens", "64", "--output", str(result)]

@@ -87,6 +87,8 @@ def execute(options: argparse.Namespace) -> int:
     max_new_tokens = 256 if options.max_new_tokens is None else options.max_new_tokens
     if options.stop and not options.generate:
         raise FinetuneError("--stop ends generated answers: add --generate")
+    if options.completions and not options.generate:  # it would not be written, without a word
+        raise FinetuneError("--completions holds generated answers: add --generate")
     answers = (
         AnswerCheck(options.answer_pattern, max_new_tokens, tuple(options.stop)) if options.generate else None
     )
