@@ -54,16 +54,19 @@ LATEST_SIGNAL_S = 65535  # sbatch's --signal: "sig_time must be an integer betwe
 
 def limit_seconds(time: str) -> int | None:
     """sbatch's --time in seconds (None for unlimited): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or
-    D-HH:MM:SS, as its manual reads them."""
+    D-HH:MM:SS, as its manual reads them; "a time limit of zero requests that no time limit be
+    imposed"."""
     if time.lower() in ("unlimited", "infinite"):
         return None
     days, _, clock = time.rpartition("-")
     parts = [int(part) for part in clock.split(":")]
     if days:  # D-HH, D-HH:MM, D-HH:MM:SS
         hours, minutes, seconds = (*parts, 0, 0)[:3]
-        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
-    hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
-    return (hours * 60 + minutes) * 60 + seconds
+        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    else:
+        hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+        total = (hours * 60 + minutes) * 60 + seconds
+    return total or None
 
 
 COUNTS = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "signal_seconds": 1}

@@ -345,7 +345,9 @@ def test_a_newline_in_a_run_flag_is_refused(tmp_path, capsys):
     assert not script.exists()
 
 
-@pytest.mark.parametrize("time", ["30", "30:00", "4:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED"])
+@pytest.mark.parametrize(
+    "time", ["30", "30:00", "4:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED", "0", "0:00:00"]
+)  # sbatch: "a time limit of zero requests that no time limit be imposed"
 def test_every_sbatch_time_format_is_accepted(time, tmp_path):
     assert (
         f"#SBATCH --time={time}\n"
