@@ -139,6 +139,28 @@ def check_optimizer_flags(
         )
 
 
+def check_values_match_the_flags(path: Path, config: dict[str, Any], training_args: Any) -> None:
+    """Values the JSON sets itself (not "auto") that the training flags set differently (gradient_clipping
+    0.5 beside --max_grad_norm's 1.0, a train_batch_size, an fp16 section enabled on a bf16 run): found
+    by transformers' own matching, which refuses them only once the data and model are built, a
+    traceback on every rank. Asked of a copy once the devices are set up (the world size is known)."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    # building one replaces transformers' global ZeRO-3 config reference, which model init reads
+    held = hf_deepspeed._hf_deepspeed_config_weak_ref
+    try:
+        trial = hf_deepspeed.HfTrainerDeepSpeedConfig(json.loads(json.dumps(config)))
+        trial.trainer_config_process(training_args)
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = held
+    if trial.mismatches:
+        listed = "; ".join(mismatch.removeprefix("- ") for mismatch in trial.mismatches)
+        raise FinetuneError(
+            f'{path}: set otherwise by the training flags: {listed}: make them "auto" (the flags then set '
+            "them) or pass the flags that match"
+        )
+
+
 @dataclass(frozen=True)
 class JsonDecidedFlags:
     """The run flags a profile's DeepSpeed JSON has the last word on: --nvme_path (where it swaps to

@@ -22,6 +22,7 @@ from finetune.build_locks import (
 from finetune.deepspeed_json import (
     JsonDecidedFlags,
     check_deepspeed_config,
+    check_values_match_the_flags,
     needs_nvme_path,
     write_filled_config,
 )
@@ -90,6 +91,8 @@ def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> 
             TrainingArguments.__post_init__(training_args)
     except ValueError as error:  # its checks of the flags, a few lines each
         raise FinetuneError(lines_joined(error)) from None
+    if launch.deepspeed_config_path is not None and launch.deepspeed_config is not None:
+        check_values_match_the_flags(launch.deepspeed_config_path, launch.deepspeed_config, training_args)
     apply_collective_timeout(training_args)
     one_gpu_per_process(training_args, launch)
 

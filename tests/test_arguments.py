@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from finetune.arguments import (
     make_parser,
     parse_arguments,
 )
+from finetune.deepspeed_json import check_values_match_the_flags
 from finetune.errors import FinetuneError
 from finetune.launch_settings import compiles_by_default, resolve_launch_settings
 from finetune.launched import Launch, mixed_precision
@@ -144,6 +146,32 @@ def test_mixed_precision_the_ranks_can_take_is_kept(output_flags, profile, preci
     _, _, training_args = parse_arguments(["--precision", precision, *output_flags])
     resolve_launch_settings(training_args, Launch(load_strategy(profile), on_gpu=on_gpu))
     assert mixed_precision(training_args) == precision
+
+
+@pytest.mark.parametrize(
+    ("setting", "mismatch"),
+    [({"gradient_clipping": 0.5}, "ds gradient_clipping=0.5 vs hf max_grad_norm=1.0"),
+     ({"train_batch_size": 64}, "ds train_batch_size=64 vs hf train_batch_size (calculated)=8")],
+)  # fmt: skip
+def test_a_deepspeed_value_the_flags_set_otherwise_is_refused_once_the_devices_are_set_up(
+    output_flags, setting, mismatch
+):
+    """transformers refused it after the data and model were built, a traceback on every rank."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    _, _, training_args = parse_arguments(output_flags)
+    resolve_and_set_up(training_args, Launch.from_environment())
+    config = {"zero_optimization": {"stage": 3}, "gradient_clipping": "auto", **setting}
+    held = hf_deepspeed._hf_deepspeed_config_weak_ref
+    with pytest.raises(
+        FinetuneError,
+        match=f'zero3.json: set otherwise by the training flags: {re.escape(mismatch)}: make them "auto"',
+    ):
+        check_values_match_the_flags(Path("zero3.json"), config, training_args)
+    assert hf_deepspeed._hf_deepspeed_config_weak_ref is held  # ZeRO-3 model init reads it
+    check_values_match_the_flags(
+        Path("zero3.json"), {"zero_optimization": {"stage": 3}, "gradient_clipping": 1.0}, training_args
+    )
 
 
 def test_block_size_of_one_token_is_rejected(output_flags):
