@@ -11,6 +11,7 @@ from finetune.run_report import format_report
 from finetune.summary import FIELDS, RunRecord, fields_table, read_summary, validate_summary
 
 MEASUREMENTS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "measurements.md"
+GPU_SUMMARIES = Path(__file__).resolve().parents[1] / "benchmarks" / "h200-2026-12-04" / "call1" / "runs"
 
 
 def record(tmp_path, is_main_process=True):
@@ -33,6 +34,20 @@ def test_validation_names_missing_undocumented_and_mistyped_fields(tmp_path):
         "from_scratch is int, documented as bool?",
         "steps is str, documented as int?",
     ]
+
+
+@pytest.mark.parametrize("path", sorted(GPU_SUMMARIES.glob("*.summary.json")), ids=lambda path: path.name)
+def test_summaries_written_on_a_gpu_match_the_schema_in_the_fields_only_cuda_fills(path):
+    """The CPU suite never fills memory_device, peak_tflops_source or mfu: these records, one per
+    profile on one H200, are what say their types are the documented ones. A field added after them is
+    missing from them, so only the other problems count."""
+    summary = json.loads(path.read_text())
+    assert [problem for problem in validate_summary(summary) if not problem.startswith("missing")] == []
+    if summary["status"] == "completed":
+        assert summary["memory_device"] == "cuda"
+        # MFU's peak is the one of the run's dtype
+        assert summary["peak_tflops_source"] == f"H200 SXM {summary['dtype']} datasheet"
+        assert 0 < summary["mfu"] < 1
 
 
 def test_updating_an_undocumented_field_is_refused(tmp_path):
