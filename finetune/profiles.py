@@ -440,8 +440,8 @@ def copy_profile(name_or_path: str, folder: Path) -> list[Path]:
     """Write an editable copy of a profile into `folder`: its YAML and, for DeepSpeed, its JSON.
 
     The copied YAML names the copied JSON by its path from the working directory, as the shipped
-    profiles name theirs, so `finetune run --profile` and `accelerate launch --config_file` both
-    find it when run from here. Existing files are never replaced.
+    profiles name theirs, so `accelerate launch --config_file` finds it when run from here (and
+    `finetune run --profile` from anywhere: `resolve_project_path`). Existing files are never replaced.
     """
     profile = load_profile(name_or_path)
     yaml_copy = folder / profile.path.name
@@ -498,27 +498,38 @@ def _deepspeed_config_path(path: Path, settings: dict[str, Any]) -> Path:
 
 
 def resolve_project_path(value: str, profile_file: Path) -> Path:
-    """A JSON path in a profile, relative to where users launch from (as `accelerate launch` reads it).
+    """A JSON path in a profile: from the working directory first, as `accelerate launch` reads it.
 
-    The working directory comes first, so a user's own ds_configs/ wins; then the shipped files
-    (`ds_configs/zero3.json` of an installed package), then the profile's own folder.
+    Then from the profile's own folder and the one above it, where a copy keeps its JSON (a copied
+    `accelerate_configs/` beside its `ds_configs/`, or `finetune profiles --copy`'s folder, run from
+    anywhere), and last from the shipped files (a YAML copied alone that names a shipped JSON). A
+    working-directory file that differs from the one beside the profile is refused: which of the two
+    the user edited cannot be told, and training with the other would be silent.
     """
+    named = f"{profile_file}: deepspeed_config.deepspeed_config_file: {value}"
     candidate = Path(value)
     if candidate.is_absolute():
-        found = candidate
-    else:
-        shipped_root = shipped_folder("ds_configs").parent
-        found = next(
-            (
-                p
-                for p in (Path.cwd() / candidate, shipped_root / candidate, profile_file.parent / candidate)
-                if p.is_file()
-            ),
-            candidate,
+        if not candidate.is_file():
+            raise FinetuneError(f"{named} does not exist")
+        return candidate.resolve()
+    from_cwd = (Path.cwd() / candidate).resolve()
+    folder = profile_file.resolve().parent
+    beside = next((p.resolve() for p in (folder / candidate, folder.parent / candidate) if p.is_file()), None)
+    if from_cwd.is_file():
+        if beside not in (None, from_cwd) and beside.read_bytes() != from_cwd.read_bytes():
+            raise FinetuneError(
+                f"{named} is both {from_cwd} (from the working directory) and {beside} (beside the "
+                "profile), and they differ: write the one you mean as an absolute path"
+            )
+        return from_cwd
+    shipped = shipped_folder("ds_configs").parent / candidate
+    found = beside or (shipped.resolve() if shipped.is_file() else None)
+    if found is None:
+        raise FinetuneError(
+            f"{named} does not exist (looked from the working directory, beside the profile, in the shipped "
+            "files)"
         )
-    if not found.is_file():
-        raise FinetuneError(f"{profile_file}: deepspeed_config.deepspeed_config_file: {value} does not exist")
-    return found.resolve()
+    return found
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from finetune.cli import main
+from finetune.errors import FinetuneError
 from finetune.profiles import PROFILES_DIR, load_profile
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT
@@ -84,6 +85,44 @@ def test_an_edited_copy_is_what_the_profile_reads():
     config["zero_optimization"]["stage"] = 2
     Path("mine/zero3.json").write_text(json.dumps(config))
     assert load_profile("mine/zero3.yaml").deepspeed_config["zero_optimization"]["stage"] == 2
+
+
+def test_a_copy_finds_its_own_json_from_any_working_directory(monkeypatch, tmp_path):
+    main(["profiles", "--copy", "zero3", "mine"])
+    monkeypatch.chdir(tmp_path.parent)
+    assert load_profile(tmp_path / "mine/zero3.yaml").deepspeed_config_path == tmp_path / "mine/zero3.json"
+
+
+def copied_layout(root: Path, stage: int) -> Path:
+    """accelerate_configs/zero3.yaml and ds_configs/zero3.json copied by hand, the JSON edited."""
+    (root / "accelerate_configs").mkdir(parents=True)
+    (root / "ds_configs").mkdir()
+    shipped = load_profile("zero3")
+    yaml_copy = root / "accelerate_configs/zero3.yaml"
+    yaml_copy.write_text(shipped.path.read_text())
+    config = json.loads(shipped.deepspeed_config_path.read_text())
+    config["zero_optimization"]["stage"] = stage
+    (root / "ds_configs/zero3.json").write_text(json.dumps(config))
+    return yaml_copy
+
+
+def test_a_copied_layout_reads_its_own_edited_json_not_the_shipped_one(tmp_path):
+    profile = load_profile(copied_layout(tmp_path / "project", stage=2))
+    assert profile.deepspeed_config_path == tmp_path / "project/ds_configs/zero3.json"
+    assert profile.deepspeed_config["zero_optimization"]["stage"] == 2
+
+
+def test_a_json_from_the_working_directory_differing_from_the_one_beside_the_profile_is_refused(tmp_path):
+    copied_layout(tmp_path, stage=1)
+    with pytest.raises(FinetuneError, match=r"from the working directory.*beside the profile.*differ"):
+        load_profile(copied_layout(tmp_path / "project", stage=2))
+
+
+def test_a_yaml_copied_alone_reads_the_shipped_json(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine/zero3.yaml").write_text(load_profile("zero3").path.read_text())
+    shipped_json = load_profile("zero3").deepspeed_config_path
+    assert load_profile("mine/zero3.yaml").deepspeed_config_path == shipped_json
 
 
 def test_a_copy_keeps_the_profiles_comments():
