@@ -153,7 +153,7 @@ def not_writable(folder: Path) -> str | None:
 def output_dir_check(model_args, training_args) -> Check:
     """What `finetune run` decides before training: a folder in use, or holding another run's results
     that neither --resume nor --overwrite_output_dir says what to do with, is refused there."""
-    from finetune.outputs import earlier_results, read_holder, refuse_deleting_inputs, set_aside_results
+    from finetune.outputs import check_claimable, read_holder, results_to_judge
     from finetune.run_folder import LOCK_FILE
 
     folder = Path(training_args.output_dir)
@@ -166,21 +166,16 @@ def output_dir_check(model_args, training_args) -> Check:
     if holder is not None and not holder.is_gone():
         return Check("output_dir", f"in use by pid {holder.pid} on {holder.host}", expected, False,
                      "wait for that run, or choose another --output_dir")  # fmt: skip
-    # what a run killed before its first step set aside is put back by the next one, then judged
-    found = sorted([*earlier_results(folder), *set_aside_results(folder)]) if folder.is_dir() else []
+    found = results_to_judge(folder)
     if not found:
         return Check("output_dir", f"{folder}: no earlier results", expected, True)
     names = ", ".join(path.name for path in found[:4]) + (", ..." if len(found) > 4 else "")
     if training_args.resumes_a_run:
         return Check("output_dir", f"{folder}: {names} (continued: --resume)", expected, True)
-    if not training_args.overwrite_output_dir:
-        return Check("output_dir", f"{folder} holds another run's results ({names})", expected, False,
-                     "pass --resume to continue it, --overwrite_output_dir to replace it, or choose another "
-                     "--output_dir")  # fmt: skip
-    try:
-        refuse_deleting_inputs(folder, model_args.folders_read())
+    try:  # the run's own verdict, worded as the run would refuse
+        check_claimable(folder, False, training_args.overwrite_output_dir, model_args.folders_read())
     except FinetuneError as error:
-        return Check("output_dir", str(error), expected, False, "choose another --output_dir")
+        return Check("output_dir", str(error), expected, False, "as the line says, or another --output_dir")
     return Check("output_dir", f"{folder}: {names} (replaced: --overwrite_output_dir)", expected, True)
 
 

@@ -214,7 +214,7 @@ def check_claimable(
     """What an earlier run left in output_dir that this run may replace (none to keep or resume);
     refused where it may not. Reads only: `finetune run` asks it before it writes its launch folder
     there, rank 0 again under the lock."""
-    found = earlier_results(output_dir) if output_dir.is_dir() else []
+    found = results_to_judge(output_dir)
     if not found or resume:
         return []
     names = ", ".join(path.name for path in found)
@@ -225,6 +225,14 @@ def check_claimable(
         )
     refuse_deleting_inputs(output_dir, inputs or {})
     return found
+
+
+def results_to_judge(output_dir: Path) -> list[Path]:
+    """An earlier run's results in output_dir, with those a killed --overwrite_output_dir run set aside:
+    the claim puts them back before it judges the folder, so every check ahead of it judges them too."""
+    if not output_dir.is_dir():
+        return []
+    return sorted([*earlier_results(output_dir), *set_aside_results(output_dir)], key=lambda path: path.name)
 
 
 def claim_on_main(

@@ -9,7 +9,9 @@ import torch.distributed as dist
 
 from finetune import doctor
 from finetune.doctor import Check, memory_check, ops_needed, slurm_checks, table
+from finetune.errors import FinetuneError
 from finetune.launched import Launch
+from finetune.outputs import check_claimable
 from finetune.profiles import load_strategy
 from finetune.run_folder import REPLACED_DIR
 
@@ -132,8 +134,10 @@ def output_dir_row(tmp_path, *flags: str) -> Check:
 def test_an_output_dir_holding_another_runs_results_fails_as_the_run_would_refuse_it(tmp_path):
     (tmp_path / "run_summary.json").write_text('{"status": "completed", "steps": 10}')
     row = output_dir_row(tmp_path)
-    assert not row.passed and "holds another run's results (run_summary.json)" in row.measured
-    assert "--resume" in row.advice and "--overwrite_output_dir" in row.advice
+    with pytest.raises(FinetuneError) as refusal:
+        check_claimable(tmp_path, resume=False, overwrite=False)
+    assert not row.passed and row.measured == str(refusal.value)
+    assert "holds another run's results (run_summary.json)" in row.measured and "--resume" in row.measured
     assert output_dir_row(tmp_path, "--resume").passed
     assert output_dir_row(tmp_path, "--overwrite_output_dir").passed
 

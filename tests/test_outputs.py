@@ -170,6 +170,21 @@ def test_results_set_aside_by_a_run_killed_before_its_first_step_are_put_back_by
     assert {name: data for name, data in listing(output_dir).items() if name != LOCK_FILE} == before
 
 
+def test_finetune_run_judges_results_a_killed_overwrite_run_set_aside_before_launching(
+    tmp_path, monkeypatch, capsys
+):
+    """Rank 0's claim puts them back, then refuses: the front end refuses them first, launching nothing."""
+    output_dir = earlier_run(tmp_path / "out")
+    claim_on_main(output_dir, resume=False, overwrite=True)
+    unlock_output_dir(output_dir)
+    monkeypatch.setattr(subprocess, "Popen", lambda *_, **__: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["run", "--profile", "single", *RUN_FLAGS, "--output_dir", str(output_dir)])
+    assert stopped.value.code == 2
+    (line,) = error_lines(capsys)
+    assert "holds another run's results (checkpoint-5, model.safetensors, run_summary.json)" in line
+
+
 @pytest.mark.parametrize("status", ["failed", "interrupted"])
 def test_summary_of_a_run_stopped_before_training_does_not_block_the_folder(tmp_path, status):
     """A typo in a flag, or a Ctrl-C during data preparation: the same command may run again."""
