@@ -399,6 +399,16 @@ def profile_path(name_or_path: str) -> Path:
         if not path.is_file():
             raise FinetuneError(f"profile file {path} does not exist")
         return path
+    if path.suffix or len(path.parts) > 1:
+        hint = (
+            ": a DeepSpeed JSON is named by a profile's deepspeed_config.deepspeed_config_file "
+            "(`finetune profiles --copy zero3 DIR` writes such a pair)"
+            if path.suffix == ".json"
+            else ""
+        )
+        raise FinetuneError(
+            f"profile {path}: a profile is a name or an accelerate config file (.yaml, .yml){hint}"
+        )
     candidate = PROFILES_DIR / f"{name_or_path}.yaml"
     if not candidate.is_file():
         names = ", ".join(p.stem for p in available_profiles())

@@ -369,6 +369,12 @@ def test_plan_of_an_unknown_profile_lists_the_available_ones(capsys):
     assert_one_error(argv, capsys, "unknown profile 'zero4' (available: ddp", entry=cli.main)
 
 
+def test_a_deepspeed_json_given_as_the_profile_says_where_a_json_goes(tmp_path, capsys):
+    """It was called an unknown profile, beside the list of names."""
+    argv = ["run", "--profile", "ds_configs/zero3.json", *TINY_FROM_SCRATCH, "--output_dir", str(tmp_path)]
+    assert_one_error(argv, capsys, "a DeepSpeed JSON is named by a profile's", entry=cli.main)
+
+
 @pytest.mark.parametrize("command", ["eval", "generate"])
 def test_model_given_as_a_flag_to_a_command_that_takes_it_first_says_so(command, capsys):
     argv = [command, "--model", "outputs/run"]
