@@ -8,6 +8,7 @@ on what a run leaves behind.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +68,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     with exit_on_user_error():
+        argv = sys.argv[1:] if argv is None else argv
+        if not argv:
+            raise FinetuneError(f"name a command: {', '.join(COMMANDS)} (`finetune --help` says more)")
         parser = make_parser()
         options, rest = parser.parse_known_args(argv)
         if rest[:1] == ["--"]:  # `finetune slurm ... -- <run flags>`: the separator is not a run flag

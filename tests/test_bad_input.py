@@ -369,6 +369,10 @@ def test_plan_of_an_unknown_profile_lists_the_available_ones(capsys):
     assert_one_error(argv, capsys, "unknown profile 'zero4' (available: ddp", entry=cli.main)
 
 
+def test_finetune_without_a_command_lists_the_commands(capsys):
+    assert_one_error([], capsys, "name a command: profiles, run, compare, slurm, doctor", entry=cli.main)
+
+
 def test_a_deepspeed_json_given_as_the_profile_says_where_a_json_goes(tmp_path, capsys):
     """It was called an unknown profile, beside the list of names."""
     argv = ["run", "--profile", "ds_configs/zero3.json", *TINY_FROM_SCRATCH, "--output_dir", str(tmp_path)]
