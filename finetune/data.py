@@ -223,7 +223,8 @@ def split_tokens(
     Training may stand one split in for another (`arrange_splits`: a copy without train trains on
     validation and validates on test), but an evaluation names the text it scores, so here `test` is
     the test file and `validation` the validation file. The one substitution kept is training's own
-    held-out share: a dataset with only train text is evaluated on `validation` as training carved it.
+    held-out share: a dataset with only train text is evaluated on `validation` as training carved it
+    (given the run's seed and percentage: `evaluation.TrainedWith.carving`).
     """
     raw, _ = load_raw(args)
     chosen = named_split(raw, args, split, seed)

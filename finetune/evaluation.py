@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,13 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from datasets import Dataset
 from tqdm import tqdm
-from transformers import DataCollatorForSeq2Seq, EvalPrediction, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    DataCollatorForSeq2Seq,
+    EvalPrediction,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TrainingArguments,
+)
 
 from finetune.checkpoint import load_weights_only
 from finetune.data import load_raw, named_split, split_tokens, variant_used
@@ -111,21 +118,69 @@ def sliding_window_loss(
     return loss_sum, count
 
 
-def trained_block_size(folder: str) -> int | None:
-    """The block size a run trained at, read from its output_dir's run_summary.json or a checkpoint's
-    manifest (the run's flags); None elsewhere or where none was given. A model is evaluated at the
-    length it learned, not at a longer context it never saw in training."""
-    for read in (
-        lambda: json.loads((Path(folder) / SUMMARY_FILE).read_text())["block_size"],
-        lambda: json.loads((Path(folder) / MANIFEST).read_text())["run"]["flags"]["block_size"],
-    ):
-        try:
-            recorded = read()
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 1:
-            return recorded
-    return None
+# the seed a run carves a held-out share with unless --seed says otherwise
+DEFAULT_SEED = next(field.default for field in fields(TrainingArguments) if field.name == "seed")
+
+
+@dataclass(frozen=True)
+class TrainedWith:
+    """What the run that saved a model folder trained with, as far as evaluating it needs, read from its
+    output_dir's run_summary.json or a checkpoint's manifest (the run's flags); unknown elsewhere.
+
+    A model is evaluated at the length it learned, not at a longer context it never saw. And the
+    `validation` of a dataset with only train text is the share the run held out, carved with the run's
+    seed and percentage: carved with other ones it is mostly text the model trained on.
+    """
+
+    block_size: int | None = None
+    dataset: str | None = None
+    data_source: str | None = None
+    seed: int | None = None
+    validation_split_percentage: int | None = None
+
+    @classmethod
+    def read(cls, folder: str) -> TrainedWith:
+        for read in (_summary_record, _manifest_record):
+            try:
+                record = read(Path(folder))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            return cls(
+                block_size=_count(record.get("block_size"), lowest=2),
+                dataset=record.get("dataset") if isinstance(record.get("dataset"), str) else None,
+                data_source=record.get("data_source") if isinstance(record.get("data_source"), str) else None,
+                seed=_count(record.get("seed"), lowest=0),
+                validation_split_percentage=_count(record.get("validation_split_percentage"), lowest=1),
+            )
+        return cls()
+
+    def trained_on(self, dataset: str, source: str) -> bool:
+        return dataset == self.dataset or source == self.data_source
+
+    def carving(self, data_args: DataArguments, source: str) -> tuple[DataArguments, int]:
+        """The data flags and seed that carve the run's own held-out share of the data it trained on."""
+        if not self.trained_on(data_args.dataset, source):
+            return data_args, DEFAULT_SEED
+        share = self.validation_split_percentage or data_args.validation_split_percentage
+        seed = DEFAULT_SEED if self.seed is None else self.seed
+        return replace(data_args, validation_split_percentage=share), seed
+
+
+def _summary_record(folder: Path) -> dict[str, Any]:
+    summary = json.loads((folder / SUMMARY_FILE).read_text())
+    arguments = summary.get("arguments") or {}
+    return {
+        **arguments,
+        **{key: summary.get(key) for key in ("block_size", "dataset", "data_source", "seed")},
+    }
+
+
+def _manifest_record(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / MANIFEST).read_text())["run"]["flags"]
+
+
+def _count(value: Any, lowest: int) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= lowest else None
 
 
 def evaluate_saved_model(
@@ -156,9 +211,18 @@ def evaluate_saved_model(
     state = PartialState()
     saved = SavedModel.at(model_path)
     config = saved.config()
-    block_size = choose_block_size(block_size or trained_block_size(saved.location), config)
+    trained = TrainedWith.read(saved.location)
+    block_size = choose_block_size(block_size or trained.block_size, config)
     with state.main_process_first():
         raw, source = load_raw(data_args)
+    data_args, seed = trained.carving(data_args, source)
+    scores_training_text = split == "validation" and "train" not in raw  # arrange_splits trains on it
+    if scores_training_text and trained.trained_on(data_args.dataset, source) and state.is_main_process:
+        print(
+            f"finetune: note: {data_args.dataset} here has no train split, so runs on it train on its "
+            "validation split: this is text the model trained on (--split test is held out)",
+            file=sys.stderr,
+        )
     # results name the data actually used: the dataset's other variant when only it is here
     dataset = {
         "dataset": data_args.dataset,
@@ -173,7 +237,7 @@ def evaluate_saved_model(
                 "--stride and --max_tokens are for plain text; instruction data is evaluated example by "
                 "example (--max_examples)"
             )
-        examples = named_split(raw, data_args, split, seed=42)
+        examples = named_split(raw, data_args, split, seed)
         examples = examples.select(range(min(max_examples, len(examples)))) if max_examples else examples
         tokenizer = saved.tokenizer()
         model = saved.model(config).to(state.device).eval()
@@ -192,7 +256,7 @@ def evaluate_saved_model(
         raise FinetuneError(f"--stride must be between 1 and the block size ({block_size}), got {stride}")
     tokenizer = saved.tokenizer()
     with state.main_process_first():
-        tokens = torch.from_numpy(split_tokens(data_args, tokenizer, split, seed=42))
+        tokens = torch.from_numpy(split_tokens(data_args, tokenizer, split, seed))
     tokens = tokens[:max_tokens] if max_tokens else tokens
     windows = sliding_windows(len(tokens), block_size, stride)
     if not windows:

@@ -220,3 +220,48 @@ def test_a_checkpoint_is_evaluated_at_the_block_size_its_run_trained_at(tiny_gpt
     write_manifest(checkpoint, 5, "run", run={"flags": {"block_size": 32}})
     args = DataArguments(dataset="wikitext-2-raw-v1")
     assert evaluate_saved_model(str(checkpoint), args, "validation", None, None, 4, 256)["block_size"] == 32
+
+
+def run_folder_with_record(model_dir, folder, record_kind: str, flags: dict):
+    """A copy of a saved model whose run left `flags` in its summary (an output_dir) or manifest."""
+    import shutil
+
+    from finetune.checkpoint import write_manifest
+
+    shutil.copytree(model_dir, folder)
+    if record_kind == "summary":
+        summary = {key: flags[key] for key in ("dataset", "seed") if key in flags}
+        arguments = {key: value for key, value in flags.items() if key not in summary}
+        (folder / "run_summary.json").write_text(json.dumps({**summary, "arguments": arguments}))
+    else:
+        write_manifest(folder, 5, "run", run={"flags": flags})
+    return folder
+
+
+@pytest.mark.parametrize("record_kind", ["summary", "manifest"])
+def test_validation_of_train_only_data_is_the_share_the_models_run_held_out(
+    record_kind, tiny_gpt2_dir, make_text_file, gpt2_tokenizer, tmp_path
+):
+    """Carved with eval's own seed and percentage it was mostly text the model had trained on."""
+    path = make_text_file("corpus.txt", "".join(f"Line number {i}.\n" for i in range(100)))
+    args = DataArguments(dataset=str(path))
+    flags = {"dataset": str(path), "seed": 7, "validation_split_percentage": 20}
+    model = run_folder_with_record(tiny_gpt2_dir, tmp_path / "run", record_kind, flags)
+    held_out = arrange_splits(load_raw(args)[0], 20, 7)[0]["validation"]
+    held_out_tokens = len(gpt2_tokenizer("".join(held_out["text"]))["input_ids"])
+    result = evaluate_saved_model(str(model), args, "validation", 128, None, 4, None)
+    assert (result["windows"], result["tokens"]) == (1, held_out_tokens - 1)
+    other_data = DataArguments(dataset=str(make_text_file("other.txt", path.read_text())))
+    assert evaluate_saved_model(str(model), other_data, "validation", 128, None, 4, None)["tokens"] < 60
+
+
+def test_validation_of_a_copy_without_train_is_said_to_be_what_the_models_run_trained_on(
+    validation_and_test_only, tiny_gpt2_dir, tmp_path, capsys
+):
+    args = DataArguments(dataset=str(validation_and_test_only))
+    model = run_folder_with_record(tiny_gpt2_dir, tmp_path / "run", "summary", {"dataset": args.dataset})
+    evaluate_saved_model(str(model), args, "validation", 16, None, 4, 64)
+    assert "this is text the model trained on (--split test is held out)" in capsys.readouterr().err
+    evaluate_saved_model(str(model), args, "test", 16, None, 4, 64)
+    evaluate_saved_model(str(tiny_gpt2_dir), args, "validation", 16, None, 4, 64)
+    assert "trained on" not in capsys.readouterr().err
