@@ -510,11 +510,12 @@ def _deepspeed_config_path(path: Path, settings: dict[str, Any]) -> Path:
 def resolve_project_path(value: str, profile_file: Path) -> Path:
     """A JSON path in a profile: from the working directory first, as `accelerate launch` reads it.
 
-    Then from the profile's own folder and the one above it, where a copy keeps its JSON (a copied
-    `accelerate_configs/` beside its `ds_configs/`, or `finetune profiles --copy`'s folder, run from
-    anywhere), and last from the shipped files (a YAML copied alone that names a shipped JSON). A
-    working-directory file that differs from the one beside the profile is refused: which of the two
-    the user edited cannot be told, and training with the other would be silent.
+    For a copied profile, then from its own folder and the one above it, where a copy keeps its JSON (a
+    copied `accelerate_configs/` beside its `ds_configs/`, or `finetune profiles --copy`'s folder, run
+    from anywhere); last from the shipped files (a shipped profile, or a YAML copied alone that names a
+    shipped JSON). A working-directory file that differs from the one beside a copied profile is
+    refused: which of the two the user edited cannot be told, and training with the other would be
+    silent. A shipped profile takes a working-directory JSON as `accelerate launch` would.
     """
     named = f"{profile_file}: deepspeed_config.deepspeed_config_file: {value}"
     candidate = Path(value)
@@ -524,7 +525,8 @@ def resolve_project_path(value: str, profile_file: Path) -> Path:
         return candidate.resolve()
     from_cwd = (Path.cwd() / candidate).resolve()
     folder = profile_file.resolve().parent
-    beside = next((p.resolve() for p in (folder / candidate, folder.parent / candidate) if p.is_file()), None)
+    copies = () if folder == PROFILES_DIR.resolve() else (folder / candidate, folder.parent / candidate)
+    beside = next((p.resolve() for p in copies if p.is_file()), None)
     if from_cwd.is_file():
         if beside not in (None, from_cwd) and beside.read_bytes() != from_cwd.read_bytes():
             raise FinetuneError(

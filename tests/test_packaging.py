@@ -118,6 +118,14 @@ def test_a_json_from_the_working_directory_differing_from_the_one_beside_the_pro
         load_profile(copied_layout(tmp_path / "project", stage=2))
 
 
+def test_a_shipped_profile_takes_an_edited_json_of_its_name_from_the_working_directory(tmp_path):
+    """As `accelerate launch --config_file` of the shipped YAML would read it from here."""
+    copied_layout(tmp_path, stage=2)
+    profile = load_profile("zero3")
+    assert profile.deepspeed_config_path == tmp_path / "ds_configs/zero3.json"
+    assert profile.deepspeed_config["zero_optimization"]["stage"] == 2
+
+
 def test_a_yaml_copied_alone_reads_the_shipped_json(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine/zero3.yaml").write_text(load_profile("zero3").path.read_text())
