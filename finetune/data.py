@@ -216,9 +216,10 @@ class PreparedData:
 
 
 def split_tokens(
-    args: DataArguments, tokenizer: PreTrainedTokenizerBase, split: str, seed: int
+    raw: DatasetDict, args: DataArguments, tokenizer: PreTrainedTokenizerBase, split: str, seed: int
 ) -> np.ndarray:
-    """One split's concatenated tokens (for `finetune eval`): the split of that name, as found.
+    """One split's concatenated tokens (for `finetune eval`) from the splits `load_raw` found: the split
+    of that name, as found.
 
     Training may stand one split in for another (`arrange_splits`: a copy without train trains on
     validation and validates on test), but an evaluation names the text it scores, so here `test` is
@@ -226,7 +227,6 @@ def split_tokens(
     held-out share: a dataset with only train text is evaluated on `validation` as training carved it
     (given the run's seed and percentage: `evaluation.TrainedWith.carving`).
     """
-    raw, _ = load_raw(args)
     chosen = named_split(raw, args, split, seed)
     tokenized = tokenize(DatasetDict({split: chosen}), tokenizer, args.text_column, None)
     return token_stream(tokenized[split])

@@ -256,7 +256,7 @@ def evaluate_saved_model(
         raise FinetuneError(f"--stride must be between 1 and the block size ({block_size}), got {stride}")
     tokenizer = saved.tokenizer()
     with state.main_process_first():
-        tokens = torch.from_numpy(split_tokens(data_args, tokenizer, split, seed))
+        tokens = torch.from_numpy(split_tokens(raw, data_args, tokenizer, split, seed))
     tokens = tokens[:max_tokens] if max_tokens else tokens
     windows = sliding_windows(len(tokens), block_size, stride)
     if not windows:

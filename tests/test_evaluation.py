@@ -141,6 +141,10 @@ def test_stride_longer_than_the_block_is_an_error(tiny_gpt2_dir, make_text_file)
 # Split names in `finetune eval` mean the file of that name (training may stand one in for another)
 
 
+def tokens_of(args, tokenizer, split, seed=42):
+    return split_tokens(load_raw(args)[0], args, tokenizer, split, seed)
+
+
 @pytest.fixture
 def validation_and_test_only(make_text_file):
     """A dataset laid out like the offline WikiText-2 copy: validation and test files, no train file."""
@@ -151,16 +155,14 @@ def validation_and_test_only(make_text_file):
 @pytest.mark.parametrize(("split", "text"), [("test", "Text from the test file.\n"),
                                              ("validation", "Words of the validation file.\n")])  # fmt: skip
 def test_eval_split_is_the_file_of_that_name(validation_and_test_only, gpt2_tokenizer, split, text):
-    tokens = split_tokens(
-        DataArguments(dataset=str(validation_and_test_only)), gpt2_tokenizer, split, seed=42
-    )
+    tokens = tokens_of(DataArguments(dataset=str(validation_and_test_only)), gpt2_tokenizer, split)
     assert gpt2_tokenizer.decode(tokens) == text * 20
 
 
 def test_eval_of_a_missing_split_names_the_splits_there_are(validation_and_test_only, gpt2_tokenizer):
     args = DataArguments(dataset=str(validation_and_test_only))
     with pytest.raises(FinetuneError, match=r"has no train split \(it has: test, validation\)"):
-        split_tokens(args, gpt2_tokenizer, "train", seed=42)
+        tokens_of(args, gpt2_tokenizer, "train")
 
 
 def test_eval_on_validation_of_a_train_only_dataset_uses_the_share_training_held_out(
@@ -168,7 +170,7 @@ def test_eval_on_validation_of_a_train_only_dataset_uses_the_share_training_held
 ):
     path = make_text_file("corpus.txt", "".join(f"Line number {i}.\n" for i in range(100)))
     args = DataArguments(dataset=str(path))
-    tokens = split_tokens(args, gpt2_tokenizer, "validation", seed=42)
+    tokens = tokens_of(args, gpt2_tokenizer, "validation")
     held_out = arrange_splits(load_raw(args)[0], args.validation_split_percentage, 42)[0]["validation"]
     assert gpt2_tokenizer.decode(tokens) == "".join(held_out["text"])
 
@@ -179,10 +181,26 @@ def test_readme_eval_of_the_offline_wikitext_test_split_runs(tiny_gpt2_dir):
     assert (result["split"], result["tokens"]) == ("test", 64 - 4)
 
 
+def test_eval_reads_the_dataset_once(tiny_gpt2_dir, monkeypatch):
+    from finetune import data, evaluation
+
+    reads, load_raw = [], data.load_raw
+
+    def counted_load_raw(args):
+        reads.append(args.dataset)
+        return load_raw(args)
+
+    monkeypatch.setattr(data, "load_raw", counted_load_raw)
+    monkeypatch.setattr(evaluation, "load_raw", counted_load_raw)
+    args = DataArguments(dataset="wikitext-2-raw-v1")
+    evaluate_saved_model(str(tiny_gpt2_dir), args, "test", 16, None, 4, 64)
+    assert reads == ["wikitext-2-raw-v1"]
+
+
 def test_offline_wikitext_test_split_is_its_test_file(data_dir, gpt2_tokenizer):
     lines = (data_dir / "wikitext-2-v1" / "wiki.test.tokens").read_text().splitlines(keepends=True)
     expected = sum(len(ids) for ids in gpt2_tokenizer(lines, add_special_tokens=False)["input_ids"])
-    tokens = split_tokens(DataArguments(dataset="wikitext-2-raw-v1"), gpt2_tokenizer, "test", seed=42)
+    tokens = tokens_of(DataArguments(dataset="wikitext-2-raw-v1"), gpt2_tokenizer, "test")
     assert len(tokens) == expected
 
 
