@@ -14,7 +14,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +129,11 @@ class TrainedWith:
 
     A model is evaluated at the length it learned, not at a longer context it never saw. And the
     `validation` of a dataset with only train text is the share the run held out, carved with the run's
-    seed and percentage: carved with other ones it is mostly text the model trained on.
+    seed and percentage: carved with other ones it is mostly text the model trained on. An exported
+    folder has neither record: `finetune export` writes this one beside its weights (FILE).
     """
+
+    FILE = "finetune_trained_with.json"
 
     block_size: int | None = None
     dataset: str | None = None
@@ -140,19 +143,27 @@ class TrainedWith:
 
     @classmethod
     def read(cls, folder: str) -> TrainedWith:
-        for read in (_summary_record, _manifest_record):
+        for read in (_summary_record, _manifest_record, _export_record):
             try:
                 record = read(Path(folder))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
-            return cls(
-                block_size=_count(record.get("block_size"), lowest=2),
-                dataset=record.get("dataset") if isinstance(record.get("dataset"), str) else None,
-                data_source=record.get("data_source") if isinstance(record.get("data_source"), str) else None,
-                seed=_count(record.get("seed"), lowest=0),
-                validation_split_percentage=_count(record.get("validation_split_percentage"), lowest=1),
-            )
+            return cls.of(record)
         return cls()
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> TrainedWith:
+        """The fields from a run's flags or summary; a value of the wrong type is unknown."""
+        return cls(
+            block_size=_count(record.get("block_size"), lowest=2),
+            dataset=record.get("dataset") if isinstance(record.get("dataset"), str) else None,
+            data_source=record.get("data_source") if isinstance(record.get("data_source"), str) else None,
+            seed=_count(record.get("seed"), lowest=0),
+            validation_split_percentage=_count(record.get("validation_split_percentage"), lowest=1),
+        )
+
+    def write(self, folder: str | Path) -> None:
+        (Path(folder) / self.FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     def trained_on(self, dataset: str, source: str) -> bool:
         return dataset == self.dataset or source == self.data_source
@@ -177,6 +188,10 @@ def _summary_record(folder: Path) -> dict[str, Any]:
 
 def _manifest_record(folder: Path) -> dict[str, Any]:
     return json.loads((folder / MANIFEST).read_text())["run"]["flags"]
+
+
+def _export_record(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / TrainedWith.FILE).read_text())
 
 
 def _count(value: Any, lowest: int) -> int | None:

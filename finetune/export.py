@@ -29,6 +29,7 @@ from finetune.checkpoint import (
 )
 from finetune.disk_space import is_disk_full, report_disk_full
 from finetune.errors import FinetuneError, first_line
+from finetune.evaluation import TrainedWith
 from finetune.models import OWN_LAYERS, load_config, resolve_model
 from finetune.outputs import share_from_main
 from finetune.run_flags import ModelArguments
@@ -165,9 +166,19 @@ def export_checkpoint(
     load_weights_only()
     flags = (read_manifest(checkpoint).get("run") or {}).get("flags", {})
     if flags.get("peft"):
-        return export_adapters(
+        export_adapters(
             checkpoint, output_dir, {**flags, "model": base_model or flags["model"]}, dtype, merge
         )
+    else:
+        export_whole_model(checkpoint, output_dir, dtype, merge, base_model)
+    # `finetune eval` of the folder then scores the length and held-out share the run trained with
+    TrainedWith.of(flags).write(output_dir)
+    return output_dir
+
+
+def export_whole_model(
+    checkpoint: Path, output_dir: Path, dtype: str, merge: bool, base_model: str | None
+) -> None:
     if base_model:
         raise FinetuneError(f"--base_model: {checkpoint} is not from a --peft run, it holds the whole model")
     if merge:
@@ -194,12 +205,11 @@ def export_checkpoint(
         )
     model.to(DTYPES[dtype]).save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
-    return output_dir
 
 
 def export_adapters(
     checkpoint: Path, output_dir: Path, flags: dict[str, Any], dtype: str, merge: bool
-) -> Path:
+) -> None:
     """The adapters of a `--peft` checkpoint on the base model its run started from (its manifest's
     flags name both), saved as peft's adapter folder or, with `merge`, merged into a plain model.
 
@@ -239,4 +249,3 @@ def export_adapters(
     else:
         model.to(DTYPES[dtype]).save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
-    return output_dir

@@ -273,6 +273,24 @@ def test_validation_of_train_only_data_is_the_share_the_models_run_held_out(
     assert evaluate_saved_model(str(model), other_data, "validation", 128, None, 4, None)["tokens"] < 60
 
 
+def test_an_exported_checkpoint_is_evaluated_at_its_runs_block_size_on_its_held_out_share(
+    tiny_gpt2_dir, make_text_file, gpt2_tokenizer, tmp_path
+):
+    """The export has no summary or manifest: it carries the run's record beside the weights."""
+    from finetune.export import export_checkpoint
+
+    path = make_text_file("corpus.txt", "".join(f"Line number {i}.\n" for i in range(100)))
+    args = DataArguments(dataset=str(path))
+    flags = {"dataset": str(path), "block_size": 32, "seed": 7, "validation_split_percentage": 20}
+    checkpoint = run_folder_with_record(tiny_gpt2_dir, tmp_path / "run" / "checkpoint-5", "manifest", flags)
+    exported = export_checkpoint(checkpoint, tmp_path / "exported")
+    held_out = arrange_splits(load_raw(args)[0], 20, 7)[0]["validation"]
+    held_out_tokens = len(gpt2_tokenizer("".join(held_out["text"]))["input_ids"])
+    result = evaluate_saved_model(str(exported), args, "validation", None, None, 4, None)
+    assert result["block_size"] == 32
+    assert result["tokens"] == held_out_tokens - result["windows"]  # a window's first token is context
+
+
 def test_validation_of_a_copy_without_train_is_said_to_be_what_the_models_run_trained_on(
     validation_and_test_only, tiny_gpt2_dir, tmp_path, capsys
 ):
