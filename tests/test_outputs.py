@@ -22,7 +22,9 @@ from finetune.summary import read_summary
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, PROJECT_ROOT, TINY_MODEL, accelerate_launch, launch
 from runs import FLAGS, SAVE_STEPS
 
-RUN_FLAGS = [*TINY_MODEL, "--block_size", "64", "--max_steps", "2", "--report_to", "none"]
+RUN_FLAGS = [
+    *TINY_MODEL, "--block_size", "64", "--max_steps", "2", "--max_eval_samples", "4", "--report_to", "none"
+]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
