@@ -35,7 +35,7 @@ from launching import PROJECT_ROOT, TINY_MODEL, resolve_and_set_up
 
 FLAGS = [
     *TINY_MODEL, "--dataset", "wikitext-2-raw-v1", "--block_size", "64", "--max_steps", "20",
-    "--batch_size", "4", "--learning_rate", "3e-3", "--report_to", "none",
+    "--batch_size", "4", "--learning_rate", "3e-3", "--max_eval_samples", "4", "--report_to", "none",
 ]  # fmt: skip
 
 
