@@ -90,7 +90,8 @@ def load_raw(args: DataArguments) -> tuple[DatasetDict, str]:
                 f"--dataset_config {args.dataset_config}: {found.local_path} is a local dataset, read as "
                 "it is; a configuration names one of a Hub dataset's"
             )
-        return load_local(found.local_path), str(found.local_path)
+        # absolute, so that a record of it names the same files from any folder (evaluation.TrainedWith)
+        return load_local(found.local_path), os.path.abspath(found.local_path)
     if found.hub_id is None:
         raise FinetuneError(f"dataset '{args.dataset}' not found; {describe_tried(found)}")
     try:

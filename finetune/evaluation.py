@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import asdict, dataclass, fields, replace
@@ -166,7 +167,11 @@ class TrainedWith:
         (Path(folder) / self.FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     def trained_on(self, dataset: str, source: str) -> bool:
-        return dataset == self.dataset or source == self.data_source
+        """The run's data by its name as given, or by the files it was read from (by any path to them)."""
+        if dataset == self.dataset or source == self.data_source:
+            return True
+        local = [place for place in (source, self.data_source) if place and not place.startswith("hub:")]
+        return len(local) == 2 and os.path.realpath(local[0]) == os.path.realpath(local[1])
 
     def carving(self, data_args: DataArguments, source: str) -> tuple[DataArguments, int]:
         """The data flags and seed that carve the run's own held-out share of the data it trained on."""
@@ -187,7 +192,8 @@ def _summary_record(folder: Path) -> dict[str, Any]:
 
 
 def _manifest_record(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / MANIFEST).read_text())["run"]["flags"]
+    run = json.loads((folder / MANIFEST).read_text())["run"]
+    return {**run["flags"], "data_source": run.get("data_source")}
 
 
 def _export_record(folder: Path) -> dict[str, Any]:

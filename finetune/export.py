@@ -147,7 +147,9 @@ def export_checkpoint(
     merge: bool = False,
     base_model: str | None = None,
 ) -> Path:
-    """A checkpoint of any profile as a plain Hugging Face model folder (config, tokenizer, safetensors).
+    """A checkpoint of any profile as a plain Hugging Face model folder (config, tokenizer, safetensors),
+    with what its run trained with beside them (`evaluation.TrainedWith.FILE`: `finetune eval` of the
+    folder scores the run's block size and held-out share, which a plain model folder does not say).
 
     Only a checkpoint whose files match its manifest is read, and never with code it brings along:
     no custom config, model or tokenizer code, pickles restricted (finetune.checkpoint.load_weights_only).
@@ -172,7 +174,7 @@ def export_checkpoint(
     else:
         export_whole_model(checkpoint, output_dir, dtype, merge, base_model)
     # `finetune eval` of the folder then scores the length and held-out share the run trained with
-    TrainedWith.of(flags).write(output_dir)
+    TrainedWith.read(checkpoint).write(output_dir)
     return output_dir
 
 

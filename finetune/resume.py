@@ -95,8 +95,14 @@ def defining_flags(model_args: Any, data_args: Any, training_args: TrainingArgum
     return flags
 
 
-def run_identity(flags: dict[str, Any], launch: Launch, training_args: TrainingArguments) -> dict[str, Any]:
-    """The manifest's "run" entry: the launch's strategy and processes, the batch geometry, the flags."""
+def run_identity(
+    flags: dict[str, Any], launch: Launch, training_args: TrainingArguments, data_source: str | None = None
+) -> dict[str, Any]:
+    """The manifest's "run" entry: the launch's strategy and processes, the batch geometry, the flags.
+
+    `data_source`, where the data was read from, is not compared on resume (the same files may move);
+    evaluation of the checkpoint or its export recognises the run's data by it (finetune/evaluation.py).
+    """
     geometry = BatchGeometry.of(training_args, launch.data_parallel_size)
     fields = launch.strategy_fields()
     return {
@@ -109,6 +115,7 @@ def run_identity(flags: dict[str, Any], launch: Launch, training_args: TrainingA
         "gradient_accumulation_steps": geometry.accumulation,
         "global_batch_size": geometry.global_batch,
         "flags": flags,
+        "data_source": data_source,
     }
 
 

@@ -236,6 +236,7 @@ def train_and_measure(
         run_flags=run_defining_flags(model_args, data_args, training_args),
         launch=launch,
         compile_plan=compile_plan,
+        data_source=data.summary.source,
     )
     launch.check_against(trainer.accelerator, compile_plan)
     resumed = resume_fields(resume_from)

@@ -126,7 +126,7 @@ FIELDS: dict[str, tuple[str, str]] = {
         "the loss compiled on its own, as where the model is compiled block by block (--compile_loss)",
     ),
     "dataset": ("str?", "--dataset as given"),
-    "data_source": ("str?", "the folder or Hub id it was read from"),
+    "data_source": ("str?", "the absolute folder or Hub id it was read from"),
     "block_size": ("int?", "tokens per sample, T"),
     "packing": ("bool?", "texts concatenated into full blocks (else padded per text)"),
     "train_samples": ("int?", "training samples (blocks) available"),

@@ -96,15 +96,18 @@ class FinetuneTrainer(Trainer):
         run_flags: dict[str, Any] | None = None,
         launch: Launch | None = None,
         compile_plan: CompilePlan | None = None,
+        data_source: str | None = None,
         **kwargs: Any,
     ) -> None:
-        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), for the manifest;
-        `launch` and `compile_plan` as run.py resolved them (else read from the environment and flags)."""
+        """`run_flags`: the flags that define the run (finetune.resume.defining_flags), and `data_source`,
+        where its data was read from, for the manifest; `launch` and `compile_plan` as run.py resolved
+        them (else read from the environment and flags)."""
         self.launch = launch or Launch.from_environment()
         training_args = kwargs["args"] if "args" in kwargs else args[1] if len(args) > 1 else None
         self.compile_plan = compile_plan or CompilePlan.of_arguments(training_args)
         super().__init__(*args, **kwargs)
         self.run_flags = run_flags or {}
+        self.data_source = data_source
         self.add_callback(LossSumSoFar())
         for printer, console in CONSOLE_CALLBACKS.items():
             if self.pop_callback(printer) is not None:
@@ -408,7 +411,7 @@ class FinetuneTrainer(Trainer):
                 self.processing_class.save_pretrained(staged)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            identity = run_identity(self.run_flags, self.launch, self.args)
+            identity = run_identity(self.run_flags, self.launch, self.args, self.data_source)
             step, model_only = self.state.global_step, self.args.save_only_model
             write_manifest(staged, step, self.args.run_name, identity, model_only)
             publish(staged, Path(output_dir) / name)

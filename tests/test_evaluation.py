@@ -240,7 +240,7 @@ def test_a_checkpoint_is_evaluated_at_the_block_size_its_run_trained_at(tiny_gpt
     assert evaluate_saved_model(str(checkpoint), args, "validation", None, None, 4, 256)["block_size"] == 32
 
 
-def run_folder_with_record(model_dir, folder, record_kind: str, flags: dict):
+def run_folder_with_record(model_dir, folder, record_kind: str, flags: dict, data_source: str | None = None):
     """A copy of a saved model whose run left `flags` in its summary (an output_dir) or manifest."""
     import shutil
 
@@ -250,9 +250,10 @@ def run_folder_with_record(model_dir, folder, record_kind: str, flags: dict):
     if record_kind == "summary":
         summary = {key: flags[key] for key in ("dataset", "seed") if key in flags}
         arguments = {key: value for key, value in flags.items() if key not in summary}
-        (folder / "run_summary.json").write_text(json.dumps({**summary, "arguments": arguments}))
+        record = {**summary, "data_source": data_source, "arguments": arguments}
+        (folder / "run_summary.json").write_text(json.dumps(record))
     else:
-        write_manifest(folder, 5, "run", run={"flags": flags})
+        write_manifest(folder, 5, "run", run={"flags": flags, "data_source": data_source})
     return folder
 
 
@@ -289,6 +290,27 @@ def test_an_exported_checkpoint_is_evaluated_at_its_runs_block_size_on_its_held_
     result = evaluate_saved_model(str(exported), args, "validation", None, None, 4, None)
     assert result["block_size"] == 32
     assert result["tokens"] == held_out_tokens - result["windows"]  # a window's first token is context
+
+
+def test_an_export_knows_its_runs_data_by_the_files_whatever_path_names_them(
+    tiny_gpt2_dir, make_text_file, gpt2_tokenizer, tmp_path
+):
+    """The run named its data one way, eval names the same file through a link: still the run's data."""
+    from finetune.export import export_checkpoint
+
+    path = make_text_file("corpus.txt", "".join(f"Line number {i}.\n" for i in range(100)))
+    link = tmp_path / "linked.txt"
+    link.symlink_to(path)
+    flags = {"dataset": "corpus.txt", "block_size": 32, "seed": 7, "validation_split_percentage": 20}
+    run = tmp_path / "run" / "checkpoint-5"
+    checkpoint = run_folder_with_record(tiny_gpt2_dir, run, "manifest", flags, data_source=str(path))
+    exported = export_checkpoint(checkpoint, tmp_path / "exported")
+    held_out = arrange_splits(load_raw(DataArguments(dataset=str(path)))[0], 20, 7)[0]["validation"]
+    held_out_tokens = len(gpt2_tokenizer("".join(held_out["text"]))["input_ids"])
+    result = evaluate_saved_model(
+        str(exported), DataArguments(dataset=str(link)), "validation", 32, None, 4, None
+    )
+    assert result["tokens"] == held_out_tokens - result["windows"]
 
 
 def test_validation_of_a_copy_without_train_is_said_to_be_what_the_models_run_trained_on(

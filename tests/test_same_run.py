@@ -127,6 +127,16 @@ def test_a_save_only_model_runs_checkpoints_say_they_hold_the_model_only(tmp_pat
     assert json.loads((tmp_path / "out" / "checkpoint-2" / MANIFEST).read_text())["model_only"] is True
 
 
+def test_a_checkpoint_records_the_absolute_place_its_runs_data_was_read_from(tmp_path, run_py):
+    """So that an evaluation of it, or of its export, knows the run's data by any path to the same files."""
+    result = run_py(tmp_path / "out", "--max_steps", "2", "--save_steps", "2", "--save_only_model")
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = json.loads((tmp_path / "out" / "checkpoint-2" / MANIFEST).read_text())["run"]["data_source"]
+    summary = json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())
+    assert Path(recorded).is_absolute() and Path(recorded).is_dir()
+    assert recorded == summary["data_source"]
+
+
 def test_resuming_a_model_only_checkpoint_is_refused_saying_to_start_from_its_weights(tmp_path, run_py):
     """transformers would resume it with a fresh optimizer and learning-rate schedule, without a word."""
     checkpoint = make_checkpoint(tmp_path / "out", 10, identity_of(FLAGS), model_only=True)
