@@ -36,6 +36,10 @@ LOWER_IS_BETTER = ("loss", "token_loss", "perplexity")
 # Flags that take "k1=v1,k2=v2", which a recipe may write as a YAML mapping; other mappings (the
 # TrainingArguments that take a dict: --lr_scheduler_kwargs, ...) go as JSON.
 KEY_VALUE_FLAGS = ("config_overrides", "optim_args")
+# Flags whose one value is a comma-separated list: a recipe's YAML list for one is joined with commas.
+# A list for any other single-valued flag is a mistake, which joined would become one odd value
+# ("model 'gpt2,x' not found").
+COMMA_SEPARATED_FLAGS = ("lora_target_modules", "report_to")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 # Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
 # little more peak memory (docs/speed.md, "Two GPUs: FSDP2 units of several blocks").
@@ -536,8 +540,10 @@ def recipe_to_flags(path: Path) -> list[str]:
         flags.append(f"--{key}")
         if isinstance(value, list) and actions[f"--{key}"].nargs in ("+", "*"):
             flags.extend(str(item) for item in value)  # a list flag: each item one value, commas kept
-        elif isinstance(value, list):
+        elif isinstance(value, list) and key in COMMA_SEPARATED_FLAGS:
             flags.append(",".join(str(item) for item in value))
+        elif isinstance(value, list):
+            raise FinetuneError(f"{path}: {key} takes one value, not a list: {value}")
         elif isinstance(value, dict) and key in KEY_VALUE_FLAGS:
             flags.append(",".join(f"{name}={item}" for name, item in value.items()))
         elif isinstance(value, dict):

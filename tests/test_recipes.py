@@ -12,6 +12,7 @@ import pytest
 
 from finetune.arguments import expand_recipe, parse_arguments
 from finetune.cli import make_parser
+from finetune.errors import FinetuneError
 from finetune.profiles import RECIPES_DIR, load_profile, with_shipped_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +77,20 @@ def test_a_recipe_list_for_a_comma_separated_flag_is_joined_with_commas(tmp_path
     recipe.write_text("peft: lora\nlora_target_modules: [q_proj, v_proj]\n")
     model_args, _, _ = parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
     assert model_args.lora_target_modules == "q_proj,v_proj"
+
+
+def test_a_recipe_list_for_a_single_valued_flag_is_refused_in_one_line(tmp_path):
+    recipe = tmp_path / "two_models.yaml"
+    recipe.write_text("model: [gpt2, distilgpt2]\n")
+    with pytest.raises(FinetuneError, match=r"two_models.yaml: model takes one value, not a list: \['gpt2'"):
+        parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
+
+
+def test_a_recipe_list_for_report_to_names_each_integration(tmp_path):
+    recipe = tmp_path / "reports.yaml"
+    recipe.write_text("report_to: [tensorboard]\n")
+    _, _, training_args = parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert training_args.report_to == ["tensorboard"]
 
 
 def test_a_recipe_mapping_for_a_key_value_flag_becomes_its_k_equals_v_list(tmp_path):
