@@ -88,6 +88,12 @@ def load_local(path: Path) -> DatasetDict:
         if problem:
             raise FinetuneError(problem) from None
         raise FinetuneError(f"{path}: cannot read as {builder} data ({first_line(cause)})") from None
+    except ValueError as error:  # datasets' words for a split whose files hold no rows
+        empty = re.search(r'"(\w+)" corresponds to no data', str(error))
+        if empty and empty.group(1) in files:
+            named = ", ".join(files[empty.group(1)])
+            raise FinetuneError(f"{named}: no rows in it (a header or an empty list only)") from None
+        raise FinetuneError(f"{path}: cannot read as {builder} data ({first_line(error)})") from None
     if builder == "json" and any(loaded[split].num_rows == len(paths) for split, paths in files.items()):
         check_rows_are_not_under_one_key(files)  # one row a file: perhaps each file is one object
     return loaded

@@ -1,6 +1,7 @@
 """Packing, padding, split arrangement and the end-to-end dataset build on the shared offline data."""
 
 import itertools
+import re
 
 import pytest
 from datasets import Dataset, DatasetDict, concatenate_datasets
@@ -169,6 +170,15 @@ def test_text_too_short_for_one_block_is_an_error(make_text_file, gpt2_tokenizer
 def test_empty_text_file_is_an_error(make_text_file, gpt2_tokenizer):
     path = make_text_file("empty.txt", "")
     with pytest.raises(FinetuneError, match="empty data file"):
+        build_datasets(DataArguments(dataset=str(path)), gpt2_tokenizer, 8, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "content"), [("header.csv", "text\n"), ("none.json", "[]\n"), ("blank.jsonl", "\n\n")]
+)
+def test_a_data_file_without_rows_is_named_in_one_error(name, content, make_text_file, gpt2_tokenizer):
+    path = make_text_file(name, content)
+    with pytest.raises(FinetuneError, match=rf"^{re.escape(str(path))}: no rows in it"):
         build_datasets(DataArguments(dataset=str(path)), gpt2_tokenizer, 8, seed=0)
 
 
