@@ -272,7 +272,7 @@ def build_datasets(
             splits.pop("test", None)
         num_proc = args.preprocessing_num_workers or default_num_proc(len(splits["train"]))
         data_format = detect_format(splits["train"].column_names, args.text_column, args.data_format)
-        bad = first_bad_row(next(iter(raw.values())), data_format.name)
+        bad = first_bad_row(next(iter(raw.values())), data_format.name, args.text_column)
         if bad is not None:
             raise FinetuneError(f"{row_place(source, bad[0])}: {bad[1]}")
         notes.insert(0, f"data format: {data_format.description} (--data_format {data_format.name})")

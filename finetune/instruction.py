@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import pyarrow.compute as pc
 from datasets import Dataset
 from jinja2 import nodes
 from jinja2.ext import Extension
@@ -169,9 +170,12 @@ def sharegpt_messages(conversations: Any, row: int) -> list[dict[str, str]]:
     return messages
 
 
-def first_bad_row(dataset: Dataset, data_format: str) -> tuple[int, str] | None:
-    """The first chat row (index, problem) that cannot be rendered, checked before the data is split,
-    while a row's index is still its place in the file."""
+def first_bad_row(dataset: Dataset, data_format: str, text_column: str) -> tuple[int, str] | None:
+    """The first row (index, problem) that cannot be rendered, checked before the data is split, while
+    a row's index is still its place in the file: a chat that is not one, or a null plain text (which
+    would fail deep in packing as a pyarrow error). A null prompt or answer is an empty one (`as_text`)."""
+    if data_format == "text":
+        return first_null(dataset, text_column)
     if data_format not in ("messages", "sharegpt"):
         return None
     column = "messages" if data_format == "messages" else "conversations"
@@ -191,6 +195,14 @@ def first_bad_row(dataset: Dataset, data_format: str) -> tuple[int, str] | None:
         except FinetuneError as error:
             return index, str(error).split(": ", 1)[-1]
     return None
+
+
+def first_null(dataset: Dataset, column: str) -> tuple[int, str] | None:
+    """Found with pyarrow, not a Python loop over the rows: datasets of millions of rows are checked too."""
+    values = dataset.data.column(column)
+    if not values.null_count:
+        return None
+    return pc.index(pc.is_null(values), True).as_py(), f"its '{column}' is empty (null), not text"
 
 
 def text_as_messages(row: dict[str, Any], data_format: str, eos: str) -> list[dict[str, str]] | None:

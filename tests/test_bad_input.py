@@ -603,6 +603,13 @@ def test_eval_makes_the_missing_folders_of_its_result_file(tiny_gpt2_dir, tmp_pa
 # Data files that cannot be decoded: the file and the line, before the model is built
 
 
+def test_a_null_text_names_its_line(output_flags, make_jsonl_file, capsys):
+    """An instruction row's null prompt or answer is an empty one; a plain text has no such reading."""
+    path = make_jsonl_file("nulls.jsonl", [{"text": "some text"}, {"text": None}] * 10)
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path} line 2: its 'text' is empty (null), not text")
+
+
 def test_binary_data_file_names_the_file(output_flags, tmp_path, capsys):
     path = tmp_path / "weights.txt"
     path.write_bytes(b"some text\n" + bytes(range(256)) * 4)
