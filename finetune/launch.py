@@ -233,8 +233,9 @@ def run_launcher(argv: list[str]) -> int:
             rank, first = failure.get_first_failure()
             code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
             who = f"rank {rank}"
-        except subprocess.CalledProcessError as failure:
-            code, who = failure.returncode, "the training process"
+        except subprocess.CalledProcessError as failure:  # one process: a signal is a negative code
+            code = failure.returncode if failure.returncode >= 0 else 128 - failure.returncode
+            who = "the training process"
         except SignalException as stop:
             code, who = 128 + stop.sigval, f"the launcher, on {stop.sigval.name},"
         if error_file.exists():

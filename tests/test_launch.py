@@ -116,3 +116,17 @@ def test_a_rank_killed_outright_is_named_with_its_signal_and_the_likely_cause(tm
     assert ended.returncode == 137
     last = ended.stderr.strip().splitlines()[-1]
     assert last.startswith("finetune: rank 1 stopped with exit code 137 (SIGKILL: out of host memory")
+
+
+def test_a_single_process_killed_outright_is_named_with_its_signal_and_the_likely_cause(tmp_path):
+    """One process runs as accelerate's plain subprocess, which reports a signal as a negative code."""
+    script = tmp_path / "killed.py"
+    script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    ended = subprocess.run(
+        [sys.executable, "-m", "finetune.launch", "--config_file", "accelerate_configs/single.yaml",
+         str(script)],
+        cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert ended.returncode == 137
+    last = ended.stderr.strip().splitlines()[-1]
+    assert last.startswith("finetune: the training process stopped with exit code 137 (SIGKILL: out of host")
