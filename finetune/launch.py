@@ -231,10 +231,10 @@ def run_launcher(argv: list[str]) -> int:
             return 0
         except ChildFailedError as failure:
             rank, first = failure.get_first_failure()
-            code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
+            code = shell_exit_code(first.exitcode)
             who = f"rank {rank}"
-        except subprocess.CalledProcessError as failure:  # one process: a signal is a negative code
-            code = failure.returncode if failure.returncode >= 0 else 128 - failure.returncode
+        except subprocess.CalledProcessError as failure:  # one process, run as a plain subprocess
+            code = shell_exit_code(failure.returncode)
             who = "the training process"
         except SignalException as stop:
             code, who = 128 + stop.sigval, f"the launcher, on {stop.sigval.name},"
@@ -245,6 +245,12 @@ def run_launcher(argv: list[str]) -> int:
             f"finetune: {who} stopped with {exit_code_meaning(code)} (its output is above)", file=sys.stderr
         )
     return code
+
+
+def shell_exit_code(code: int) -> int:
+    """A failed process's code as the shell gives it: Python's subprocesses and torch's elastic agent
+    report a process killed by signal N as -N, the shell as 128 + N."""
+    return code if code > 0 else 128 - code
 
 
 def exit_code_meaning(code: int) -> str:
