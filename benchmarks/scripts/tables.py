@@ -419,6 +419,8 @@ def resume(folder: Path, profiles: list[str]) -> str:
         straight = read(folder / f"{profile}.straight.json")
         for run in RESUME_RUNS:
             summary = read(folder / f"{profile}.{run}.json")
+            if not summary and run == "smaller" and straight.get("world_size") == 1:
+                continue  # one process has no half to resume on
             if not summary:
                 rows.append([profile, run, "missing", "", "", "", "", "", ""])
                 continue
@@ -459,6 +461,35 @@ def resume_steps(folder: Path, profiles: list[str]) -> str:
                 cells.append("" if loss is None else f"{loss:.5f}" + (" (shorter window)" if short else ""))
             rows.append(cells)
     columns = ["profile", "step", "uninterrupted", "resumed on the same GPUs", "resumed on half the GPUs"]
+    return markdown(columns, rows)
+
+
+def resume_modes(folder: Path, reference: list[str]) -> str:
+    """Each profile's runs in `folder` against the uninterrupted run of the same profile in the
+    reference folder (the same flags under another compile mode, say): whether a mode changes what is
+    learned, the logged losses and the evaluation."""
+    other = Path(reference[0])
+    rows = []
+    for path in sorted(folder.glob("*.straight.json")):
+        profile = path.name.split(".")[0]
+        theirs = read(other / f"{profile}.straight.json")
+        if not theirs:
+            continue
+        for run in RESUME_RUNS:
+            mine = read(folder / f"{profile}.{run}.json")
+            if not mine:
+                continue
+            eval_diff = (
+                f"{abs(mine['eval_loss'] - theirs['eval_loss']) / theirs['eval_loss']:.1e}"
+                if mine.get("eval_loss") and theirs.get("eval_loss")
+                else ""
+            )
+            step_diff = largest_relative_difference(mine, theirs)
+            rows.append(
+                [profile, run, mine.get("status"), mine.get("steps"), eval_diff,
+                 "" if step_diff is None else f"{step_diff:.1e}"]
+            )  # fmt: skip
+    columns = ["profile", "run", "status", "steps", "eval loss vs reference", "largest step-loss difference"]
     return markdown(columns, rows)
 
 
@@ -737,6 +768,7 @@ KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
     "floor_against": floor_against,
     "resume": resume,
     "resume_steps": resume_steps,
+    "resume_modes": resume_modes,
     "two_launchers": two_launchers,
 }
 
