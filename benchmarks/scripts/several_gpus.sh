@@ -296,6 +296,16 @@ case $CALL in
     RUN_TIMEOUT=90 phase graphs 560 $ALL floor gpt2-medium 8 20 ddp ddp:$G zero1 zero1:$G zero2 zero2:$G \
       'ddp#r2' "ddp:$G#r2" 'zero1#r2' "zero1:$G#r2" 'zero2#r2' "zero2:$G#r2"
     ;;
+  33)  # the sharding floor, before CUDA graphs become ddp's and ZeRO-1/2's default: graphs through a
+    # SIGTERM, a resume and a resume on half the GPUs, evaluations mid-run of a short last batch (61
+    # samples), beside the same under torch.compile's default mode; ddp's DDP wrapper only, as one GPU
+    # checked ZeRO-1/2 (h200-2026-12-04b)
+    export EXTRA="--eval_strategy steps --eval_steps 20 --max_eval_samples 61"
+    MODE=reduce-overhead phase graphs-resume 300 $ALL resume_matches $N ddp
+    MODE=default phase default-resume 250 $ALL resume_matches $N ddp
+    python benchmarks/scripts/tables.py resume_modes "$ROOT/graphs-resume" "$ROOT/default-resume" \
+      > "$ROOT/modes_table.md" 2>&1
+    ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
