@@ -230,12 +230,15 @@ def evaluation_block_bytes(
 
 
 def evaluates_eager(strategy: Strategy, workload: Workload) -> bool:
-    """Whether evaluation runs the eager model: where training is not compiled, or where the compiled
-    model records CUDA graphs, whose graphs for evaluation's batches held more than the eager forward
-    (FinetuneTrainer._wrap_model); FSDP2 and DeepSpeed compile in place, and evaluate what they train."""
+    """Whether evaluation runs the eager model: where training is not compiled, or where accelerate's
+    compiled copy records CUDA graphs, whose graphs for evaluation's batches held more than the eager
+    forward (FinetuneTrainer._wrap_model); a model compiled in place (FSDP2, DeepSpeed) evaluates as it
+    trains, graphs or not."""
     if workload.evaluated_eager is not None:
         return workload.evaluated_eager
     compiled = strategy.compiled_by_default if workload.compiled is None else workload.compiled
+    if strategy.compiles_in_place:
+        return not compiled
     graphs = strategy.records_cuda_graphs and keeps_cuda_graphs(
         workload.gradient_checkpointing, workload.accumulation
     )

@@ -127,6 +127,13 @@ class Strategy:
         return self.compile_mode in CUDA_GRAPH_MODES
 
     @property
+    def compiles_in_place(self) -> bool:
+        """FSDP2 and DeepSpeed compile the model they wrap, which evaluation then runs as trained;
+        accelerate compiles a copy of it under single and DDP, and evaluation picks one of the two
+        (FinetuneTrainer._wrap_model)."""
+        return self.framework in ("fsdp", "deepspeed")
+
+    @property
     def multi_process(self) -> bool:
         return self.framework != "single"
 

@@ -298,16 +298,11 @@ class FinetuneTrainer(Trainer):
                 return compiled
         return super()._wrap_model(model, training, dataloader)
 
-    def compiles_in_place(self) -> bool:
-        """FSDP2 and DeepSpeed compile the model they wrap, `self.model` itself (evaluation runs it, not
-        their training wrapper); accelerate compiles a copy of it under single and DDP."""
-        return self.launch.strategy.framework in ("fsdp", "deepspeed")
-
     def compiled_copy(self) -> Any:
         """The copy of the model accelerate compiled, without DDP (an evaluation reduces no
         gradients), where evaluation runs it; None where it runs `self.model`."""
         plan = self.compile_plan
-        if self.compiles_in_place() or not plan.by_accelerate or plan.records_cuda_graphs:
+        if self.launch.strategy.compiles_in_place or not plan.by_accelerate or plan.records_cuda_graphs:
             return None
         compiled = self.model_wrapped
         while isinstance(compiled, DistributedDataParallel):
@@ -321,7 +316,7 @@ class FinetuneTrainer(Trainer):
 
     def evaluates_compiled(self) -> bool:
         """Whether evaluation runs compiled code: a model compiled in place, or accelerate's copy."""
-        if self.compiles_in_place():
+        if self.launch.strategy.compiles_in_place:
             return self.compile_plan.compiled
         return self.compiled_copy() is not None
 

@@ -969,6 +969,13 @@ def test_evaluation_runs_eager_where_training_is_not_compiled_or_its_compiled_mo
     assert evaluates_eager(load_strategy(profile), workload) is eager
 
 
+def test_a_model_compiled_in_place_evaluates_compiled_also_where_it_records_cuda_graphs():
+    """DeepSpeed compiles the model it wraps, and evaluation runs those graphed blocks (a zero2 run
+    under reduce-overhead reported evaluation_compiled on a GPU)."""
+    graphed_zero2 = replace(load_strategy("zero2"), compile_mode="reduce-overhead")
+    assert evaluates_eager(graphed_zero2, Workload(8, 1024)) is False
+
+
 def test_an_eager_evaluation_holds_autocasts_cached_weights_and_a_compiled_one_does_not(gpt2_xl, calibration):
     """Full fine-tuning under single and ddp runs autocast over fp32 weights; eager, it keeps a bf16
     copy of every weight until the forward ends."""
