@@ -246,16 +246,24 @@ class BatchGeometry:
         checkpointing, whose backward runs the recorded forward again (asked for explicitly, that is
         refused when parsing), and under flex attention, whose block mask is a new tensor every batch
         that the graphs hold as a static input: they were recorded again at every step, an order of
-        magnitude slower than without them; --torch_compile_mode asks for a mode explicitly and is
-        kept. A DeepSpeed JSON given to TrainingArguments (`--deepspeed FILE`) had its "auto" batch
-        sizes filled from the old values: it is filled again as transformers' own hyperparameter
-        search does, or DeepSpeed would train the old batch. A profile's JSON is filled by accelerate
-        later.
+        magnitude slower than without them. --torch_compile_mode asks for a mode explicitly: it is
+        kept, but graphs asked for over accumulated micro batches are refused (on two GPUs a ddp run
+        asking for them, resumed on one with the accumulation doubled, failed at its first backward
+        reading an overwritten output). A DeepSpeed JSON given to TrainingArguments (`--deepspeed
+        FILE`) had its "auto" batch sizes filled from the old values: it is filled again as
+        transformers' own hyperparameter search does, or DeepSpeed would train the old batch. A
+        profile's JSON is filled by accelerate later.
         """
         training_args.per_device_train_batch_size = self.micro
         training_args.gradient_accumulation_steps = self.accumulation
         training_args.per_device_eval_batch_size = asked_evaluation_micro_batch(training_args) or self.micro
         flex_attention = training_args.attention_kernel == "flex_attention"
+        if self.accumulation > 1 and training_args.torch_compile_mode in CUDA_GRAPH_MODES:
+            raise FinetuneError(
+                f"--torch_compile_mode {training_args.torch_compile_mode} records CUDA graphs, which "
+                f"{self.accumulation} accumulated micro batches break (a replay overwrites the outputs the "
+                "backward still reads): use --torch_compile_mode default, or one micro batch a step"
+            )
         if (
             not keeps_cuda_graphs(training_args.gradient_checkpointing, self.accumulation, flex_attention)
             and training_args.torch_compile
