@@ -411,6 +411,12 @@ def largest_relative_difference(run: Summary, straight: Summary) -> float | None
     return max(abs(mine[step] - theirs[step]) / abs(theirs[step]) for step in steps)
 
 
+def eval_loss_difference(run: Summary, reference: Summary) -> str:
+    """The runs' final evaluation losses apart, relative to the reference's; '' where either lacks one."""
+    mine, theirs = run.get("eval_loss"), reference.get("eval_loss")
+    return f"{abs(mine - theirs) / theirs:.1e}" if mine is not None and theirs else ""
+
+
 def resume(folder: Path, profiles: list[str]) -> str:
     """Every profile the folder holds an uninterrupted run of, unless profiles are named."""
     profiles = profiles or sorted(path.name.split(".")[0] for path in folder.glob("*.straight.json"))
@@ -426,11 +432,7 @@ def resume(folder: Path, profiles: list[str]) -> str:
                 continue
             eval_loss = summary.get("eval_loss")
             compared = run != "straight"
-            eval_diff = (
-                f"{abs(eval_loss - straight['eval_loss']) / straight['eval_loss']:.1e}"
-                if eval_loss is not None and compared and straight.get("eval_loss")
-                else ""
-            )
+            eval_diff = eval_loss_difference(summary, straight) if compared else ""
             step_diff = largest_relative_difference(summary, straight) if compared else None
             rows.append(
                 [profile, run, summary.get("status"), summary.get("resumed_from_step") or "",
@@ -479,14 +481,9 @@ def resume_modes(folder: Path, reference: list[str]) -> str:
             mine = read(folder / f"{profile}.{run}.json")
             if not mine:
                 continue
-            eval_diff = (
-                f"{abs(mine['eval_loss'] - theirs['eval_loss']) / theirs['eval_loss']:.1e}"
-                if mine.get("eval_loss") and theirs.get("eval_loss")
-                else ""
-            )
             step_diff = largest_relative_difference(mine, theirs)
             rows.append(
-                [profile, run, mine.get("status"), mine.get("steps"), eval_diff,
+                [profile, run, mine.get("status"), mine.get("steps"), eval_loss_difference(mine, theirs),
                  "" if step_diff is None else f"{step_diff:.1e}"]
             )  # fmt: skip
     columns = ["profile", "run", "status", "steps", "eval loss vs reference", "largest step-loss difference"]
