@@ -236,6 +236,16 @@ class FinetuneTrainingArguments(TrainingArguments):
             f"{FSDP_BLOCKS_PER_UNIT} under the FSDP profiles (docs/speed.md), 1 under the others."
         },
     )
+    fsdp_prefetch: int = field(
+        default=0,
+        metadata={
+            "help": "FSDP profiles: each unit issues the all-gathers of the next N units when its forward "
+            "starts, and of the previous N when its backward starts (FSDP2's explicit prefetch), instead "
+            "of each all-gather waiting for the host to reach its unit; N units' unsharded parameters more "
+            "in flight, which the planner does not count. 0: FSDP2's implicit prefetch "
+            "(finetune/fsdp_units.py)."
+        },
+    )
     sequence_parallel: int = field(
         default=1,
         metadata={

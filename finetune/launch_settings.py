@@ -57,7 +57,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
     JsonDecidedFlags.of(training_args).check(config_path, deepspeed_config)
-    _apply_fsdp_blocks_per_unit(training_args, launch)
+    _apply_fsdp_units(training_args, launch)
     _apply_sequence_parallel(training_args, launch)
     if training_args.torch_compile is None:
         training_args.torch_compile = compiles_by_default(training_args.use_cpu, launch)
@@ -119,14 +119,21 @@ def _apply_sequence_parallel(training_args: FinetuneTrainingArguments, launch: L
         training_args.parallelism_config = parallelism_config(degree, split, launch.world_size)
 
 
-def _apply_fsdp_blocks_per_unit(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
-    """The FSDP profiles' default; refused in one line where there are no FSDP units to group."""
+def _apply_fsdp_units(training_args: FinetuneTrainingArguments, launch: Launch) -> None:
+    """The FSDP profiles' blocks per unit by default; the unit flags refused in one line where there
+    are no FSDP units to group or prefetch."""
     fsdp = launch.strategy.framework == "fsdp"
     if training_args.fsdp_blocks_per_unit is None:
         training_args.fsdp_blocks_per_unit = FSDP_BLOCKS_PER_UNIT if fsdp else 1
-    elif not fsdp and training_args.fsdp_blocks_per_unit != 1:
+    if fsdp:
+        return
+    changed = {
+        "--fsdp_blocks_per_unit": training_args.fsdp_blocks_per_unit != 1,
+        "--fsdp_prefetch": training_args.fsdp_prefetch != 0,
+    }
+    for flag in (flag for flag, asked in changed.items() if asked):
         raise FinetuneError(
-            f"--fsdp_blocks_per_unit is for the FSDP profiles; profile {launch.strategy.name} "
+            f"{flag} is for the FSDP profiles; profile {launch.strategy.name} "
             f"({launch.strategy.framework}) has no FSDP units"
         )
 

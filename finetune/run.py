@@ -49,7 +49,7 @@ from finetune.errors import StoppedForResume, exit_on_user_error
 from finetune.garbage_collection import GarbageCollectionCallback
 from finetune.evaluation import token_weighted_loss
 from finetune.flops import model_flops_per_token, peak_flops
-from finetune.fsdp_units import count_units
+from finetune.fsdp_units import count_units, prefetch_depth
 from finetune.losses import compile_loss, loss_sums_per_sample
 from finetune.models import (
     check_attention_implementation,
@@ -266,7 +266,10 @@ def train_and_measure(
         trainer.state, training_args.output_dir, train_metrics, memory, throughput, collections
     )
     record.update(trained)
-    record.update({"fsdp_units": count_units(trainer.model) or None})
+    units = count_units(trainer.model)
+    record.update(
+        {"fsdp_units": units or None, "fsdp_prefetch": prefetch_depth(trainer.model) if units else None}
+    )
     record.update({"ddp_gradient_buckets": trainer.ddp_gradient_buckets()})
     record.update(startup.summary())
     if stop.received:

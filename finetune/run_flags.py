@@ -33,6 +33,7 @@ LOWEST_VALUES: dict[str, tuple[int, str]] = {
     "gradient_accumulation_steps": (1, ""),
     "global_batch_size": (1, ""),
     "fsdp_blocks_per_unit": (1, ""),
+    "fsdp_prefetch": (0, "0: FSDP2's implicit prefetch"),
     "sequence_parallel": (1, ""),
     "throughput_warmup_steps": (0, ""),
     "gc_interval": (0, "0: automatic collection"),

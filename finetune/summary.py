@@ -101,6 +101,11 @@ FIELDS: dict[str, tuple[str, str]] = {
         "FSDP profiles: the FSDP2 units the transformer blocks were sharded into (the blocks divided by "
         "--fsdp_blocks_per_unit, rounded up); None otherwise",
     ),
+    "fsdp_prefetch": (
+        "int?",
+        "FSDP profiles: the units ahead whose all-gathers each unit issues explicitly as its forward "
+        "starts (--fsdp_prefetch, as FSDP2 holds it; 0: FSDP2's implicit prefetch); None otherwise",
+    ),
     "ddp_gradient_buckets": (
         "str?",
         'DDP: "views" (each gradient a view into the bucket it is all-reduced in, '

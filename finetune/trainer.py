@@ -59,7 +59,7 @@ from finetune.console import CONSOLE_CALLBACKS
 from finetune.disk_space import expected_checkpoint_bytes, is_disk_full, report_disk_full, room_problem
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR, DivergenceGuard, check_weights_finite
 from finetune.errors import FinetuneError
-from finetune.fsdp_units import blocks_per_unit
+from finetune.fsdp_units import blocks_per_unit, prefetch_units
 from finetune.launched import CompilePlan, Launch
 from finetune.losses import next_tokens
 from finetune.models import tied_parameter_names
@@ -197,9 +197,12 @@ class FinetuneTrainer(Trainer):
             logs["train_loss"] = self._total_loss_scalar / max(self.state.global_step, 0.001)
 
     def _prepare_for_training(self, *args: Any, **kwargs: Any) -> Any:
-        """accelerate prepares the model here: FSDP2 units of --fsdp_blocks_per_unit blocks."""
+        """accelerate prepares the model here: FSDP2 units of --fsdp_blocks_per_unit blocks, then
+        each prefetching --fsdp_prefetch units ahead."""
         with blocks_per_unit(self.model, getattr(self.args, "fsdp_blocks_per_unit", None) or 1):
-            return super()._prepare_for_training(*args, **kwargs)
+            prepared = super()._prepare_for_training(*args, **kwargs)
+        prefetch_units(self.model, getattr(self.args, "fsdp_prefetch", 0))
+        return prepared
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """A resumed checkpoint lacks the tied weights it stores once (GPT-2's lm_head): no warning on

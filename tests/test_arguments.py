@@ -421,6 +421,19 @@ def test_blocks_per_fsdp_unit_must_be_at_least_one(output_flags):
         parse_arguments([*output_flags, "--fsdp_blocks_per_unit", "0"])
 
 
+def test_fsdp_prefetch_is_refused_outside_the_fsdp_profiles(output_flags):
+    _, _, training_args = parse_arguments([*output_flags, "--fsdp_prefetch", "1"])
+    with pytest.raises(FinetuneError, match="--fsdp_prefetch is for the FSDP profiles; profile single"):
+        resolve_and_set_up(training_args, Launch.from_environment())
+
+
+def test_fsdp_prefetch_cannot_be_negative(output_flags):
+    with pytest.raises(
+        FinetuneError, match=r"--fsdp_prefetch must be 0 or more \(0: FSDP2.s implicit prefetch\), got -1"
+    ):
+        parse_arguments([*output_flags, "--fsdp_prefetch", "-1"])
+
+
 def test_blocks_per_fsdp_unit_defaults_to_one_outside_the_fsdp_profiles(output_flags):
     _, _, training_args = parse_arguments(output_flags)
     resolve_and_set_up(training_args, Launch.from_environment())

@@ -52,13 +52,15 @@ def test_every_strategy_follows_the_pinned_loss_curve(profile, reference_run):
         assert curve[step] == pytest.approx(expected, rel=CURVE_RTOL), step
 
 
-def test_fsdp_units_of_one_block_follow_the_pinned_loss_curve(reference_run, tmp_path):
+def test_fsdp_units_of_one_block_prefetched_explicitly_follow_the_pinned_loss_curve(reference_run, tmp_path):
     """By default both blocks of the tiny model are one FSDP2 unit (fsdp's reference run); one unit
-    per block, one all-gather each, is the same training."""
-    flags = [*FLAGS, *NO_CHECKPOINTS, "--fsdp_blocks_per_unit", "1"]
+    per block, one all-gather each, the first issuing the second's as its forward starts, is the same
+    training: units and prefetch move when parameters are gathered, not what is computed."""
+    flags = [*FLAGS, *NO_CHECKPOINTS, "--fsdp_blocks_per_unit", "1", "--fsdp_prefetch", "1"]
     launch(accelerate_launch("fsdp"), tmp_path / "run", flags)
-    one_per_block = read_summary(tmp_path / "run")
-    assert (one_per_block["fsdp_units"], read_summary(reference_run("fsdp"))["fsdp_units"]) == (2, 1)
+    one_per_block, reference = read_summary(tmp_path / "run"), read_summary(reference_run("fsdp"))
+    assert (one_per_block["fsdp_units"], reference["fsdp_units"]) == (2, 1)
+    assert (one_per_block["fsdp_prefetch"], reference["fsdp_prefetch"]) == (1, 0)
     curve = loss_curve(tmp_path / "run")
     for step, expected in zip(PINNED["steps"], PINNED["losses"], strict=True):
         assert curve[step] == pytest.approx(expected, rel=CURVE_RTOL), step

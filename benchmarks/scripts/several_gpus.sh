@@ -306,6 +306,13 @@ case $CALL in
     python benchmarks/scripts/tables.py resume_modes "$ROOT/graphs-resume" "$ROOT/default-resume" \
       > "$ROOT/modes_table.md" 2>&1
     ;;
+  34)  # the sharding floor: FSDP2's explicit prefetch (--fsdp_prefetch N: each unit issues the next N
+    # units' all-gathers as its forward starts, not when the host reaches them) at the default 4 blocks a
+    # unit and at 1 (24 units, where the implicit prefetch waits on the host most), each case twice
+    P=--fsdp_prefetch; ONE=--fsdp_blocks_per_unit,1
+    RUN_TIMEOUT=80 phase prefetch 560 $ALL floor gpt2-medium 8 20 fsdp fsdp:$P,1 fsdp:$P,2 fsdp:$ONE \
+      fsdp:$ONE,$P,1 'fsdp#r2' "fsdp:$P,1#r2" "fsdp:$P,2#r2" "fsdp:$ONE#r2" "fsdp:$ONE,$P,1#r2"
+    ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
