@@ -85,9 +85,9 @@ def count_units(model: torch.nn.Module) -> int:
 def prefetch_units(model: torch.nn.Module, depth: int) -> None:
     """Each unit prefetches the `depth` units after it in forward and the `depth` before it in
     backward, nearest first; depth 0 leaves FSDP2's implicit prefetch."""
-    units = units_in_forward_order(model)
     if depth <= 0:
         return
+    units = units_in_forward_order(model)
     for index, unit in enumerate(units):
         if following := units[index + 1 : index + 1 + depth]:
             unit.set_modules_to_forward_prefetch(following)
