@@ -225,6 +225,13 @@ def test_floor_against_sets_a_changed_profile_beside_the_profile_it_changes(tmp_
     assert rows[f"`{blocks}`"] == ["1.50", "0.90"]
 
 
+def test_floor_against_no_flags_sets_each_case_beside_its_profiles_own_case(tmp_path):
+    floor_case(tmp_path / "call1", "fsdp", 100.0, 10.0)
+    floor_case(tmp_path / "call1", "fsdp_--fsdp_prefetch_1", 125.0, 10.0)
+    rows = {cells[1]: cells[-2:] for cells in table_cells(tables.floor_against(tmp_path, []))}
+    assert rows["`fsdp_--fsdp_prefetch_1`"] == ["1.25", "1.00"]
+
+
 def test_a_cases_folder_is_named_as_floor_sh_names_it():
     """floor.sh's own naming line, run: tables.py finds a reference case by the folder it writes."""
     [naming] = [

@@ -636,14 +636,14 @@ def floor_against(machine: Path, reference: list[str]) -> str:
     """Each case beside its own profile's reference case, the one of the flags given (as a floor.sh
     case writes them: `--gradient_checkpointing,true,--batch_size,8`): the median rate's ratio and the
     peak's, which is how a lever that trades memory for speed (LoRA spending what it frees on a larger
-    micro batch) is read. Cases of different micro batches train different global batches, so the
-    rate per GPU is compared, not the step. A changed copy of a profile (`zero2~KEY=VALUE`) is set
-    beside the profile it changes: the strategy its summary names."""
+    micro batch) is read; without flags, the profile's own case. Cases of different micro batches
+    train different global batches, so the rate per GPU is compared, not the step. A changed copy of a
+    profile (`zero2~KEY=VALUE`) is set beside the profile it changes: the strategy its summary names."""
     runs = pooled_floor_runs(machine)
     rows = []
     for (model, case), repeats in sorted(runs.items()):
         profile = repeats[0].get("strategy") or case.partition("_--")[0]
-        base = runs.get((model, case_folder(f"{profile}:{','.join(reference)}")))
+        base = runs.get((model, case_folder(f"{profile}:{','.join(reference)}" if reference else profile)))
         ratio = f"{median(repeats, RATE) / median(base, RATE):.2f}" if base else "n/a"
         peak_ratio = f"{highest_peak(repeats) / highest_peak(base):.2f}" if base else "n/a"
         rows.append([*pooled_row(model, case, repeats), ratio, peak_ratio])
