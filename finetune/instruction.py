@@ -15,6 +15,7 @@ template that renders a conversation as a prefix of its continuation; transforme
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -175,7 +176,7 @@ def first_bad_row(dataset: Dataset, data_format: str, text_column: str) -> tuple
     a row's index is still its place in the file: a chat that is not one, or a null plain text (which
     would fail deep in packing as a pyarrow error). A null prompt or answer is an empty one (`as_text`)."""
     if data_format == "text":
-        return first_null(dataset, text_column)
+        return first_null(dataset, text_column) or first_not_text(dataset, text_column)
     if data_format not in ("messages", "sharegpt"):
         return None
     column = "messages" if data_format == "messages" else "conversations"
@@ -203,6 +204,30 @@ def first_null(dataset: Dataset, column: str) -> tuple[int, str] | None:
     if not values.null_count:
         return None
     return pc.index(pc.is_null(values), True).as_py(), f"its '{column}' is empty (null), not text"
+
+
+def first_not_text(dataset: Dataset, column: str) -> tuple[int, str] | None:
+    """The first row that is not text in a column of JSON values of mixed types (datasets' `Json`
+    feature: texts beside a number or a list), which has no one type to name (a column of one type
+    is named by `data.tokenize`). Read row by row only here, where the data is known to be wrong.
+    Known by its name: datasets 4.0, which the supported range allows, has no `Json` to import."""
+    if column not in dataset.column_names or type(dataset.features[column]).__name__ != "Json":
+        return None
+    for index, row in enumerate(dataset.select_columns([column])):
+        value = row[column]
+        if value is not None and not isinstance(value, str):
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
+            return index, f"its '{column}' is {shown} ({json_kind(value)}), not text"
+    return None
+
+
+def json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a list" if isinstance(value, list) else "an object"
 
 
 def text_as_messages(row: dict[str, Any], data_format: str, eos: str) -> list[dict[str, str]] | None:

@@ -127,13 +127,17 @@ def _apply_fsdp_units(training_args: FinetuneTrainingArguments, launch: Launch) 
         training_args.fsdp_blocks_per_unit = FSDP_BLOCKS_PER_UNIT if fsdp else 1
     if fsdp:
         return
-    changed = {
-        "--fsdp_blocks_per_unit": training_args.fsdp_blocks_per_unit != 1,
-        "--fsdp_prefetch": training_args.fsdp_prefetch != 0,
-    }
-    for flag in (flag for flag, asked in changed.items() if asked):
+    asked = [
+        flag
+        for flag, changed in (
+            ("--fsdp_blocks_per_unit", training_args.fsdp_blocks_per_unit != 1),
+            ("--fsdp_prefetch", training_args.fsdp_prefetch != 0),
+        )
+        if changed
+    ]
+    if asked:
         raise FinetuneError(
-            f"{flag} is for the FSDP profiles; profile {launch.strategy.name} "
+            f"{asked[0]} is for the FSDP profiles; profile {launch.strategy.name} "
             f"({launch.strategy.framework}) has no FSDP units"
         )
 

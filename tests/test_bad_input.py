@@ -610,6 +610,14 @@ def test_a_null_text_names_its_line(output_flags, make_jsonl_file, capsys):
     assert_one_error(argv, capsys, f"{path} line 2: its 'text' is empty (null), not text")
 
 
+def test_a_number_among_texts_names_its_line(output_flags, make_jsonl_file, capsys):
+    """JSON lines that mix texts and a number make datasets' Json column, which has no one type to name."""
+    rows = [{"text": "some text"}] * 3 + [{"text": 5}] + [{"text": "more text"}] * 9
+    path = make_jsonl_file("mixed.jsonl", rows)
+    argv = [*TINY_FROM_SCRATCH, "--dataset", str(path), *output_flags]
+    assert_one_error(argv, capsys, f"{path} line 4: its 'text' is 5 (a number), not text")
+
+
 def test_binary_data_file_names_the_file(output_flags, tmp_path, capsys):
     path = tmp_path / "weights.txt"
     path.write_bytes(b"some text\n" + bytes(range(256)) * 4)
