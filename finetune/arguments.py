@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from transformers import HfArgumentParser, SchedulerType, TrainingArguments
 
+from finetune.config_files import parse_yaml
 from finetune.deepspeed_json import TORCH_ADAMW
 from finetune.divergence import DEFAULT_LOSS_SPIKE_FACTOR
 from finetune.errors import FinetuneError, OneLineArgumentErrors, first_line
@@ -524,14 +524,10 @@ def known_keys() -> set[str]:
 def recipe_to_flags(path: Path) -> list[str]:
     """A YAML recipe as command-line flags, so recipes and flags share one parser."""
     try:
-        recipe = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as error:
         raise FinetuneError(f"{path}: cannot read recipe: {error.strerror or error}") from None
-    except yaml.MarkedYAMLError as error:
-        where = f" line {error.problem_mark.line + 1}" if error.problem_mark else ""
-        raise FinetuneError(f"{path}{where}: not valid YAML ({error.problem or error.context})") from None
-    except yaml.YAMLError as error:
-        raise FinetuneError(f"{path}: not valid YAML ({first_line(error)})") from None
+    recipe = parse_yaml(text, path)
     if not isinstance(recipe, dict):
         raise FinetuneError(f"{path}: a recipe is a mapping of argument names to values")
     unknown = sorted(set(recipe) - known_keys())

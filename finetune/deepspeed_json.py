@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune.config_files import parse_json
 from finetune.errors import FinetuneError, first_line
 
 NVME_PLACEHOLDER = "auto"
@@ -19,10 +20,7 @@ GRADIENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # DeepSpeed's communication_
 
 
 def read_deepspeed_config(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise FinetuneError(f"{path}: not valid JSON ({error})") from None
+    config = parse_json(path.read_text(), path)
     if not isinstance(config, dict):
         raise FinetuneError(f"{path}: a DeepSpeed config is a JSON object")
     return config

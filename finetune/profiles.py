@@ -15,8 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from finetune.config_files import parse_yaml
 from finetune.deepspeed_json import (
     GRADIENT_BYTES,
     OFFLOAD_KEYS,
@@ -24,7 +23,7 @@ from finetune.deepspeed_json import (
     needs_nvme_path,
     read_deepspeed_config,
 )
-from finetune.errors import FinetuneError, first_line
+from finetune.errors import FinetuneError
 
 
 def shipped_folder(name: str) -> Path:
@@ -427,10 +426,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     """Parse and validate one profile; every problem is one FinetuneError naming the file and key."""
     path = profile_path(str(name_or_path))
     text = path.read_text()
-    try:
-        settings = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise FinetuneError(f"{path}: not valid YAML ({first_line(error)})") from None
+    settings = parse_yaml(text, path)
     if not isinstance(settings, dict):
         raise FinetuneError(f"{path}: a profile is a YAML mapping of accelerate config keys")
     distributed_type = str(settings.get("distributed_type", ""))

@@ -97,6 +97,14 @@ def test_unknown_recipe_key_is_named(tmp_path, capsys):
     assert_one_error([str(recipe)], capsys, "learning_rat")
 
 
+def test_recipe_key_given_twice_is_one_line_naming_both_lines(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: gpt2\nlearning_rate: 0.001\nmodel: gpt2-medium\n")
+    assert_one_error(
+        [str(recipe)], capsys, "recipe.yaml line 3: not valid YAML ('model' is given twice (first on line 1))"
+    )
+
+
 def test_recipe_that_is_not_yaml_is_one_line_naming_its_line(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model: gpt2\nlearning_rate: [1\n")

@@ -93,6 +93,29 @@ def test_invalid_yaml_names_the_file(tmp_path):
     assert str(path) in str(error.value)
 
 
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    """YAML keeps the last of two equal keys silently: a copied profile edited by adding a key it
+    already had would launch with whichever came last."""
+    path = write_profile(
+        tmp_path, "distributed_type: MULTI_GPU\nmixed_precision: bf16\ndistributed_type: FSDP\n"
+    )
+    with pytest.raises(FinetuneError) as error:
+        load_profile(path)
+    assert str(error.value) == (
+        f"{path} line 3: not valid YAML ('distributed_type' is given twice (first on line 1))"
+    )
+
+
+def test_a_deepspeed_json_key_given_twice_is_refused(tmp_path):
+    """accelerate hands DeepSpeed the parsed config, so DeepSpeed's own refusal of a repeated key
+    (which its file reader has) never runs."""
+    path, json_path = write_deepspeed_profile(tmp_path, {"stage": 3})
+    json_path.write_text(json_path.read_text().replace('"stage": 3', '"stage": 3, "stage": 2'))
+    with pytest.raises(FinetuneError) as error:
+        load_profile(path)
+    assert str(error.value) == f"{json_path.resolve()}: not valid JSON ('stage' is given twice in one object)"
+
+
 def test_unknown_distributed_type_names_file_and_key(tmp_path):
     path = write_profile(tmp_path, "distributed_type: MEGATRON\n")
     with pytest.raises(FinetuneError, match="distributed_type") as error:
