@@ -12,15 +12,18 @@ loss's bytes, which the eager kinds count. c_layer is fitted to measured full fi
 (CALIBRATION_KINDS): `autocast` (eager torch autocast over fp32 weights or adapters: GPT-2's
 LayerNorm and tanh-GELU then run in fp32, a third more than bf16; a model without LayerNorm, such as
 an RMSNorm Llama, keeps bf16's), `bf16` (eager, weights held in bf16 without autocast: DeepSpeed,
-and FSDP2's mixed precision) and `compiled` (inductor fuses elementwise chains and keeps far fewer
-intermediates: docs/planner.md); framework buffers and allocator slack are in it too. Two more kinds
-compile the blocks one by one and the loss beside them (run.py's `--compile_loss`): `fsdp_compiled`
-(FSDP2 in bf16, no autocast) and `zero3_compiled` (ZeRO-3's leaf blocks' forwards). Their compiled
-loss keeps fewer bytes a logit than the eager loss's 14, and so does `compiled`'s, traced with the
-whole model, so for the three the bytes per logit are fitted with c_layer (two unknowns: rows of
-models with different layers-to-vocabulary ratios); counted as eager they were predicted well above
-their measured peaks, most at long blocks, where the logits are most of a checkpointed step
-(docs/planner.md). `--chunked_loss` keeps one chunk of logits whatever the block
+and FSDP2's mixed precision), `compiled` (torch autocast compiled block by block, the loss beside:
+single's and ddp's default; inductor fuses elementwise chains and keeps far fewer intermediates:
+docs/planner.md) and `whole_compiled` (the whole model one graph, as ddp, ZeRO-1/2 and single once
+ran and a profile without regional compilation runs: fitted as one kind with `compiled`, the
+block-by-block runs were over-predicted 1.10-1.12); framework buffers and allocator slack are in
+them too. Two more kinds compile the blocks one by one and the loss beside them (run.py's
+`--compile_loss`) in bf16 without autocast: `fsdp_compiled` (FSDP2, and ZeRO-1/2's blocks) and
+`zero3_compiled` (ZeRO-3's leaf blocks' forwards). A compiled loss keeps fewer bytes a logit than the
+eager loss's 14, so for the four compiled kinds the bytes per logit are fitted with c_layer (two
+unknowns: rows of models with different layers-to-vocabulary ratios); counted as eager they were
+predicted well above their measured peaks, most at long blocks, where the logits are most of a
+checkpointed step (docs/planner.md). `--chunked_loss` keeps one chunk of logits whatever the block
 (`chunked_loss_buffer_gib`, counted). A model with a gated MLP (Llama, Qwen, Mistral: gate and up
 projections, RMSNorm) keeps less per b·T·H than GPT-2 at the same c_layer: eager,
 GATED_MLP_ACTIVATION_SCALE, what the CPU census of autograd's saved tensors counted
@@ -62,8 +65,9 @@ CHUNKED_WEIGHT_GRADIENT_BYTES = 4
 MEASURED = {
     name: entry["value"] for name, entry in json.loads(CALIBRATION_FILE.read_text())["constants"].items()
 }
-CALIBRATION_KINDS = ("autocast", "bf16", "compiled", "fsdp_compiled", "zero3_compiled")
-COMPILED_LOSS_KINDS = ("compiled", "fsdp_compiled", "zero3_compiled")  # their bytes per logit are fitted
+CALIBRATION_KINDS = ("autocast", "bf16", "compiled", "whole_compiled", "fsdp_compiled", "zero3_compiled")
+# the kinds whose bytes per logit are fitted
+COMPILED_LOSS_KINDS = ("compiled", "whole_compiled", "fsdp_compiled", "zero3_compiled")
 GATED_MLP_ACTIVATION_SCALE = MEASURED["gated_mlp_activation_scale"]
 ADAPTER_INPUT_BYTES = MEASURED["adapter_input_bytes"]
 COMPILED_ADAPTER_INPUT_BYTES = MEASURED["compiled_adapter_input_bytes"]
@@ -91,20 +95,24 @@ def compiled_for(strategy: Strategy, workload: Workload) -> bool:
 def calibration_kind(strategy: Strategy, workload: Workload, shape: ModelShape) -> str:
     """How the layers' activations are held (CALIBRATION_KINDS): ZeRO-1/2 compiled block by block
     as FSDP2's blocks are (bf16 weights without autocast, the loss compiled beside: their peaks
-    equalled fsdp_grad_op's), compiled whole as ddp's whole model is. Autocast keeps more than bf16
-    only through LayerNorm (and GPT-2's GELU) running in fp32: a model without LayerNorm is bf16's
-    kind."""
+    equalled fsdp_grad_op's); single's and ddp's blocks under autocast are `compiled`, and any
+    profile compiling the whole model in one graph (`compiles_by_blocks` false) `whole_compiled`.
+    Autocast keeps more than bf16 only through LayerNorm (and GPT-2's GELU) running in fp32: a model
+    without LayerNorm is bf16's kind."""
     compiled = compiled_for(strategy, workload)
     if framework_of(strategy, workload.dtype) == "deepspeed":
         if strategy.zero_stage in (1, 2) and compiled:
-            return "fsdp_compiled" if strategy.compiles_by_blocks and workload.loss_compiled else "compiled"
+            if not strategy.compiles_by_blocks:
+                return "whole_compiled"
+            return "fsdp_compiled" if workload.loss_compiled else "compiled"
         # ZeRO-3 compiles its leaf blocks (model_setup.py), adapters' too, unless DeepSpeed's linear makes
         # them recompile until they run eager, keeping bf16's kind
         zero3_blocks = strategy.is_zero3 and compiled and not runs_deepspeed_linear(strategy, shape)
         return "zero3_compiled" if zero3_blocks and workload.loss_compiled else "bf16"
     if compiled:
-        by_blocks = strategy.framework == "fsdp" and workload.loss_compiled
-        return "fsdp_compiled" if by_blocks else "compiled"
+        if strategy.framework == "fsdp":
+            return "fsdp_compiled" if workload.loss_compiled else "compiled"
+        return "compiled" if strategy.compiles_by_blocks else "whole_compiled"
     if strategy.framework == "fsdp" and workload.dtype != "fp32":
         return "bf16"
     return "autocast" if shape.layer_norm else "bf16"
@@ -272,8 +280,10 @@ def checkpointed_activation_gib(
     tokens = workload.micro_batch * workload.block_size
     inputs = shape.layers * tokens * shape.hidden * checkpointed_input_bytes(strategy, workload) / GIB
     one_layer = tokens * shape.hidden * layer_bytes / GIB + adapter_activation_gib(shape, workload, strategy)
-    logit_bytes = CHECKPOINTED_LOGIT_BYTES.get(loss_kind_name, LOGIT_BYTES + LOGIT_GRADIENT_BYTES)
-    if workload.training_logits and loss_kind_name == "compiled":
+    # the two torch kinds' checkpointed constants were measured as one (single's blocks, ZeRO-1/2 whole)
+    torch_kind = "compiled" if loss_kind_name == "whole_compiled" else loss_kind_name
+    logit_bytes = CHECKPOINTED_LOGIT_BYTES.get(torch_kind, LOGIT_BYTES + LOGIT_GRADIENT_BYTES)
+    if workload.training_logits and torch_kind == "compiled":
         logit_bytes += RETURNED_LOGIT_BYTES
     loss = logits_bytes(shape, workload, logit_bytes) / GIB
     held = hidden_gradient_gib(shape, workload)

@@ -113,7 +113,7 @@ class Measurement:
     @classmethod
     def from_row(cls, row: dict[str, Any], strategy: Strategy) -> Measurement:
         """`strategy` is the row's profile as shipped now; a row says where it ran otherwise
-        (`compiled_by_blocks`: ddp's and ZeRO-1/2's rows from when they compiled the whole model;
+        (`compiled_by_blocks`: single's, ddp's and ZeRO-1/2's rows from when they compiled the whole model;
         `memory_efficient_linear`: ZeRO-3's rows from before the stage-3 JSONs turned DeepSpeed's
         linear off; the workload's `loss_compiled` and `training_logits`: rows from before run.py
         compiled the loss and dropped the training logits)."""
@@ -283,7 +283,7 @@ class Calibration:
                 layer_bytes[kind], logit_bytes[kind] = layers_and_logits(rows, activations)
             else:
                 layer_bytes[kind] = through_origin(rows_of(kind), dict.fromkeys(CALIBRATION_KINDS, 1.0))
-        gated = [m for m in full if m.shape.gated_mlp and kind_of(m) == "compiled"]
+        gated = [m for m in full if m.shape.gated_mlp and kind_of(m) in ("compiled", "whole_compiled")]
         if not gated:
             raise ValueError("no compiled gated-MLP measurement to calibrate activations with")
         logits = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0), logit_bytes=logit_bytes)
