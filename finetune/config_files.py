@@ -9,6 +9,7 @@ hands DeepSpeed the config already parsed: these readers refuse them for every f
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader's own mapping refuses it, with its line
             if key in first_line:
                 problem = f"'{key}' is given twice (first on line {first_line[key]})"
                 raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)

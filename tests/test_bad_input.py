@@ -618,6 +618,13 @@ def test_a_null_text_names_its_line(output_flags, make_jsonl_file, capsys):
     assert_one_error(argv, capsys, f"{path} line 2: its 'text' is empty (null), not text")
 
 
+def test_recipe_with_a_list_as_a_key_is_one_line_naming_its_line(tmp_path, capsys):
+    """The duplicate-key check passes an unhashable key on to YAML's own refusal."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: gpt2\n[a, b]: 1\n")
+    assert_one_error([str(recipe)], capsys, "recipe.yaml line 2: not valid YAML (found unhashable key)")
+
+
 def test_a_number_among_texts_names_its_line(output_flags, make_jsonl_file, capsys):
     """JSON lines that mix texts and a number make datasets' Json column, which has no one type to name."""
     rows = [{"text": "some text"}] * 3 + [{"text": 5}] + [{"text": "more text"}] * 9
