@@ -23,7 +23,7 @@ from transformers import DataCollatorForSeq2Seq, default_data_collator
 from transformers.data.data_collator import DataCollator
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from finetune.data_formats import IGNORE_INDEX, TEXT_DTYPES
+from finetune.data_formats import IGNORE_INDEX
 from finetune.errors import FinetuneError, first_line
 from finetune.instruction import (
     detect_format,
@@ -138,7 +138,7 @@ def tokenize(
             f"--text_column '{text_column}' is not in the dataset (columns: {', '.join(columns)})"
         )
     feature = next(iter(splits.values())).features[text_column]
-    if getattr(feature, "dtype", None) not in TEXT_DTYPES:
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
         raise FinetuneError(f"--text_column '{text_column}' holds {describe_feature(feature)}, not text")
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:

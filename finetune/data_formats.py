@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 # The label of a token no loss is computed on (a prompt, padding): transformers' and torch's convention.
 IGNORE_INDEX = -100
-TEXT_DTYPES = ("string", "large_string")  # the datasets feature dtypes a text column may have
 
 
 @dataclass(frozen=True)
