@@ -26,6 +26,7 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
   grad_check MODEL_DIR                 gradient norms of eager/compiled x own/chunked loss
   instruction_lora                     one GPU: GSM8K packed vs a plain padded Trainer; LoRA vs Trainer + peft
   lora_levers                          one GPU: LoRA variants and full fine-tuning beside Trainer + peft, profiled
+  float8_census [MODEL...]             CPU: what --fp8 changes in what compiled blocks save for backward
 USAGE
 }
 COMMAND=${1:-help}
@@ -57,5 +58,6 @@ case $COMMAND in
   grad_check) exec python $SCRIPTS/grad_check.py "${1:?MODEL_DIR}" "$OUT/grad_check.json" ;;
   instruction_lora) exec bash $SCRIPTS/instruction_lora.sh "$@" ;;
   lora_levers) exec bash $SCRIPTS/lora_levers.sh "$@" ;;
+  float8_census) exec python $SCRIPTS/float8_census.py "$OUT" "$@" ;;
   *) echo "benchmarks/run.sh: unknown command '$COMMAND'" >&2; usage >&2; exit 2 ;;
 esac
