@@ -27,11 +27,11 @@ import sys
 from pathlib import Path
 
 import torch
+from saved_tensor_census import TOKENS, layer_terms  # the same two depths at the same two lengths
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from finetune.fp8 import convert_to_float8
 
-TOKENS = (128, 256)
 REGIMES = ("single", "single_eager", "fsdp")
 MODELS = ("gpt2-medium", "gpt2-xl", "llama-0.36b", "llama-1b")
 LLAMA_SHAPES = {  # benchmarks/scripts/make_llama.py's shapes
@@ -56,7 +56,8 @@ def config_for(model: str, layers: int) -> AutoConfig:
         )
     config = AutoConfig.from_pretrained(Path(os.environ["FINETUNE_DATA_DIR"], model))
     config.num_hidden_layers = layers
-    config.attn_pdrop = config.resid_pdrop = config.embd_pdrop = 0.0  # SDPA's math path on CPU otherwise
+    # attention dropout sends SDPA to its math path on CPU; the rest's masks are alike with and without fp8
+    config.attn_pdrop = config.resid_pdrop = config.embd_pdrop = 0.0
     return config
 
 
@@ -110,15 +111,14 @@ def parameter_count(model: torch.nn.Module) -> int:
 
 def census(model: str, regime: str, fp8: bool) -> dict[str, float]:
     """One layer's saved bytes as fixed + per_token·T, from two depths at two lengths."""
-    low, high = TOKENS
     grid = {
         (layers, tokens): saved_bytes(built, tokens, regime != "fsdp")
         for layers in (1, 2)
         for built in [build(model, layers, regime, fp8)]
         for tokens in TOKENS
     }
-    per_token = ((grid[2, high] - grid[1, high]) - (grid[2, low] - grid[1, low])) / (high - low)
-    return {"layer_per_token": per_token, "layer_fixed": grid[2, low] - grid[1, low] - per_token * low}
+    per_token, fixed = layer_terms(grid)
+    return {"layer_per_token": per_token, "layer_fixed": fixed}
 
 
 def main(out_dir: Path, models: list[str]) -> None:

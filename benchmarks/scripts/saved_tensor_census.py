@@ -85,6 +85,14 @@ def saved_bytes(model: torch.nn.Module, tokens: int, autocast: bool) -> int:
     return sum(size for pointer, size in storages.items() if pointer not in weights)
 
 
+def layer_terms(grid: dict[tuple[int, int], int]) -> tuple[float, float]:
+    """One layer's saved bytes per token and whatever the tokens, from a grid of (layers, tokens) at 1
+    and 2 layers and the two TOKENS lengths: the second layer's difference, solved as a + b·T."""
+    low, high = TOKENS
+    per_token = ((grid[2, high] - grid[1, high]) - (grid[2, low] - grid[1, low])) / (high - low)
+    return per_token, grid[2, low] - grid[1, low] - per_token * low
+
+
 def census(model: str, lora_dropout: float | None, regime: str) -> dict[str, float]:
     """Saved bytes as a + b·T for the layers and for the rest (embeddings, final norm, loss)."""
     low, high = TOKENS
@@ -94,8 +102,7 @@ def census(model: str, lora_dropout: float | None, regime: str) -> dict[str, flo
         for built in [build(model, layers, lora_dropout, regime)]
         for tokens in TOKENS
     }
-    layer_per_token = ((grid[2, high] - grid[1, high]) - (grid[2, low] - grid[1, low])) / (high - low)
-    layer_fixed = grid[2, low] - grid[1, low] - layer_per_token * low
+    layer_per_token, layer_fixed = layer_terms(grid)
     rest_per_token = (grid[1, high] - grid[1, low]) / (high - low) - layer_per_token
     rest_fixed = grid[1, low] - layer_fixed - (layer_per_token + rest_per_token) * low
     return {
