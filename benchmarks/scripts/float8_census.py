@@ -27,33 +27,19 @@ import sys
 from pathlib import Path
 
 import torch
-from saved_tensor_census import TOKENS, layer_terms  # the same two depths at the same two lengths
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+from llama_shapes import CENSUS_MODELS, llama_config
+from saved_tensor_census import census_grid, layer_terms  # the same two depths at the same two lengths
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from finetune.fp8 import convert_to_float8
 
 REGIMES = ("single", "single_eager", "fsdp")
 MODELS = ("gpt2-medium", "gpt2-xl", "llama-0.36b", "llama-1b")
-LLAMA_SHAPES = {  # benchmarks/scripts/make_llama.py's shapes
-    "llama-0.36b": {"hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 2816},
-    "llama-1b": {
-        "hidden_size": 2048,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "intermediate_size": 5632,
-    },
-}
 
 
 def config_for(model: str, layers: int) -> AutoConfig:
-    if model in LLAMA_SHAPES:
-        return LlamaConfig(
-            **LLAMA_SHAPES[model],
-            num_hidden_layers=layers,
-            vocab_size=50257,
-            max_position_embeddings=1024,
-            tie_word_embeddings=True,
-        )
+    if model in CENSUS_MODELS:
+        return llama_config(CENSUS_MODELS[model], num_hidden_layers=layers)
     config = AutoConfig.from_pretrained(Path(os.environ["FINETUNE_DATA_DIR"], model))
     config.num_hidden_layers = layers
     # attention dropout sends SDPA to its math path on CPU; the rest's masks are alike with and without fp8
@@ -69,7 +55,7 @@ def build(model: str, layers: int, regime: str, fp8: bool) -> torch.nn.Module:
     if fp8:
         convert_to_float8(built)
     if regime != "single_eager":
-        for block in built.model.layers if model in LLAMA_SHAPES else built.transformer.h:
+        for block in built.model.layers if model in CENSUS_MODELS else built.transformer.h:
             block.forward = torch.compile(block.forward)
     return built
 
@@ -111,12 +97,10 @@ def parameter_count(model: torch.nn.Module) -> int:
 
 def census(model: str, regime: str, fp8: bool) -> dict[str, float]:
     """One layer's saved bytes as fixed + per_token·T, from two depths at two lengths."""
-    grid = {
-        (layers, tokens): saved_bytes(built, tokens, regime != "fsdp")
-        for layers in (1, 2)
-        for built in [build(model, layers, regime, fp8)]
-        for tokens in TOKENS
-    }
+    grid = census_grid(
+        lambda layers: build(model, layers, regime, fp8),
+        lambda built, tokens: saved_bytes(built, tokens, regime != "fsdp"),
+    )
     per_token, fixed = layer_terms(grid)
     return {"layer_per_token": per_token, "layer_fixed": fixed}
 

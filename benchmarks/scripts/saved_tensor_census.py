@@ -25,10 +25,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+from llama_shapes import CENSUS_MODELS, llama_config
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from finetune.adapters import add_adapters
 
@@ -41,16 +43,8 @@ ADAPTERS = (None, 0.05, 0.0)  # full fine-tuning, then LoRA at run.py's default 
 
 
 def config_for(model: str, layers: int) -> AutoConfig:
-    if model == "llama-0.36b":  # benchmarks/scripts/make_llama.py's shape
-        return LlamaConfig(
-            hidden_size=1024,
-            num_hidden_layers=layers,
-            num_attention_heads=16,
-            intermediate_size=2816,
-            vocab_size=50257,
-            max_position_embeddings=1024,
-            tie_word_embeddings=True,
-        )
+    if model in CENSUS_MODELS:
+        return llama_config(CENSUS_MODELS[model], num_hidden_layers=layers)
     config = AutoConfig.from_pretrained(Path(os.environ["FINETUNE_DATA_DIR"], model))
     config.num_hidden_layers = layers
     config.attn_pdrop = 0.0
@@ -85,6 +79,19 @@ def saved_bytes(model: torch.nn.Module, tokens: int, autocast: bool) -> int:
     return sum(size for pointer, size in storages.items() if pointer not in weights)
 
 
+def census_grid(
+    build_layers: Callable[[int], torch.nn.Module], count: Callable[[torch.nn.Module, int], int]
+) -> dict[tuple[int, int], int]:
+    """`count` (saved bytes of a model at a length) at 1 and 2 layers x the TOKENS lengths, each depth
+    built once by `build_layers`."""
+    return {
+        (layers, tokens): count(built, tokens)
+        for layers in (1, 2)
+        for built in [build_layers(layers)]
+        for tokens in TOKENS
+    }
+
+
 def layer_terms(grid: dict[tuple[int, int], int]) -> tuple[float, float]:
     """One layer's saved bytes per token and whatever the tokens, from a grid of (layers, tokens) at 1
     and 2 layers and the two TOKENS lengths: the second layer's difference, solved as a + b·T."""
@@ -96,12 +103,10 @@ def layer_terms(grid: dict[tuple[int, int], int]) -> tuple[float, float]:
 def census(model: str, lora_dropout: float | None, regime: str) -> dict[str, float]:
     """Saved bytes as a + b·T for the layers and for the rest (embeddings, final norm, loss)."""
     low, high = TOKENS
-    grid = {
-        (layers, tokens): saved_bytes(built, tokens, regime != "deepspeed")
-        for layers in (1, 2)
-        for built in [build(model, layers, lora_dropout, regime)]
-        for tokens in TOKENS
-    }
+    grid = census_grid(
+        lambda layers: build(model, layers, lora_dropout, regime),
+        lambda built, tokens: saved_bytes(built, tokens, regime != "deepspeed"),
+    )
     layer_per_token, layer_fixed = layer_terms(grid)
     rest_per_token = (grid[1, high] - grid[1, low]) / (high - low) - layer_per_token
     rest_fixed = grid[1, low] - layer_fixed - (layer_per_token + rest_per_token) * low
