@@ -30,7 +30,9 @@ GATED_MLP_ACTIVATION_SCALE, what the CPU census of autograd's saved tensors coun
 (docs/planner.md; one shape, intermediate 2.75·H); compiled, `Calibration.compiled_gated_mlp_scale`,
 fitted to the compiled Llama peaks measured on GPUs (inductor fuses GPT-2's GELU chain away, less of
 SwiGLU's and RMSNorm's, so the census' eager ratio was too low: a micro batch it called fitting ran
-out of memory, docs/planner.md). A workload compiles as run.py compiles its strategy by default
+out of memory, docs/planner.md). `--fp8` changes what a layer keeps (its matmuls' inputs and weights
+kept as float8 casts): `float8_layer_bytes` and `float8_weight_gib`, counted on CPU by the float8
+census (docs/planner.md), not fitted. A workload compiles as run.py compiles its strategy by default
 (`Strategy.compiled_by_default`: offload eager, the rest compiled); `--torch_compile` overrides it.
 With gradient checkpointing each layer keeps only its input, in the residual stream's dtype, and one
 layer's activations are live at a time; the step then peaks in one of its phases (`estimate`: the
@@ -78,6 +80,8 @@ RETURNED_LOGIT_BYTES = MEASURED["returned_logit_bytes"]
 LORA_DROPOUT_MASK_BYTES = MEASURED["lora_dropout_mask_bytes"]
 DORA_OUTPUT_BYTES = MEASURED["dora_output_bytes"]
 COMPILED_DORA_OUTPUT_BYTES = MEASURED["compiled_dora_output_bytes"]
+FLOAT8_LAYER_BYTES = MEASURED["float8_layer_bytes"]
+FLOAT8_WEIGHT_BYTES = MEASURED["float8_weight_bytes"]
 
 
 def framework_of(strategy: Strategy, dtype: str) -> str:
@@ -312,6 +316,26 @@ def activation_gib(
     """At the peak, the start of backward: the forward's activations and the logits' gradient
     (`logit_bytes` counts both)."""
     return forward_activation_gib(shape, workload, layer_bytes, logit_bytes)
+
+
+def float8_layer_bytes(kind: str, shape: ModelShape, workload: Workload) -> float:
+    """What --fp8 changes in the bytes a layer keeps per token and width (negative: fewer): its matmuls
+    keep float8 casts of their inputs for the backward where bf16 kept bf16 values. Counted on CPU by
+    calibration kind and MLP (calibration.json's float8_layer_bytes says where), not fitted; a kind
+    the census did not count is planned as bf16 keeps it, above its peak."""
+    if not workload.fp8:
+        return 0.0
+    return FLOAT8_LAYER_BYTES.get(kind, {}).get("gated_mlp" if shape.gated_mlp else "plain_mlp", 0.0)
+
+
+def float8_weight_gib(kind: str, shape: ModelShape, workload: Workload) -> float:
+    """What --fp8 changes in what the layers keep of their weights for the backward, per value of the
+    weights it converts (float8_weight_bytes: compiled, each float8 cast where bf16 kept a bf16 cast;
+    eager, bf16's cast no longer kept); one layer's with checkpointing. Counted, as float8_layer_bytes."""
+    if not workload.fp8:
+        return 0.0
+    weights = shape.float8_weights / (shape.layers if workload.gradient_checkpointing else 1)
+    return weights * FLOAT8_WEIGHT_BYTES.get(kind, 0.0) / GIB
 
 
 def sequence_exchange_gib(

@@ -127,7 +127,7 @@ def float8(model: Model, model_args: Any, training_args: Any, launch: Any, dtype
 def float8_refusal(model_args: Any, training_args: Any, launch: Any) -> str | None:
     if model_args.peft:
         return "--fp8 is for full fine-tuning: with --peft the frozen base gains little from it"
-    if launch is not None and launch.strategy.framework == "deepspeed":
+    if launch is not None and not launch.strategy.runs_float8:
         return (
             "--fp8 runs under single, ddp and the FSDP profiles, not DeepSpeed's: its engine is not "
             "tested with torchao's float8 layers"

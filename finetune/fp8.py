@@ -8,8 +8,9 @@ those through the same torchao matmul with the weight left in Conv1D's layout: c
 models are the model's own, loadable without torchao. That class is the one piece written here.
 Imported only for a run with --fp8 (arguments.py checks that torchao is there first).
 
-Not converted: the output layer (its logits feed the loss; torchtitan's float8 recipe leaves it out
-too), layers whose sides are not multiples of 16 (`_scaled_mm` refuses them), and adapters.
+Not converted (finetune/float8_layers.py, the rule the planner counts by too): the output layer (its
+logits feed the loss; torchtitan's float8 recipe leaves it out too), layers whose sides are not
+multiples of 16 (`_scaled_mm` refuses them), and adapters.
 Whether float8 pays is measured, not assumed: docs/speed.md.
 """
 
@@ -23,8 +24,8 @@ from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_
 from transformers.pytorch_utils import Conv1D
 
 from finetune.errors import FinetuneError
+from finetune.float8_layers import float8_convertible, float8_layer_names, output_layer_of
 
-FLOAT8_MULTIPLE = 16  # _scaled_mm needs both sides of each weight to be multiples of 16
 FLOAT8_COMPUTE_CAPABILITY = (8, 9)  # Ada and Hopper onwards multiply in float8
 
 
@@ -59,19 +60,12 @@ def check_float8_gpu() -> None:
         )
 
 
-def float8_convertible(module: torch.nn.Module, output_layer: torch.nn.Module | None) -> bool:
-    """A plain linear or GPT-2 Conv1D layer, not the output layer, with sides _scaled_mm takes."""
-    if module is output_layer or type(module) not in (torch.nn.Linear, Conv1D):
-        return False
-    return all(side % FLOAT8_MULTIPLE == 0 for side in module.weight.shape)
-
-
 def convert_to_float8(model: torch.nn.Module) -> int:
     """Swap the model's convertible layers for float8 ones, in place; how many were swapped."""
     check_float8_gpu()
-    output_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_layer = output_layer_of(model)
     config = Float8LinearConfig()
-    chosen = [name for name, module in model.named_modules() if float8_convertible(module, output_layer)]
+    chosen = float8_layer_names(model)
     for name in chosen:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)

@@ -42,7 +42,7 @@ def format_largest(
     the largest model of the ladder that fits."""
     host = hardware.host_memory_gib
     host_note = f"host RAM {host:g} GiB per node" if host else "host RAM not limited"
-    strategies = planned_strategies(profiles, hardware.layout)
+    strategies = planned_strategies(profiles, hardware.layout, workload.fp8)
     lines = [
         f"finetune plan --largest: {hardware.gpus} GPU(s) of {hardware.gpu_memory_gib:g} GiB, micro batch "
         f"{workload.micro_batch} x {workload.block_size} tokens, {workload.dtype}, "
@@ -108,7 +108,7 @@ def format_longest_block(
 ) -> str:
     """`finetune plan --longest_block`: per profile (`--profiles`, else every one that can run it),
     the longest block of the model that fits."""
-    strategies = planned_strategies(profiles, hardware.layout)
+    strategies = planned_strategies(profiles, hardware.layout, workload.fp8)
     degree = hardware.layout.sequence_parallel
     split = f", each sample's tokens split over {degree} (--sequence_parallel)" if degree > 1 else ""
     checkpointing = "gradient checkpointing, " if workload.gradient_checkpointing else ""

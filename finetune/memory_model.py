@@ -63,6 +63,8 @@ from finetune.activation_memory import (
     checkpointed_activation_gib,
     chunked_loss_buffer_gib,
     evaluation_activation_gib,
+    float8_layer_bytes,
+    float8_weight_gib,
     framework_of,
     logits_bytes,
     loss_kind,
@@ -132,6 +134,7 @@ class Measurement:
             row.get("layer_norm", True),
             row.get("gated_mlp", False),
             row.get("intermediate", 0),
+            float8_weights=row.get("float8_weights", 0),
         )
         workload = Workload(
             row["micro_batch"],
@@ -149,6 +152,7 @@ class Measurement:
             row.get("training_logits", False),
             row.get("eval_micro_batch"),
             row.get("evaluated_eager"),
+            row.get("fp8", False),
         )
         return cls(
             shape,
@@ -241,13 +245,13 @@ class Calibration:
         with one, their logits at their kind's bytes.
 
         The rest check out of sample: eager gated-MLP rows the census' scale, --peft rows the adapter
-        accounting.
+        accounting, --fp8 rows the float8 census' terms.
         """
-        # checkpointing's and the chunked loss's terms are counted, not fitted: their rows check them
+        # checkpointing's, the chunked loss's and float8's terms are counted, not fitted: rows check them
         full = [
             m
             for m, w in ((m, m.workload) for m in measurements)
-            if w.peft is None and not (w.gradient_checkpointing or w.chunked_loss)
+            if w.peft is None and not (w.gradient_checkpointing or w.chunked_loss or w.fp8)
         ]
         eager_loss = cls(dict.fromkeys(CALIBRATION_KINDS, 0.0))  # logits at the eager loss's bytes
         states_only = cls(eager_loss.layer_bytes, logit_bytes=dict.fromkeys(CALIBRATION_KINDS, 0.0))
@@ -459,7 +463,8 @@ def estimate(
     if workload.chunked_loss and strategy.gathers_weights_only_in_forward:
         workload = replace(workload, chunked_loss=False)  # trains the model's own loss there
     kind = calibration_kind(strategy, workload, shape)
-    layer_bytes = calibration.layer_bytes_for(kind, shape)
+    layer_bytes = calibration.layer_bytes_for(kind, shape) + float8_layer_bytes(kind, shape, workload)
+    float8_weights = float8_weight_gib(kind, shape, workload)
     loss = loss_kind(strategy, workload, shape)
     logit_bytes = calibration.logit_bytes_for(loss)
     split = layout.sequence_parallel
@@ -467,9 +472,10 @@ def estimate(
     beside += chunked_loss_buffer_gib(shape, workload, layout)
     if workload.gradient_checkpointing:
         held, at_end = checkpointed_activation_gib(shape, workload, strategy, layer_bytes, loss)
+        held, at_end = held + float8_weights, at_end + float8_weights
     else:
         held = activation_gib(shape, workload, layer_bytes, logit_bytes)
-        held, at_end = held + adapter_activation_gib(shape, workload, strategy), 0.0
+        held, at_end = held + adapter_activation_gib(shape, workload, strategy) + float8_weights, 0.0
     states["gradients"] += reduce_buffer_gib(strategy, shape, workload, layout, logit_bytes)
     gradients, optimizer = states["gradients"], states["optimizer"]
     gradients_held = gradients  # unchecked, as the layer bytes were fitted counting them

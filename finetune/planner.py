@@ -38,10 +38,12 @@ from finetune.workload import ModelShape, Workload, trained_parameters
 logger = logging.get_logger("finetune")
 
 
-def planned_strategies(profiles: list[str] | None, layout: ParallelLayout) -> list[Strategy]:
+def planned_strategies(
+    profiles: list[str] | None, layout: ParallelLayout, fp8: bool = False
+) -> list[Strategy]:
     """What to plan, fastest first: the profiles given (names or YAML files, read as any command
     reads them), else every shipped profile that runs on the layout's processes (with a sequence
-    group, the profiles that split sequences)."""
+    group, the profiles that split sequences; with --fp8, those it runs under)."""
     one_process = layout.world_size == 1
     if not profiles:
         return [
@@ -49,11 +51,17 @@ def planned_strategies(profiles: list[str] | None, layout: ParallelLayout) -> li
             for strategy in shipped_strategies()
             if (strategy.multi_process or one_process)
             and (strategy.splits_sequences or layout.sequence_parallel == 1)
+            and (strategy.runs_float8 or not fp8)
         ]
     strategies = [load_strategy(name) for name in profiles]
     single = [strategy.name for strategy in strategies if not strategy.multi_process]
     if single and not one_process:
         raise FinetuneError(f"profile {', '.join(single)} runs one process: plan it with --gpus 1")
+    without_float8 = [strategy.name for strategy in strategies if not strategy.runs_float8]
+    if fp8 and without_float8:
+        raise FinetuneError(
+            f"--fp8 runs under single, ddp and the FSDP profiles, not {', '.join(without_float8)}"
+        )
     return fastest_first(strategies)
 
 
@@ -81,7 +89,8 @@ def plan(
     profiles: list[str] | None = None,
 ) -> list[Estimate]:
     """Every planned profile's estimate, fastest first for this model and micro batch (`speed_rank`)."""
-    strategies = sorted(planned_strategies(profiles, layout), key=lambda s: speed_rank(s, shape, workload))
+    planned = planned_strategies(profiles, layout, workload.fp8)
+    strategies = sorted(planned, key=lambda s: speed_rank(s, shape, workload))
     return [estimate(strategy, shape, workload, layout, calibration) for strategy in strategies]
 
 
@@ -310,6 +319,8 @@ def format_global_batch(
 
 
 def describe_training(shape: ModelShape, workload: Workload) -> str:
+    if workload.fp8:
+        return f", float8 matmuls (--fp8) in the weights of {shape.float8_weights:,} parameters"
     if workload.peft is None:
         return ""
     adapters = trained_parameters(shape, workload)
@@ -365,6 +376,7 @@ def run_workload(
         chunked_loss=training_args.chunked_loss,
         ddp_bucket_views=training_args.ddp_gradient_as_bucket_view,
         eval_micro_batch=asked_evaluation_micro_batch(training_args),
+        fp8=training_args.fp8,
     )
 
 
@@ -437,7 +449,7 @@ def choose_profile(
     calibration = Calibration.measured()
     if global_batch is not None:
         hardware = Hardware(layout, gpu_memory_gib)
-        strategies = planned_strategies(None, layout)
+        strategies = planned_strategies(None, layout, workload.fp8)
         choices = global_batch_choices(shape, workload, strategies, hardware, calibration, global_batch)
         best_choice = choices[0]
         if best_choice.geometry is not None and best_choice.estimate is not None:

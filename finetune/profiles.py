@@ -166,6 +166,12 @@ class Strategy:
         return self.sequence_split is not None
 
     @property
+    def runs_float8(self) -> bool:
+        """--fp8 runs under torch's own training (single, ddp, FSDP2), not under DeepSpeed's engine,
+        which is not tested with torchao's float8 layers."""
+        return self.framework != "deepspeed"
+
+    @property
     def offloaded(self) -> dict[str, str]:
         """State (optimizer, parameters) to the device it is moved to (cpu, nvme)."""
         moved = {"optimizer": self.optimizer_offload, "parameters": self.parameter_offload}

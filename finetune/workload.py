@@ -1,6 +1,6 @@
 """What a plan is about: the model's shape, counted from its config on the meta device, and the
 workload as run.py would run it (micro batch, block, dtype, checkpointing, compile, adapters, loss,
-evaluation). The memory model (finetune/memory_model.py, finetune/activation_memory.py) reads
+evaluation, float8). The memory model (finetune/memory_model.py, finetune/activation_memory.py) reads
 nothing else of a run."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from finetune.adapters import (
     check_targets,
     narrowest_adapted_width,
 )
+from finetune.float8_layers import float8_weight_count
 
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a value in the training dtype
 
@@ -56,6 +57,7 @@ class ModelShape:
     intermediate: int = 0  # the MLP's inner width; 0 where a shape leaves it out: GPT-2's, 4 x hidden
     adapter_targets: str = ALL_LINEAR  # the --lora_target_modules the adapter sums count
     adapted_narrowest: int = 0  # the highest rank an update of every adapted layer can have
+    float8_weights: int = 0  # values in the weights --fp8 multiplies in float8 (finetune/float8_layers.py)
 
     @classmethod
     def from_config(
@@ -85,6 +87,7 @@ class ModelShape:
             intermediate or 4 * config.hidden_size,
             adapter_targets,
             narrowest_adapted_width(model, adapter_targets),
+            float8_weight_count(model),
         )
 
     @property
@@ -119,6 +122,7 @@ class Workload:
     # the evaluation ran the eager model under a compiled training: runs from before it ran the compiled
     # one (FinetuneTrainer._wrap_model), kept in calibration.json as they ran; None: as run.py does now
     evaluated_eager: bool | None = None
+    fp8: bool = False  # --fp8: the block's matmuls in float8 (activation_memory.float8_activation_gib)
 
 
 def trained_parameters(shape: ModelShape, workload: Workload) -> int:

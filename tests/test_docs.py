@@ -111,9 +111,10 @@ def test_the_planner_page_counts_the_calibration_rows_there_are():
     compiled = sum(1 for row in rows if row.get("compiled"))
     lora = sum(1 for row in rows if row.get("peft"))
     checkpointed = sum(1 for row in rows if row["gradient_checkpointing"])
+    float8 = sum(1 for row in rows if row.get("fp8"))
     counts = (
         f"{len(rows)} training peaks on 1, 2 and 4 GPUs ({by_gpus}; {compiled} compiled, "
-        f"{lora} with LoRA or DoRA, {checkpointed} checkpointed), "
+        f"{lora} with LoRA or DoRA, {checkpointed} checkpointed, {float8} with --fp8), "
         f"{len(calibration['with_accumulation'])} with gradient accumulation, "
         f"{len(calibration['long_blocks'])} long checkpointed blocks and "
         f"{len(calibration['out_of_memory'])} runs that ran out of memory"

@@ -59,6 +59,7 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         "gated_mlp": shape.gated_mlp,
         "intermediate": shape.mlp_width,
         **(adapter_fields(summary, shape) if summary.get("peft") else {}),
+        **({"fp8": True, "float8_weights": shape.float8_weights} if summary.get("fp8_layers") else {}),
         **evaluation_fields(summary),
     }
 

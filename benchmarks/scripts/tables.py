@@ -13,6 +13,8 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE... | FLAGS]
   peaks             PATH and its subfolders hold calibrate.sh runs or floor.sh calls: measured training
                     peaks beside the planner's predictions (calibration_rows.py reads the runs; a floor
                     call's rows are the calibration_rows.json it wrote there)
+  float8_census     PATH holds float8_census.py's float8_census.jsonl: per model and regime, the bytes a
+                    layer keeps per token and width and per converted weight value, bf16 and float8
   doctor            PATH a folder (several_gpus.sh call 4): doctor's bus bandwidth beside a plain torch
                     loop's per GPU count; PATH a doctor.json: rank 0's rows as doctor prints them
   floor             PATH one floor.sh call: a row per case (finetune's summary or the plain script's JSON)
@@ -287,6 +289,7 @@ def peaks(folder: Path) -> str:
             measured, predicted = values["peak_allocated_gib"], predicted_peak(values, calibration)
             profile = values["profile"] + (f" --peft {values['peft']}" if values.get("peft") else "")
             profile += " (compiled whole)" if values.get("compiled_by_blocks") is False else ""
+            profile += " --fp8" if values.get("fp8") else ""
             rows.append(
                 [values["model"], profile, values["gpus"], values["micro_batch"], f"{measured:.2f}",
                  f"{predicted:.2f}", f"{predicted / measured:.2f}"]
@@ -326,6 +329,41 @@ def evaluations(folder: Path) -> str:
 
 
 # a row's case folder: "case long_single/NAME" (written by hand) or "case NAME: ..." (calibration_rows.py)
+def float8_census(folder: Path) -> str:
+    """float8_census.py's rows (PATH/float8_census.jsonl): per model and regime, what one layer keeps
+    for the backward per token and width and per value of the weights --fp8 converts, bf16 against
+    float8, and the differences the planner counts (calibration.json's float8 constants)."""
+    from llama_shapes import CENSUS_MODELS, llama_config
+
+    from finetune.model_shapes import shape_of
+    from finetune.workload import ModelShape
+
+    def weights_per_layer(model: str) -> float:
+        if model in CENSUS_MODELS:
+            shape = ModelShape.from_config(model, llama_config(CENSUS_MODELS[model]))
+        else:
+            shape, _ = shape_of(model)
+        return shape.float8_weights / shape.layers
+
+    counted: dict[tuple[str, str], dict[bool, dict]] = defaultdict(dict)
+    for line in (folder / "float8_census.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        counted[row["model"], row["regime"]][row["fp8"]] = row
+    rows = []
+    for (model, regime), by_fp8 in counted.items():
+        if set(by_fp8) != {False, True}:
+            continue
+        weights = weights_per_layer(model)
+        per_token = [by_fp8[fp8]["layer_bytes_per_token_hidden"] for fp8 in (False, True)]
+        per_weight = [by_fp8[fp8]["layer_fixed"] / weights for fp8 in (False, True)]
+        rows.append(
+            [model, regime, *(f"{value:.2f}" for value in per_token), f"{per_token[1] - per_token[0]:+.2f}",
+             *(f"{value:.2f}" for value in per_weight), f"{per_weight[1] - per_weight[0]:+.2f}"]
+        )  # fmt: skip
+    columns = ["model", "regime", "bf16 per token and width", "float8", "difference"]
+    return markdown([*columns, "bf16 per weight value", "float8", "difference"], rows)
+
+
 LONG_BLOCK_CASE = re.compile(r"case (?:\S+/)?([^/:\s]+)")
 
 
@@ -753,6 +791,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "peaks": peaks,
     "long_blocks": long_blocks,
     "evaluations": evaluations,
+    "float8_census": float8_census,
     "doctor": doctor,
     "floor": floor,
     "floor_repeats": floor_repeats,
