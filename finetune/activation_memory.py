@@ -325,17 +325,23 @@ def float8_layer_bytes(kind: str, shape: ModelShape, workload: Workload) -> floa
     the census did not count is planned as bf16 keeps it, above its peak."""
     if not workload.fp8:
         return 0.0
-    return FLOAT8_LAYER_BYTES.get(kind, {}).get("gated_mlp" if shape.gated_mlp else "plain_mlp", 0.0)
+    return FLOAT8_LAYER_BYTES.get(kind, {}).get(mlp_of(shape), 0.0)
 
 
 def float8_weight_gib(kind: str, shape: ModelShape, workload: Workload) -> float:
     """What --fp8 changes in what the layers keep of their weights for the backward, per value of the
-    weights it converts (float8_weight_bytes: compiled, each float8 cast where bf16 kept a bf16 cast;
-    eager, bf16's cast no longer kept); one layer's with checkpointing. Counted, as float8_layer_bytes."""
+    weights it converts (float8_weight_bytes: GPT-2's compiled blocks keep each float8 cast, a Llama's
+    none; eager, bf16's cast is no longer kept); one layer's with checkpointing. Counted, as
+    float8_layer_bytes."""
     if not workload.fp8:
         return 0.0
     weights = shape.float8_weights / (shape.layers if workload.gradient_checkpointing else 1)
-    return weights * FLOAT8_WEIGHT_BYTES.get(kind, 0.0) / GIB
+    return weights * FLOAT8_WEIGHT_BYTES.get(kind, {}).get(mlp_of(shape), 0.0) / GIB
+
+
+def mlp_of(shape: ModelShape) -> str:
+    """How the float8 census keys a block: GPT-2's (Conv1D, plain MLP) or a gated-MLP model's (nn.Linear)."""
+    return "gated_mlp" if shape.gated_mlp else "plain_mlp"
 
 
 def sequence_exchange_gib(

@@ -335,7 +335,8 @@ def describe_training(shape: ModelShape, workload: Workload) -> str:
 def describe_compilation(workload: Workload, strategies: list[Strategy]) -> str:
     if workload.compiled is None:
         compiled = ", ".join(s.name for s in strategies if s.compiled_by_default) or "none"
-        return f"torch.compile as run.py does by default ({compiled} compiled; the rest eager)"
+        rest = "; the rest eager" if any(not s.compiled_by_default for s in strategies) else ""
+        return f"torch.compile as run.py does by default ({compiled} compiled{rest})"
     return "torch.compile on" if workload.compiled else "torch.compile off"
 
 

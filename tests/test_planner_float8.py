@@ -58,6 +58,7 @@ def test_plan_with_fp8_plans_only_the_profiles_it_runs_under(capsys):
     assert cli_main(["plan", "--model", "gpt2-medium", "--fp8", "--gpus", "2", "--gpu_memory", "80"]) == 0
     out = capsys.readouterr().out
     assert "float8 matmuls (--fp8)" in out.splitlines()[0]
+    assert "the rest eager" not in out.splitlines()[0]  # every profile --fp8 runs under compiles
     table = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| profile")]
     assert [line.split("|")[1].strip() for line in table] == ["ddp", "fsdp_grad_op", "fsdp"]
 
@@ -87,3 +88,15 @@ def test_a_global_batch_is_planned_with_the_runs_fp8(calibration):
     assert largest_micro_batch(SINGLE, shape, float8, hardware, calibration) > largest_micro_batch(
         SINGLE, shape, bf16, hardware, calibration
     )
+
+
+def test_fsdp_keeps_float8_casts_of_the_gathered_gpt2_weights_whole_on_every_rank(calibration):
+    """FSDP2 gathers each block's bf16 weights; GPT-2's float8 blocks keep a one-byte cast of them for
+    the backward, which sharding over more ranks does not divide."""
+    fsdp, shape = load_strategy("fsdp"), gpt2_shape("gpt2-xl")
+    for gpus in (2, 4):
+        layout = ParallelLayout(gpus)
+        bf16 = estimate(fsdp, shape, Workload(8, 1024), layout, calibration).activations
+        float8 = estimate(fsdp, shape, Workload(8, 1024, fp8=True), layout, calibration).activations
+        inputs = 12 * shape.layers * 8 * 1024 * shape.hidden / 2**30
+        assert float8 - bf16 == pytest.approx(shape.float8_weights / 2**30 - inputs)

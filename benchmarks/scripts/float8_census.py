@@ -16,7 +16,8 @@ Regimes, as run.py trains them:
 - single_eager: the same with --torch_compile false;
 - fsdp: every weight in bf16 (FSDP2's mixed precision gathers them so), no autocast, each block compiled.
 
-usage: FINETUNE_DATA_DIR=... bash benchmarks/run.sh float8_census --out DIR [MODEL...]
+usage: FINETUNE_DATA_DIR=... [REGIMES="single fsdp"] bash benchmarks/run.sh float8_census --out DIR [MODEL...]
+(REGIMES: some of them; eager float8 is the slow one on CPU, some 12 minutes a row on 2 cores)
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def build(model: str, layers: int, regime: str, fp8: bool) -> torch.nn.Module:
     if fp8:
         convert_to_float8(built)
     if regime != "single_eager":
+        # every build compiles the same block code anew: past dynamo's recompile limit it would run eager
+        torch._dynamo.reset()
         for block in built.model.layers if model in CENSUS_MODELS else built.transformer.h:
             block.forward = torch.compile(block.forward)
     return built
@@ -86,7 +89,8 @@ def saved_storages(output: torch.Tensor) -> dict[int, int]:
 def saved_bytes(model: torch.nn.Module, tokens: int, autocast: bool) -> int:
     ids = torch.randint(0, 1000, (1, tokens))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        hidden = model.base_model(input_ids=ids).last_hidden_state  # the layers, not the loss
+        # the layers, not the loss; no KV cache, as run.py trains (its packed batches say use_cache=False)
+        hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(size for pointer, size in saved_storages(hidden).items() if pointer not in weights)
 
@@ -106,13 +110,16 @@ def census(model: str, regime: str, fp8: bool) -> dict[str, float]:
 
 
 def main(out_dir: Path, models: list[str]) -> None:
+    regimes = os.environ.get("REGIMES", " ".join(REGIMES)).split()
+    if unknown := sorted(set(regimes) - set(REGIMES)):
+        sys.exit(f"float8_census.py: unknown REGIMES {' '.join(unknown)} (known: {' '.join(REGIMES)})")
     rows = []
     for model in models:
         hidden = config_for(model, 1).hidden_size
         block_parameters = parameter_count(build(model, 1, "single_eager", False)) - parameter_count(
             build(model, 0, "single_eager", False)
         )
-        for regime in REGIMES:
+        for regime in regimes:
             for fp8 in (False, True):
                 counts = census(model, regime, fp8)
                 rows.append(
@@ -128,7 +135,7 @@ def main(out_dir: Path, models: list[str]) -> None:
                 )
                 print(json.dumps(rows[-1]), flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "float8_census.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out_dir / "float8_census.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 if __name__ == "__main__":
