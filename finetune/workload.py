@@ -122,7 +122,7 @@ class Workload:
     # the evaluation ran the eager model under a compiled training: runs from before it ran the compiled
     # one (FinetuneTrainer._wrap_model), kept in calibration.json as they ran; None: as run.py does now
     evaluated_eager: bool | None = None
-    fp8: bool = False  # --fp8: the block's matmuls in float8 (activation_memory.float8_activation_gib)
+    fp8: bool = False  # --fp8: matmuls in float8 (activation_memory.float8_layer_bytes, float8_weight_gib)
 
 
 def trained_parameters(shape: ModelShape, workload: Workload) -> int:
