@@ -28,6 +28,7 @@ from finetune.garbage_collection import DEFAULT_GC_INTERVAL
 from finetune.profiles import CUDA_GRAPH_MODES
 from finetune.resolve import hub_offline
 from finetune.run_flags import DataArguments, ModelArguments, check_lowest_values
+from finetune.workload import FSDP_BLOCKS_PER_UNIT
 
 # What the evaluation reports (the Trainer's loss, evaluation.token_weighted_loss's mean over tokens and
 # its perplexity), each better lower: the names --metric_for_best_model may pick.
@@ -41,9 +42,6 @@ KEY_VALUE_FLAGS = ("config_overrides", "optim_args")
 # ("model 'gpt2,x' not found").
 COMMA_SEPARATED_FLAGS = ("lora_target_modules", "report_to")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-# Units of 4 blocks were faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for
-# little more peak memory (docs/speed.md, "Two GPUs: FSDP2 units of several blocks").
-FSDP_BLOCKS_PER_UNIT = 4
 
 
 @dataclass
@@ -232,7 +230,8 @@ class FinetuneTrainingArguments(TrainingArguments):
         metadata={
             "help": "FSDP profiles: shard N consecutive transformer blocks as one FSDP2 unit (one all-gather "
             "and one reduce-scatter for the N). Fewer, larger units keep the GPU ahead of FSDP's per-unit "
-            "host work, for N blocks' unsharded parameters in flight (finetune/fsdp_units.py). Default: "
+            "host work, for N blocks' unsharded parameters in flight (finetune/fsdp_units.py; the planner "
+            "counts them). Default: "
             f"{FSDP_BLOCKS_PER_UNIT} under the FSDP profiles (docs/speed.md), 1 under the others."
         },
     )
@@ -242,7 +241,8 @@ class FinetuneTrainingArguments(TrainingArguments):
             "help": "FSDP profiles: each unit issues the all-gathers of the next N units when its forward "
             "starts, and of the previous N when its backward starts (FSDP2's explicit prefetch), instead "
             "of each all-gather waiting for the host to reach its unit; N units' unsharded parameters more "
-            "in flight, which the planner does not count. 0: FSDP2's implicit prefetch "
+            "in flight mid-backward, which the planner does not count (it counts those at the backward's "
+            "end: docs/planner.md). 0: FSDP2's implicit prefetch "
             "(finetune/fsdp_units.py)."
         },
     )

@@ -75,10 +75,11 @@ from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
     OFFLOAD_DEVICES,
+    STATES,
     Strategy,
     load_strategy,
 )
-from finetune.workload import COMPUTE_BYTES, ModelShape, Workload, trained_parameters
+from finetune.workload import COMPUTE_BYTES, FSDP_BLOCKS_PER_UNIT, ModelShape, Workload, trained_parameters
 
 # ZeRO-3's optimizer step flattens a sub-group's gradients (training dtype) and casts them to fp32
 # (stage3.py's _prepare_fp32_grad_for_sub_group): both alive at once, beside every state
@@ -153,6 +154,7 @@ class Measurement:
             row.get("eval_micro_batch"),
             row.get("evaluated_eager"),
             row.get("fp8", False),
+            blocks_per_unit(row),
         )
         return cls(
             shape,
@@ -173,6 +175,15 @@ def estimate_for(measurement: Measurement, calibration: Calibration) -> Estimate
 def layer_gib_per_byte(shape: ModelShape, workload: Workload) -> float:
     """How many GiB of activations one byte of c_layer stands for."""
     return activation_gib(shape, workload, 1.0) - activation_gib(shape, workload, 0.0)
+
+
+def blocks_per_unit(row: dict[str, Any]) -> int:
+    """A row's transformer blocks per FSDP2 unit: from the units its run recorded, else as the row
+    says (runs from before the summary recorded them), else the default since units of several blocks
+    were."""
+    if "fsdp_units" in row:
+        return -(-row["layers"] // row["fsdp_units"])
+    return row.get("fsdp_blocks_per_unit", FSDP_BLOCKS_PER_UNIT)
 
 
 def read_measurements(path: Path = CALIBRATION_FILE, section: str = "measurements") -> list[Measurement]:
@@ -429,6 +440,32 @@ def gathered_parameter_gib(
     return held * COMPUTE_BYTES[workload.dtype] / GIB
 
 
+def fsdp_unsharded_gib(strategy: Strategy, shape: ModelShape, workload: Workload) -> tuple[float, float]:
+    """What FSDP2 holds unsharded beside the sharded states, in the compute dtype, at the backward's
+    start and at its end (0 under other frameworks).
+
+    FSDP2 keeps the fp32 parameters sharded under both FSDP profiles and gathers them, cast to the
+    compute dtype, into buffers of their own, on one process too (its world-of-one unshard copies
+    them). Without resharding after forward every unit's stay gathered from its forward into its
+    backward: the whole model at the backward's start. With it only the root's are then (the
+    embedding and the other parameters outside the blocks, which FSDP2 leaves gathered after the
+    forward); at the backward's end the first unit holds its parameters, the gradients it makes and
+    the reduce-scatter input of the unit after it, which FSDP2 keeps until the next reduce-scatter:
+    three units of --fsdp_blocks_per_unit blocks (two where one unit holds every block, one with
+    adapters, whose frozen blocks make no gradients to reduce). Counted from torch's FSDP2 code, not
+    fitted: the 30B GPT-style model trained under fsdp on four GPUs held 13.4 GiB more than the
+    planner counted without them (docs/planner.md, "FSDP2's gathered copies")."""
+    if strategy.framework != "fsdp":
+        return 0.0, 0.0
+    value = COMPUTE_BYTES[workload.dtype] / GIB
+    root = shape.parameters - shape.layers * shape.block_parameters
+    per_unit = min(workload.fsdp_blocks_per_unit, shape.layers)
+    unit = per_unit * shape.block_parameters
+    at_start = root if strategy.reshard_after_forward else shape.parameters
+    units_at_end = 1 if workload.peft else (3 if per_unit < shape.layers else 2)
+    return at_start * value, (root + units_at_end * unit) * value
+
+
 def estimate(
     strategy: Strategy,
     shape: ModelShape,
@@ -447,8 +484,9 @@ def estimate(
     offloaded = strategy.offloaded
     states = {}
     moved = dict.fromkeys(OFFLOAD_DEVICES, 0.0)  # GiB per GPU, by where it goes
+    sharded = STATES if strategy.framework == "fsdp" else strategy.sharded  # fsdp_unsharded_gib says why
     for kind, size in state_bytes(framework, shape, workload).items():
-        gib = size / GIB / (layout.shard_group_size if kind in strategy.sharded else 1)
+        gib = size / GIB / (layout.shard_group_size if kind in sharded else 1)
         if kind in offloaded:
             moved[offloaded[kind]] += gib
             gib = 0.0
@@ -490,7 +528,8 @@ def estimate(
     gradients_held += buckets
     step = optimizer_step_gib(strategy, shape, workload, layout)
     parameters = states["parameters"]
-    gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout)
+    unsharded_at_start, unsharded_at_end = fsdp_unsharded_gib(strategy, shape, workload)
+    gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout) + unsharded_at_start
     # torch's gradients are freed by the step's `zero_grad` and ZeRO-1/2's partitions by their step;
     # ZeRO-3's partition and reduce buffers and DDP's buckets stay (each run's allocated memory at the
     # end of training: docs/planner.md)
@@ -498,7 +537,7 @@ def estimate(
     evaluating = evaluation_activation_gib(shape, evaluated, strategy, layout)
     phases = {  # (parameters, gradients, optimizer, activations) at each
         BACKWARD_START: (gathered, gradients_held, optimizer, held / split + beside),
-        BACKWARD_END: (parameters, gradients, optimizer, at_end / split + beside),
+        BACKWARD_END: (parameters + unsharded_at_end, gradients, optimizer, at_end / split + beside),
         OPTIMIZER_STEP: (parameters, gradients, optimizer + step, 0.0),
         EVALUATION: (parameters, gradients_evaluating, optimizer, evaluating),
     }

@@ -33,7 +33,7 @@ from finetune.profiles import (
     load_strategy,
     shipped_strategies,
 )
-from finetune.workload import ModelShape, Workload, trained_parameters
+from finetune.workload import FSDP_BLOCKS_PER_UNIT, ModelShape, Workload, trained_parameters
 
 logger = logging.get_logger("finetune")
 
@@ -378,6 +378,8 @@ def run_workload(
         ddp_bucket_views=training_args.ddp_gradient_as_bucket_view,
         eval_micro_batch=asked_evaluation_micro_batch(training_args),
         fp8=training_args.fp8,
+        # the run's launch sets the FSDP profiles' default; a plan of several profiles assumes it
+        fsdp_blocks_per_unit=training_args.fsdp_blocks_per_unit or FSDP_BLOCKS_PER_UNIT,
     )
 
 

@@ -22,6 +22,10 @@ from finetune.adapters import (
 from finetune.float8_layers import float8_weight_count
 
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # a value in the training dtype
+# Transformer blocks per FSDP2 unit under the FSDP profiles (--fsdp_blocks_per_unit): units of 4 were
+# faster than one block per unit for gpt2-medium and gpt2-xl on 2 and 4 GPUs, for little more peak
+# memory (docs/speed.md, "Two GPUs: FSDP2 units of several blocks").
+FSDP_BLOCKS_PER_UNIT = 4
 
 
 @contextlib.contextmanager
@@ -94,6 +98,14 @@ class ModelShape:
     def mlp_width(self) -> int:
         return self.intermediate or 4 * self.hidden
 
+    @property
+    def block_parameters(self) -> int:
+        """One transformer block's parameters: all but the token embedding, spread over the layers.
+        The positions' and final norm's few count into the blocks, and so does an output layer not
+        tied to the embedding (a block the larger by its share of it): what FSDP2 gathers per unit,
+        within a few percent, from the shape's numbers alone."""
+        return (self.parameters - self.vocab * self.hidden) // self.layers
+
     def adapter_parameters(self, peft: str, rank: int) -> int:
         """What `--peft` adds and trains on the shape's adapted layers."""
         return rank * self.adapted_in_out + (self.adapted_out if peft == "dora" else 0)
@@ -123,6 +135,7 @@ class Workload:
     # one (FinetuneTrainer._wrap_model), kept in calibration.json as they ran; None: as run.py does now
     evaluated_eager: bool | None = None
     fp8: bool = False  # --fp8: matmuls in float8 (activation_memory.float8_layer_bytes, float8_weight_gib)
+    fsdp_blocks_per_unit: int = FSDP_BLOCKS_PER_UNIT  # what FSDP2 gathers at once (fsdp_unsharded_gib)
 
 
 def trained_parameters(shape: ModelShape, workload: Workload) -> int:

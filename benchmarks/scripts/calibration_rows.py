@@ -17,9 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from transformers import AutoConfig
-
-from finetune.models import resolve_model
+from finetune.model_shapes import model_config
 from finetune.workload import ModelShape
 
 PROFILE = re.compile(r"--config_file accelerate_configs/(\w+)\.yaml")
@@ -30,7 +28,8 @@ VERSIONS_LINE = re.compile(r"(\S+) (?:\((\d+), (\d+), (\d+)\) )?(\S+) (\S+) (\S+
 
 def row(summary: dict, profile: str, command: str, versions: str) -> dict:
     arguments = summary["arguments"]
-    config = AutoConfig.from_pretrained(resolve_model(summary["model"]))
+    # as the run read it, --config_overrides applied (the MLP's width of a larger ladder model)
+    config = model_config(summary["model"], arguments.get("config_overrides"))
     shape = ModelShape.from_config(summary["model"], config)  # counted once, for both field groups
     return {
         "model": Path(summary["model"]).name,
@@ -55,6 +54,7 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         **({"chunked_loss": True} if arguments.get("chunked_loss") else {}),
         **({"sequence_parallel": degree} if (degree := summary.get("sequence_parallel_size", 1)) > 1 else {}),
         **({"ddp_bucket_views": True} if summary.get("ddp_gradient_buckets") == "views" else {}),
+        **({"fsdp_units": units} if (units := summary.get("fsdp_units")) is not None else {}),
         "layer_norm": shape.layer_norm,  # what the planner's activation model reads of the architecture
         "gated_mlp": shape.gated_mlp,
         "intermediate": shape.mlp_width,
@@ -153,8 +153,6 @@ def floor_rows(call: Path, accumulated: bool = False) -> list[dict]:
         command = f"{script} case {summary_path.parent.name}: {notes}, {call.relative_to(notes.parent)}"
         measured = row(summary, summary["strategy"], command, versions)
         measured["date"] = summary["started_at"][:10]
-        if summary.get("fsdp_units") is not None:
-            measured["fsdp_units"] = summary["fsdp_units"]
         if accumulated:
             measured["gradient_accumulation_steps"] = steps
         rows.append(measured)
