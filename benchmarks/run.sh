@@ -20,7 +20,8 @@ usage: bash benchmarks/run.sh COMMAND --out DIR [ARGS...]
                                        (PROFILE=fsdp: ring attention; zero3, Ulysses, by default)
   calibrate NPROC MODELS PROFILES BATCHES [STEPS]  planner calibration rows beside the planner's predictions
   profile CASE...                      torch.profiler around steps 9-11 of run.py per PROFILE[:flags]
-                                       (TOOL=memory_snapshot: what is alive at the first steps' memory peak)
+                                       (TOOL=memory_snapshot: what is alive at the first steps' memory peak;
+                                       TOOL=allocation_census, CPU: live and peak allocations per step)
   attention                            causal attention fwd+bwd per SDPA backend
   levers MODEL_DIR                     output-layer matmuls and compiled/chunked loss variants
   grad_check MODEL_DIR                 gradient norms of eager/compiled x own/chunked loss

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 tables = load_script("tables")
 memory_snapshot = load_script("memory_snapshot")
+allocation_census = load_script("allocation_census")
 
 FALLING = [{"step": 10, "loss": 9.0}, {"step": 20, "loss": 7.0}]
 
@@ -118,6 +119,17 @@ def test_the_largest_stacks_at_the_peak_group_allocations_of_one_stack_and_size(
     stacks = memory_snapshot.largest_stacks(alive)
     assert [(group["bytes_each"], group["allocations"]) for group in stacks] == [(300, 1), (100, 2)]
     assert stacks[1]["stack"] == ("torch/nn/functional.py:1 linear <- peft/tuners/lora/layer.py:7 forward")
+
+
+def test_the_allocation_census_reads_each_mark_and_restarts_the_peak_after_each_steps_end():
+    mib = 2**20
+    timeline = [(3, "FORWARD_END"), (1, 4 * mib), (2, 6 * mib), (4, -6 * mib), (5, "STEP_END"),
+                (6, 1 * mib), (7, "STEP_END"), (3, -2 * mib)]  # fmt: skip
+    assert allocation_census.tally(timeline) == [
+        ("FORWARD_END", 8.0, 10.0),  # a free at the mark's time counts before it
+        ("STEP_END", 2.0, 10.0),
+        ("STEP_END", 3.0, 3.0),
+    ]
 
 
 def test_a_speed_rows_model_may_hold_dots_and_an_accumulating_step_counts_all_its_micro_batches(tmp_path):

@@ -313,6 +313,13 @@ case $CALL in
     RUN_TIMEOUT=80 phase prefetch 560 $ALL floor gpt2-medium 8 20 fsdp fsdp:$P,1 fsdp:$P,2 fsdp:$ONE \
       fsdp:$ONE,$P,1 'fsdp#r2' "fsdp:$P,1#r2" "fsdp:$P,2#r2" "fsdp:$ONE#r2" "fsdp:$ONE,$P,1#r2"
     ;;
+  35)  # the planner on several GPUs: FSDP2's compiled peaks at micro batch 8 hold about 4.4 bytes a
+    # parameter x (1 - 1/N) more than on one GPU less the sharded states (every model and N measured; a
+    # CPU allocation census of 1 and 2 gloo ranks found none: docs/planner.md, "FSDP2's gathered copies").
+    # What is alive at the peak, gpt2-xl under fsdp and fsdp_grad_op on 1 and on 2 GPUs
+    TOOL=memory_snapshot MODEL=gpt2-xl BATCH=8 NPROC=1 phase snapshot-1 270 0 profile fsdp fsdp_grad_op
+    TOOL=memory_snapshot MODEL=gpt2-xl BATCH=8 NPROC=2 phase snapshot-2 270 0,1 profile fsdp fsdp_grad_op
+    ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
