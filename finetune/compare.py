@@ -63,8 +63,8 @@ class Row:
 
 def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
     """What `finetune plan` predicts per GPU for the run the summary describes: its model, micro
-    batch and accumulation, block, dtype, compilation, adapters, float8 and processes (tf32 matmuls are
-    fp32 storage)."""
+    batch and accumulation, block, dtype, compilation, adapters, float8, FSDP units and processes (tf32
+    matmuls are fp32 storage)."""
     from finetune.adapters import ALL_LINEAR
     from finetune.memory_model import Calibration, estimate
     from finetune.model_shapes import shape_of
@@ -90,6 +90,7 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
         accumulation=summary["gradient_accumulation_steps"] or 1,
         chunked_loss=bool(arguments.get("chunked_loss")),
         fp8=bool(summary.get("fp8_layers")),
+        fsdp_blocks_per_unit=arguments.get("fsdp_blocks_per_unit") or Workload.fsdp_blocks_per_unit,
     )
     layout = ParallelLayout(summary["world_size"], summary.get("sequence_parallel_size") or 1)
     return estimate(strategy, shape, workload, layout, Calibration.measured()).total

@@ -7,6 +7,7 @@ import csv
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,20 @@ def test_a_completed_runs_row_has_the_planners_prediction_for_that_run():
     workload = Workload(8, 1024, "bf16", gradient_checkpointing=False, compiled=True, accumulation=2)
     expected = estimate(ddp, shape_of("gpt2-medium")[0], workload, ParallelLayout(4), Calibration.measured())
     assert planned == pytest.approx(expected.total)
+
+
+def test_a_runs_predicted_peak_counts_its_fsdp_units():
+    summary = {
+        "model": "gpt2-xl", "block_size": 1024, "micro_batch_size": 1, "dtype": "bf16",
+        "gradient_accumulation_steps": 1, "gradient_checkpointing": True, "torch_compile": True,
+        "peft": None, "world_size": 1, "arguments": {"config_overrides": None, "fsdp_blocks_per_unit": 12},
+    }  # fmt: skip
+    fsdp, shape, calibration = load_strategy("fsdp"), shape_of("gpt2-xl")[0], Calibration.measured()
+    workload = Workload(1, 1024, gradient_checkpointing=True, compiled=True, fsdp_blocks_per_unit=12)
+    expected = estimate(fsdp, shape, workload, ParallelLayout(1), calibration).total
+    assert finetune.compare.planned_peak_gib(fsdp, summary) == pytest.approx(expected)
+    default = replace(workload, fsdp_blocks_per_unit=Workload.fsdp_blocks_per_unit)
+    assert expected > estimate(fsdp, shape, default, ParallelLayout(1), calibration).total
 
 
 def test_the_picture_overlays_each_runs_logged_training_loss_by_step(tmp_path):
