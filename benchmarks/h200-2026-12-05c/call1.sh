@@ -9,9 +9,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > $OUT/gpu
 python -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__)" >> $OUT/gpu.txt
 git log -1 --format=%H >> $OUT/gpu.txt 2>/dev/null
 export COMPILE=1 CALIBRATE_TIMEOUT=${CALIBRATE_TIMEOUT:-150}
-for UNITS in 4 12 48; do
-  EXTRA="--gradient_checkpointing true --fsdp_blocks_per_unit $UNITS" TAG=units$UNITS \
-    bash benchmarks/run.sh calibrate --out $OUT/units$UNITS 1 gpt2-xl fsdp 1 > $OUT/units$UNITS.txt 2>&1
-done
-EXTRA="--gradient_checkpointing true --fsdp_blocks_per_unit 4" TAG=units4 \
-  bash benchmarks/run.sh calibrate --out $OUT/grad_op 1 gpt2-xl fsdp_grad_op 1 > $OUT/grad_op.txt 2>&1
+units() {  # PROFILE BLOCKS_PER_UNIT
+  EXTRA="--gradient_checkpointing true --fsdp_blocks_per_unit $2" TAG=units$2 \
+    bash benchmarks/run.sh calibrate --out $OUT/$1.units$2 1 gpt2-xl $1 1 > $OUT/$1.units$2.txt 2>&1
+}
+units fsdp 4; units fsdp 48; units fsdp_grad_op 4; units fsdp 12  # the widest apart first
