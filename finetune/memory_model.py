@@ -440,30 +440,39 @@ def gathered_parameter_gib(
     return held * COMPUTE_BYTES[workload.dtype] / GIB
 
 
-def fsdp_unsharded_gib(strategy: Strategy, shape: ModelShape, workload: Workload) -> tuple[float, float]:
+def fsdp_unsharded_gib(strategy: Strategy, shape: ModelShape, workload: Workload) -> dict[str, float]:
     """What FSDP2 holds unsharded beside the sharded states, in the compute dtype, at the backward's
-    start and at its end (0 under other frameworks).
+    start and end and in the evaluation (nothing under other frameworks).
 
     FSDP2 keeps the fp32 parameters sharded under both FSDP profiles and gathers them, cast to the
     compute dtype, into buffers of their own, on one process too (its world-of-one unshard copies
     them). Without resharding after forward every unit's stay gathered from its forward into its
-    backward: the whole model at the backward's start. With it only the root's are then (the
-    embedding and the other parameters outside the blocks, which FSDP2 leaves gathered after the
-    forward); at the backward's end the first unit holds its parameters, the gradients it makes and
-    the reduce-scatter input of the unit after it, which FSDP2 keeps until the next reduce-scatter:
-    three units of --fsdp_blocks_per_unit blocks (two where one unit holds every block, one with
-    adapters, whose frozen blocks make no gradients to reduce). Counted from torch's FSDP2 code, not
-    fitted: the 30B GPT-style model trained under fsdp on four GPUs held 13.4 GiB more than the
-    planner counted without them (docs/planner.md, "FSDP2's gathered copies")."""
+    backward, and through an evaluation, which has no backward to reshard them: the whole model. With
+    it only the root's are then (the embedding and the other parameters outside the blocks, which
+    FSDP2 leaves gathered after the forward), beside, in an evaluation, the unit that runs and the
+    next, whose all-gather is issued before the first is freed; at the backward's end the first unit
+    holds its parameters, the gradients it makes and the reduce-scatter input of the unit after it,
+    which FSDP2 keeps until the next reduce-scatter: three units of --fsdp_blocks_per_unit blocks (two
+    where one unit holds every block, one with adapters, whose frozen blocks make no gradients to
+    reduce). Counted from torch's FSDP2 code, not fitted: the 30B GPT-style model trained under fsdp
+    on four GPUs held 13.4 GiB more than the planner counted without them (docs/planner.md, "FSDP2's
+    gathered copies")."""
     if strategy.framework != "fsdp":
-        return 0.0, 0.0
+        return {}
     value = COMPUTE_BYTES[workload.dtype] / GIB
     root = shape.parameters - shape.layers * shape.block_parameters
     per_unit = min(workload.fsdp_blocks_per_unit, shape.layers)
     unit = per_unit * shape.block_parameters
-    at_start = root if strategy.reshard_after_forward else shape.parameters
     units_at_end = 1 if workload.peft else (3 if per_unit < shape.layers else 2)
-    return at_start * value, (root + units_at_end * unit) * value
+    if not strategy.reshard_after_forward:
+        start = evaluation = shape.parameters
+    else:
+        start, evaluation = root, root + min(2 * per_unit, shape.layers) * shape.block_parameters
+    return {
+        BACKWARD_START: start * value,
+        BACKWARD_END: (root + units_at_end * unit) * value,
+        EVALUATION: evaluation * value,
+    }
 
 
 def estimate(
@@ -528,8 +537,9 @@ def estimate(
     gradients_held += buckets
     step = optimizer_step_gib(strategy, shape, workload, layout)
     parameters = states["parameters"]
-    unsharded_at_start, unsharded_at_end = fsdp_unsharded_gib(strategy, shape, workload)
-    gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout) + unsharded_at_start
+    unsharded = fsdp_unsharded_gib(strategy, shape, workload)
+    gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout)
+    gathered += unsharded.get(BACKWARD_START, 0.0)
     # torch's gradients are freed by the step's `zero_grad` and ZeRO-1/2's partitions by their step;
     # ZeRO-3's partition and reduce buffers and DDP's buckets stay (each run's allocated memory at the
     # end of training: docs/planner.md)
@@ -537,9 +547,19 @@ def estimate(
     evaluating = evaluation_activation_gib(shape, evaluated, strategy, layout)
     phases = {  # (parameters, gradients, optimizer, activations) at each
         BACKWARD_START: (gathered, gradients_held, optimizer, held / split + beside),
-        BACKWARD_END: (parameters + unsharded_at_end, gradients, optimizer, at_end / split + beside),
+        BACKWARD_END: (
+            parameters + unsharded.get(BACKWARD_END, 0.0),
+            gradients,
+            optimizer,
+            at_end / split + beside,
+        ),
         OPTIMIZER_STEP: (parameters, gradients, optimizer + step, 0.0),
-        EVALUATION: (parameters, gradients_evaluating, optimizer, evaluating),
+        EVALUATION: (
+            parameters + unsharded.get(EVALUATION, 0.0),
+            gradients_evaluating,
+            optimizer,
+            evaluating,
+        ),
     }
     parameters, gradients, optimizer, activations = phases[peak_phase(phases)]
     return Estimate(

@@ -10,6 +10,7 @@ from finetune.layout import ParallelLayout
 from finetune.memory_model import (
     BACKWARD_END,
     BACKWARD_START,
+    EVALUATION,
     OPTIMIZER_STEP,
     Calibration,
     blocks_per_unit,
@@ -86,6 +87,20 @@ def test_adapters_leave_one_unit_gathered_at_the_backwards_end(gpt2_xl, calibrat
             for phase in (BACKWARD_END, OPTIMIZER_STEP)]  # fmt: skip
     unit = FSDP_BLOCKS_PER_UNIT * gpt2_xl.block_parameters
     assert lora[0] - lora[1] == pytest.approx((50257 * 1600 + unit) * 2 / GIB)
+
+
+def test_an_evaluation_under_fsdp_grad_op_holds_every_weight_gathered(gpt2_xl, calibration):
+    """Its forward does not reshard, and no backward comes to."""
+    held = [phase_parameters(FSDP_GRAD_OP, gpt2_xl, Workload(8, 1024), calibration, phase, gpus=4)
+            for phase in (EVALUATION, OPTIMIZER_STEP)]  # fmt: skip
+    assert held[0] - held[1] == pytest.approx(2 * gpt2_xl.parameters / GIB)
+
+
+def test_an_evaluation_under_fsdp_holds_the_root_the_running_unit_and_the_next(gpt2_xl, calibration):
+    held = [phase_parameters(FSDP, gpt2_xl, Workload(8, 1024), calibration, phase, gpus=4)
+            for phase in (EVALUATION, OPTIMIZER_STEP)]  # fmt: skip
+    units = 2 * FSDP_BLOCKS_PER_UNIT * gpt2_xl.block_parameters
+    assert held[0] - held[1] == pytest.approx((50257 * 1600 + units) * 2 / GIB)
 
 
 def test_other_frameworks_hold_nothing_unsharded_by_fsdp(gpt2_xl, calibration):
