@@ -66,7 +66,8 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
     batch and accumulation, block, dtype, compilation, adapters, float8, FSDP units and processes (tf32
     matmuls are fp32 storage)."""
     from finetune.adapters import ALL_LINEAR
-    from finetune.memory_model import Calibration, estimate
+    from finetune.calibration import measured_calibration
+    from finetune.memory_model import estimate
     from finetune.model_shapes import shape_of
     from finetune.workload import Workload
 
@@ -93,7 +94,7 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
         fsdp_blocks_per_unit=arguments.get("fsdp_blocks_per_unit") or Workload.fsdp_blocks_per_unit,
     )
     layout = ParallelLayout(summary["world_size"], summary.get("sequence_parallel_size") or 1)
-    return estimate(strategy, shape, workload, layout, Calibration.measured()).total
+    return estimate(strategy, shape, workload, layout, measured_calibration()).total
 
 
 def row_from_summary(profile: Profile, summary: dict[str, Any]) -> Row:

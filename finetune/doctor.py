@@ -204,11 +204,12 @@ def gpu_checks(training_args) -> list[Check]:
 
 
 def planned(model_args, data_args, training_args, launch: Launch):
-    from finetune.memory_model import Calibration, estimate
+    from finetune.calibration import measured_calibration
+    from finetune.memory_model import estimate
     from finetune.planner import run_workload
 
     shape, workload = run_workload(model_args, data_args, training_args)
-    return estimate(launch.strategy, shape, workload, launch.layout, Calibration.measured())
+    return estimate(launch.strategy, shape, workload, launch.layout, measured_calibration())
 
 
 def memory_check(model_args, data_args, training_args, launch: Launch) -> Check | None:

@@ -13,19 +13,12 @@ import torch
 from transformers.utils import logging
 
 from finetune.adapters import ALL_LINEAR, check_rank
+from finetune.calibration import estimate_for, measured_calibration, read_measurements
 from finetune.callbacks import GIB
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch, asked_evaluation_micro_batch, mixed_precision
 from finetune.layout import ParallelLayout
-from finetune.memory_model import (
-    DEFAULT_MARGIN,
-    MAX_MICRO_BATCH,
-    Calibration,
-    Estimate,
-    estimate,
-    estimate_for,
-    read_measurements,
-)
+from finetune.memory_model import DEFAULT_MARGIN, MAX_MICRO_BATCH, Calibration, Estimate, estimate
 from finetune.model_shapes import shape_of
 from finetune.profiles import (
     Strategy,
@@ -400,7 +393,7 @@ def largest_micro_batch_for_run(
     shape, workload = run_workload(model_args, data_args, training_args)
     strategy = launch.strategy
     hardware = Hardware(launch.layout, memory)
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     per_process = BatchGeometry.share_per_process(training_args.global_batch_size, launch.data_parallel_size)
     largest = largest_micro_batch_for_share(strategy, shape, workload, hardware, calibration, per_process)
     where = f"{strategy.name} on {hardware.gpus} x {memory:g} GiB"
@@ -449,7 +442,7 @@ def choose_profile(
 ) -> tuple[str, str]:
     """The recommended profile and a one-line reason, for `finetune run --profile auto`: with a
     global batch (and no micro batch given), each profile at the micro batch it would choose."""
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     if global_batch is not None:
         hardware = Hardware(layout, gpu_memory_gib)
         strategies = planned_strategies(None, layout, workload.fp8)
@@ -480,7 +473,7 @@ def plan_frame(shapes: list[ModelShape], gpu_counts: list[int], workload: Worklo
     """Predicted GiB per GPU, by model x GPU count x profile, as a pandas DataFrame."""
     import pandas as pd
 
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     rows = []
     for shape in shapes:
         for gpus in gpu_counts:
@@ -504,7 +497,7 @@ def measured_vs_predicted() -> Any:
     """Each stored measurement beside the planner's prediction for it."""
     import pandas as pd
 
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     return pd.DataFrame(
         [
             {

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 import finetune.compare
+from finetune.calibration import measured_calibration
 from finetune.cli import main as cli_main
 from finetune.compare import Row, compare, default_profiles, read_rows, summaries_frame
 from finetune.launch import Placement
 from finetune.layout import ParallelLayout
-from finetune.memory_model import Calibration, estimate
+from finetune.memory_model import estimate
 from finetune.model_shapes import shape_of
 from finetune.pictures import comparison_picture
 from finetune.profiles import load_profile, load_strategy
@@ -275,7 +276,7 @@ def test_a_completed_runs_row_has_the_planners_prediction_for_that_run():
     ddp = load_strategy("ddp")
     planned = finetune.compare.planned_peak_gib(ddp, summary)
     workload = Workload(8, 1024, "bf16", gradient_checkpointing=False, compiled=True, accumulation=2)
-    expected = estimate(ddp, shape_of("gpt2-medium")[0], workload, ParallelLayout(4), Calibration.measured())
+    expected = estimate(ddp, shape_of("gpt2-medium")[0], workload, ParallelLayout(4), measured_calibration())
     assert planned == pytest.approx(expected.total)
 
 
@@ -285,7 +286,7 @@ def test_a_runs_predicted_peak_counts_its_fsdp_units():
         "gradient_accumulation_steps": 1, "gradient_checkpointing": True, "torch_compile": True,
         "peft": None, "world_size": 1, "arguments": {"config_overrides": None, "fsdp_blocks_per_unit": 12},
     }  # fmt: skip
-    fsdp, shape, calibration = load_strategy("fsdp"), shape_of("gpt2-xl")[0], Calibration.measured()
+    fsdp, shape, calibration = load_strategy("fsdp"), shape_of("gpt2-xl")[0], measured_calibration()
     workload = Workload(1, 1024, gradient_checkpointing=True, compiled=True, fsdp_blocks_per_unit=12)
     expected = estimate(fsdp, shape, workload, ParallelLayout(1), calibration).total
     assert finetune.compare.planned_peak_gib(fsdp, summary) == pytest.approx(expected)

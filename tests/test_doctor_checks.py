@@ -74,7 +74,8 @@ RUN = SimpleNamespace(model="gpt2", config_overrides="n_layer=2,n_embd=64,n_head
                       lora_dropout=0.0, block_size=64, per_device_train_batch_size=2,
                       gradient_accumulation_steps=1, sequence_parallel=1, bf16=False, fp16=False,
                       gradient_checkpointing=False, torch_compile=False, chunked_loss=False,
-                      ddp_gradient_as_bucket_view=False, fp8=False, batch_flags_given=frozenset(),
+                      ddp_gradient_as_bucket_view=False, fp8=False, fsdp_blocks_per_unit=None,
+                      batch_flags_given=frozenset(),
                       nvme_path=None)  # fmt: skip
 
 

@@ -16,12 +16,13 @@ from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
 from finetune import run
 from finetune.arguments import parse_arguments
+from finetune.calibration import measured_calibration
 from finetune.callbacks import StartupCallback
 from finetune.checkpoint import write_manifest
 from finetune.errors import FinetuneError
 from finetune.launched import BatchGeometry, Launch
 from finetune.layout import ParallelLayout
-from finetune.memory_model import Calibration, estimate
+from finetune.memory_model import estimate
 from finetune.model_shapes import shape_of
 from finetune.planner import apply_global_batch
 from finetune.resume import refuse_another_run
@@ -168,7 +169,7 @@ def test_on_the_given_gpu_memory_the_micro_batch_is_the_largest_dividing_one_pre
             shape,
             replace(workload, micro_batch=micro_batch),
             ParallelLayout(1),
-            Calibration.measured(),
+            measured_calibration(),
         )
         return e.fits(24)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from finetune.activation_memory import sequence_exchange_gib
+from finetune.calibration import measured_calibration
 from finetune.callbacks import GIB
 from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
-from finetune.memory_model import Calibration, estimate
+from finetune.memory_model import estimate
 from finetune.model_shapes import gpt2_shape
 from finetune.planner import planned_strategies
 from finetune.profiles import load_strategy
@@ -51,7 +52,7 @@ def test_a_profile_degree_finetune_does_not_train_with_is_refused_in_one_line(di
 def test_the_planner_divides_sharded_states_by_the_shard_group_not_the_data_parallel_ranks():
     """A sequence group shares its samples but not its shards: ZeRO-3 states are per process."""
     shape, workload, zero3 = gpt2_shape("gpt2-xl"), Workload(8, 1024), load_strategy("zero3")
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     data_parallel = estimate(zero3, shape, workload, ParallelLayout(4), calibration)
     with_sequence_group = estimate(
         zero3, shape, workload, ParallelLayout(4, sequence_parallel=2), calibration
@@ -63,7 +64,7 @@ def test_the_planner_divides_sharded_states_by_the_shard_group_not_the_data_para
 def test_a_sequence_group_divides_a_ranks_activations_by_its_degree():
     """Each rank of the group holds its slice of every sample's tokens, plus Ulysses' exchange buffers."""
     shape, workload, zero3 = gpt2_shape("gpt2-xl"), Workload(8, 1024), load_strategy("zero3")
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     unsplit = estimate(zero3, shape, workload, ParallelLayout(4), calibration)
     split = estimate(zero3, shape, workload, ParallelLayout(4, sequence_parallel=4), calibration)
     exchange = sequence_exchange_gib(shape, workload, ParallelLayout(4, sequence_parallel=4))
@@ -73,7 +74,7 @@ def test_a_sequence_group_divides_a_ranks_activations_by_its_degree():
 
 def test_ring_attention_adds_the_gathered_keys_values_and_their_gradients_of_the_whole_sequence():
     shape, workload, fsdp = gpt2_shape("gpt2-xl"), Workload(8, 1024), load_strategy("fsdp")
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     unsplit = estimate(fsdp, shape, workload, ParallelLayout(4), calibration)
     split = estimate(fsdp, shape, workload, ParallelLayout(4, sequence_parallel=4), calibration)
     exchange = sequence_exchange_gib(shape, workload, ParallelLayout(4, sequence_parallel=4), "ring")

@@ -27,6 +27,7 @@ from finetune.activation_memory import (
     sequence_exchange_gib,
 )
 from finetune.arguments import parse_arguments
+from finetune.calibration import estimate_for, measured_calibration, out_of_memory_runs, read_measurements
 from finetune.callbacks import GIB
 from finetune.cli import main as cli_main
 from finetune.commands.run import auto_profile
@@ -40,9 +41,6 @@ from finetune.memory_model import (
     OPTIMIZER_STEP,
     Calibration,
     estimate,
-    estimate_for,
-    out_of_memory_runs,
-    read_measurements,
 )
 from finetune.model_shapes import MODEL_LADDER, gpt2_shape, shape_of
 from finetune.pictures import plan_picture
@@ -74,7 +72,7 @@ def gpt2_xl(data_dir):
 
 @pytest.fixture(scope="module")
 def calibration():
-    return Calibration.measured()
+    return measured_calibration()
 
 
 def test_gpt2_xl_shape_is_counted_exactly(gpt2_xl):

@@ -5,9 +5,10 @@ import pytest
 from transformers import AutoConfig
 
 from finetune.arguments import parse_arguments
+from finetune.calibration import estimate_for, fit_calibration, measured_calibration, read_measurements
 from finetune.cli import main as cli_main
 from finetune.layout import ParallelLayout
-from finetune.memory_model import Calibration, estimate, estimate_for, read_measurements
+from finetune.memory_model import estimate
 from finetune.model_shapes import gpt2_shape
 from finetune.planner import Hardware, largest_micro_batch, run_workload
 from finetune.profiles import load_strategy
@@ -18,7 +19,7 @@ SINGLE = load_strategy("single")
 
 @pytest.fixture(scope="module")
 def calibration():
-    return Calibration.measured()
+    return measured_calibration()
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_a_shape_counts_the_weights_fp8_multiplies_in_float8(data_dir):
 
 def test_float8_peaks_check_the_planner_and_are_not_fitted_to(float8_rows):
     without = [m for m in read_measurements() if not m.workload.fp8]
-    assert Calibration.fit(read_measurements()) == Calibration.fit(without)
+    assert fit_calibration(read_measurements()) == fit_calibration(without)
 
 
 def test_every_measured_float8_peak_is_predicted_within_15_percent(float8_rows, calibration):

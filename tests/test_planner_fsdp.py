@@ -5,6 +5,7 @@ FSDP2 code and checked against peaks measured on GPUs."""
 import pytest
 
 from finetune.arguments import parse_arguments
+from finetune.calibration import blocks_per_unit, estimate_for, measured_calibration, read_measurements
 from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
 from finetune.memory_model import (
@@ -12,11 +13,7 @@ from finetune.memory_model import (
     BACKWARD_START,
     EVALUATION,
     OPTIMIZER_STEP,
-    Calibration,
-    blocks_per_unit,
     estimate,
-    estimate_for,
-    read_measurements,
 )
 from finetune.model_shapes import gpt2_shape
 from finetune.planner import run_workload
@@ -29,7 +26,7 @@ CHECKPOINTED = Workload(1, 1024, gradient_checkpointing=True)
 
 @pytest.fixture(scope="module")
 def calibration():
-    return Calibration.measured()
+    return measured_calibration()
 
 
 @pytest.fixture(scope="module")

@@ -267,7 +267,7 @@ def instruction_lora(folder: Path) -> str:
 def predicted_peak(values: dict, calibration: Any, phase: str | None = None) -> float:
     """What the planner predicts for a calibration row (calibration.json's form): its peak, or the
     total of one `phase` (memory_model's phase names)."""
-    from finetune.memory_model import Measurement, estimate_for
+    from finetune.calibration import Measurement, estimate_for
     from finetune.profiles import load_profile
 
     measurement = Measurement.from_row(values, load_profile(values["profile"]).strategy)
@@ -279,9 +279,9 @@ def peaks(folder: Path) -> str:
     # imported here: the planner and transformers are needed by the peak kinds alone
     from calibration_rows import measured_rows
 
-    from finetune.memory_model import Calibration
+    from finetune.calibration import measured_calibration
 
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     rows = []
     for each in [folder, *sorted(path for path in folder.iterdir() if path.is_dir())]:
         floor_call = each / "calibration_rows.json"  # calibration_rows.py --floor's, beside the cases
@@ -304,10 +304,11 @@ def evaluations(folder: Path) -> str:
     of calibrate.sh's runs or beside long_context.sh's cases) beside the planner's evaluation phase,
     with the forward the planner counts (eager or compiled: activation_memory.evaluates_eager)."""
     from finetune.activation_memory import evaluates_eager
-    from finetune.memory_model import EVALUATION, Calibration, Measurement, estimate_for
+    from finetune.calibration import Measurement, estimate_for, measured_calibration
+    from finetune.memory_model import EVALUATION
     from finetune.profiles import load_profile
 
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     rows = []
     for path in sorted(folder.rglob("calibration_rows.json")):
         for values in json.loads(path.read_text()):
@@ -371,9 +372,9 @@ def long_blocks(folder: Path) -> str:
     """long_context.sh's cases (one folder per set, with its lines.txt and calibration_rows.py
     --floor's rows beside them; floor.sh's calls in the same machine folder are not long blocks):
     each block's peak beside the planner's prediction, with its speed."""
-    from finetune.memory_model import Calibration
+    from finetune.calibration import measured_calibration
 
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     rows = []
     long_context_sets = (path for path in folder.iterdir() if (path / "lines.txt").exists())
     for each in sorted(path for path in long_context_sets if (path / "calibration_rows.json").exists()):

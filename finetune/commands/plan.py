@@ -124,8 +124,9 @@ def planned_run(run_args: list[str], largest: bool) -> PlannedRun:
 
 
 def execute(options: argparse.Namespace, run_args: list[str]) -> int:
+    from finetune.calibration import measured_calibration
     from finetune.limits import format_largest, format_longest_block
-    from finetune.memory_model import DEFAULT_MARGIN, Calibration
+    from finetune.memory_model import DEFAULT_MARGIN
     from finetune.planner import (
         Hardware,
         format_global_batch,
@@ -140,7 +141,7 @@ def execute(options: argparse.Namespace, run_args: list[str]) -> int:
     memory = options.gpu_memory or visible_gpu_memory_gib()
     if memory is None:
         raise FinetuneError("no GPU is visible: pass --gpu_memory GIB")
-    calibration = Calibration.measured()
+    calibration = measured_calibration()
     if options.margin is None:
         options.margin = DEFAULT_MARGIN
     if options.largest and options.longest_block:
