@@ -1,7 +1,7 @@
 """The memory model: the peak memory per GPU (and host RAM, NVMe) of a training step, predicted from
-the model's shape, the workload and the strategy. Pure functions of those, fitted to measured GPU
-peaks (calibration.json, which also holds the model's measured constants); finetune/planner.py builds
-the commands and tables on it.
+the model's shape, the workload and the strategy. Pure functions of those and of the coefficients
+fitted to measured GPU peaks (finetune/calibration.py fits them to calibration.json's rows, which also
+holds the model's measured constants); finetune/planner.py builds the commands and tables on it.
 
 Model states (bytes per parameter Ψ) follow what each framework keeps:
 
@@ -98,7 +98,7 @@ STATE_BYTES = {
 class Calibration:
     """Bytes kept per b·T·H per layer, by calibration kind (CALIBRATION_KINDS), bytes per logit of the
     kinds whose loss is compiled (COMPILED_LOSS_KINDS; the rest keep the eager loss's), and what a
-    compiled gated-MLP model keeps against GPT-2's layers."""
+    compiled gated-MLP model keeps against GPT-2's layers: calibration.fit_calibration fits them."""
 
     layer_bytes: dict[str, float]
     compiled_gated_mlp_scale: float = 1.0
