@@ -240,10 +240,9 @@ class FinetuneTrainingArguments(TrainingArguments):
         metadata={
             "help": "FSDP profiles: each unit issues the all-gathers of the next N units when its forward "
             "starts, and of the previous N when its backward starts (FSDP2's explicit prefetch), instead "
-            "of each all-gather waiting for the host to reach its unit; N units' unsharded parameters more "
-            "in flight mid-backward, which the planner does not count (it counts those at the backward's "
-            "end: docs/planner.md). 0: FSDP2's implicit prefetch "
-            "(finetune/fsdp_units.py)."
+            "of each all-gather waiting for the host to reach its unit; N units' unsharded parameters in "
+            "flight (the planner counts them: docs/planner.md). 0: FSDP2's implicit prefetch (one unit "
+            "ahead in the backward; finetune/fsdp_units.py)."
         },
     )
     sequence_parallel: int = field(

@@ -79,6 +79,7 @@ class Measurement:
             row.get("evaluated_eager"),
             row.get("fp8", False),
             blocks_per_unit(row),
+            row.get("fsdp_prefetch", 0),
         )
         return cls(
             shape,

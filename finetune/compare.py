@@ -92,6 +92,7 @@ def planned_peak_gib(strategy: Strategy, summary: dict[str, Any]) -> float:
         chunked_loss=bool(arguments.get("chunked_loss")),
         fp8=bool(summary.get("fp8_layers")),
         fsdp_blocks_per_unit=arguments.get("fsdp_blocks_per_unit") or Workload.fsdp_blocks_per_unit,
+        fsdp_prefetch=arguments.get("fsdp_prefetch") or 0,
     )
     layout = ParallelLayout(summary["world_size"], summary.get("sequence_parallel_size") or 1)
     return estimate(strategy, shape, workload, layout, measured_calibration()).total

@@ -248,7 +248,9 @@ def gathered_parameter_gib(
     return held * COMPUTE_BYTES[workload.dtype] / GIB
 
 
-def fsdp_unsharded_gib(strategy: Strategy, shape: ModelShape, workload: Workload) -> dict[str, float]:
+def fsdp_unsharded_gib(
+    strategy: Strategy, shape: ModelShape, workload: Workload, layout: ParallelLayout
+) -> dict[str, float]:
     """What FSDP2 holds unsharded beside the sharded states, in the compute dtype, at the backward's
     start and end and in the evaluation (nothing under other frameworks).
 
@@ -258,28 +260,40 @@ def fsdp_unsharded_gib(strategy: Strategy, shape: ModelShape, workload: Workload
     backward, and through an evaluation, which has no backward to reshard them: the whole model. With
     it only the root's are then (the embedding and the other parameters outside the blocks, which
     FSDP2 leaves gathered after the forward), beside, in an evaluation, the unit that runs and the
-    next, whose all-gather is issued before the first is freed; at the backward's end the first unit
-    holds its parameters, the gradients it makes and the reduce-scatter input of the unit after it,
-    which FSDP2 keeps until the next reduce-scatter: three units of --fsdp_blocks_per_unit blocks (two
-    where one unit holds every block, one with adapters, whose frozen blocks make no gradients to
-    reduce). Counted from torch's FSDP2 code, not fitted: the 30B GPT-style model trained under fsdp
-    on four GPUs held 13.4 GiB more than the planner counted without them (docs/planner.md, "FSDP2's
-    gathered copies")."""
+    next, whose all-gather is issued before the first is freed.
+
+    Once the backward reaches the units, the unit it runs holds its parameters, the gradients it
+    makes and the reduce-scatter input of the unit before it in the backward, which FSDP2 keeps until
+    the next reduce-scatter (units of --fsdp_blocks_per_unit blocks; with adapters the frozen blocks
+    make no gradients to reduce), beside the units prefetched for the backward: the next one
+    (FSDP2's implicit prefetch), or --fsdp_prefetch N. Each unit further from the backward's end
+    holds one more prefetched unit and one unit's sharded gradients fewer: on more than two
+    processes a gathered unit outweighs a shard of its fp32 gradients, and the step peaks with the
+    prefetched units in flight, else at the last unit. Counted from torch's FSDP2 code, not fitted:
+    the 30B GPT-style model trained under fsdp on four GPUs held 13.4 GiB more than the planner
+    counted without them (docs/planner.md, "FSDP2's gathered copies")."""
     if strategy.framework != "fsdp":
         return {}
-    value = COMPUTE_BYTES[workload.dtype] / GIB
+    value = COMPUTE_BYTES[workload.dtype]
     root = shape.parameters - shape.layers * shape.block_parameters
     per_unit = min(workload.fsdp_blocks_per_unit, shape.layers)
     unit = per_unit * shape.block_parameters
-    units_at_end = 1 if workload.peft else (3 if per_unit < shape.layers else 2)
+    units = -(-shape.layers // per_unit)
+    full = workload.peft is None
+    # its weights; with every weight trained its gradients and the earlier unit's reduce input
+    at_last_unit = 1 + (1 + int(units > 1) if full else 0)
+    prefetched = min(workload.fsdp_prefetch or 1, units - 1)
+    # a unit's sharded gradient, in units of the gathered copy, missing for each unit further from the end
+    missing_gradients = STATE_BYTES["torch"]["gradients"] / layout.shard_group_size / value if full else 0
+    in_flight = at_last_unit + max(0.0, prefetched * (1 - missing_gradients))
     if not strategy.reshard_after_forward:
         start = evaluation = shape.parameters
     else:
         start, evaluation = root, root + min(2 * per_unit, shape.layers) * shape.block_parameters
     return {
-        BACKWARD_START: start * value,
-        BACKWARD_END: (root + units_at_end * unit) * value,
-        EVALUATION: evaluation * value,
+        BACKWARD_START: start * value / GIB,
+        BACKWARD_END: (root + in_flight * unit) * value / GIB,
+        EVALUATION: evaluation * value / GIB,
     }
 
 
@@ -345,7 +359,7 @@ def estimate(
     gradients_held += buckets
     step = optimizer_step_gib(strategy, shape, workload, layout)
     parameters = states["parameters"]
-    unsharded = fsdp_unsharded_gib(strategy, shape, workload)
+    unsharded = fsdp_unsharded_gib(strategy, shape, workload, layout)
     gathered = parameters + gathered_parameter_gib(strategy, shape, workload, layout)
     gathered += unsharded.get(BACKWARD_START, 0.0)
     # torch's gradients are freed by the step's `zero_grad` and ZeRO-1/2's partitions by their step;

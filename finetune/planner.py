@@ -373,6 +373,7 @@ def run_workload(
         fp8=training_args.fp8,
         # the run's launch sets the FSDP profiles' default; a plan of several profiles assumes it
         fsdp_blocks_per_unit=training_args.fsdp_blocks_per_unit or FSDP_BLOCKS_PER_UNIT,
+        fsdp_prefetch=training_args.fsdp_prefetch,
     )
 
 

@@ -136,6 +136,7 @@ class Workload:
     evaluated_eager: bool | None = None
     fp8: bool = False  # --fp8: matmuls in float8 (activation_memory.float8_layer_bytes, float8_weight_gib)
     fsdp_blocks_per_unit: int = FSDP_BLOCKS_PER_UNIT  # what FSDP2 gathers at once (fsdp_unsharded_gib)
+    fsdp_prefetch: int = 0  # --fsdp_prefetch: units gathered ahead; 0, FSDP2's implicit one (the same)
 
 
 def trained_parameters(shape: ModelShape, workload: Workload) -> int:

@@ -280,18 +280,21 @@ def test_a_completed_runs_row_has_the_planners_prediction_for_that_run():
     assert planned == pytest.approx(expected.total)
 
 
-def test_a_runs_predicted_peak_counts_its_fsdp_units():
+def test_a_runs_predicted_peak_counts_its_fsdp_units_and_prefetch():
     summary = {
         "model": "gpt2-xl", "block_size": 1024, "micro_batch_size": 1, "dtype": "bf16",
         "gradient_accumulation_steps": 1, "gradient_checkpointing": True, "torch_compile": True,
-        "peft": None, "world_size": 1, "arguments": {"config_overrides": None, "fsdp_blocks_per_unit": 12},
+        "peft": None, "world_size": 4,
+        "arguments": {"config_overrides": None, "fsdp_blocks_per_unit": 12, "fsdp_prefetch": 3},
     }  # fmt: skip
     fsdp, shape, calibration = load_strategy("fsdp"), shape_of("gpt2-xl")[0], measured_calibration()
-    workload = Workload(1, 1024, gradient_checkpointing=True, compiled=True, fsdp_blocks_per_unit=12)
-    expected = estimate(fsdp, shape, workload, ParallelLayout(1), calibration).total
+    workload = Workload(
+        1, 1024, gradient_checkpointing=True, compiled=True, fsdp_blocks_per_unit=12, fsdp_prefetch=3
+    )
+    expected = estimate(fsdp, shape, workload, ParallelLayout(4), calibration).total
     assert finetune.compare.planned_peak_gib(fsdp, summary) == pytest.approx(expected)
-    default = replace(workload, fsdp_blocks_per_unit=Workload.fsdp_blocks_per_unit)
-    assert expected > estimate(fsdp, shape, default, ParallelLayout(1), calibration).total
+    default = replace(workload, fsdp_blocks_per_unit=Workload.fsdp_blocks_per_unit, fsdp_prefetch=0)
+    assert expected > estimate(fsdp, shape, default, ParallelLayout(4), calibration).total
 
 
 def test_the_picture_overlays_each_runs_logged_training_loss_by_step(tmp_path):

@@ -75,8 +75,7 @@ RUN = SimpleNamespace(model="gpt2", config_overrides="n_layer=2,n_embd=64,n_head
                       gradient_accumulation_steps=1, sequence_parallel=1, bf16=False, fp16=False,
                       gradient_checkpointing=False, torch_compile=False, chunked_loss=False,
                       ddp_gradient_as_bucket_view=False, fp8=False, fsdp_blocks_per_unit=None,
-                      batch_flags_given=frozenset(),
-                      nvme_path=None)  # fmt: skip
+                      fsdp_prefetch=0, batch_flags_given=frozenset(), nvme_path=None)  # fmt: skip
 
 
 def test_an_offload_profile_checks_host_ram_and_fails_when_it_is_short(monkeypatch):

@@ -71,6 +71,26 @@ def test_the_backwards_end_holds_a_units_weights_its_gradients_and_the_earlier_u
     assert units[12] - units[4] == pytest.approx(3 * 8 * gpt2_xl.block_parameters * 2 / GIB)
 
 
+def test_on_more_than_two_gpus_the_backward_peaks_with_its_prefetched_units_in_flight(gpt2_xl, calibration):
+    """A unit further from the backward's end holds one more prefetched unit (2 bytes a value) and one
+    unit's fp32 gradient shards fewer (4 bytes / 4 GPUs): half a unit more each, up to --fsdp_prefetch."""
+    unit = FSDP_BLOCKS_PER_UNIT * gpt2_xl.block_parameters
+    for prefetch, units in ((0, 3.5), (1, 3.5), (3, 4.5)):
+        workload = Workload(1, 1024, fsdp_prefetch=prefetch)
+        held = [phase_parameters(FSDP, gpt2_xl, workload, calibration, phase, gpus=4)
+                for phase in (BACKWARD_END, OPTIMIZER_STEP)]  # fmt: skip
+        assert held[0] - held[1] == pytest.approx((50257 * 1600 + units * unit) * 2 / GIB), prefetch
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_on_one_or_two_gpus_the_backward_peaks_at_its_last_unit_whatever_it_prefetched(
+    gpus, gpt2_xl, calibration
+):
+    workloads = [Workload(1, 1024, fsdp_prefetch=ahead) for ahead in (0, 1, 3)]
+    ends = {phase_parameters(FSDP, gpt2_xl, w, calibration, BACKWARD_END, gpus) for w in workloads}
+    assert len(ends) == 1
+
+
 def test_one_unit_of_every_block_leaves_no_earlier_units_reduce_input(gpt2_xl, calibration):
     one_unit = Workload(1, 1024, fsdp_blocks_per_unit=48)
     whole = phase_parameters(FSDP, gpt2_xl, one_unit, calibration, BACKWARD_END)
@@ -78,12 +98,14 @@ def test_one_unit_of_every_block_leaves_no_earlier_units_reduce_input(gpt2_xl, c
     assert whole - step == pytest.approx((50257 * 1600 + 2 * 48 * gpt2_xl.block_parameters) * 2 / GIB)
 
 
-def test_adapters_leave_one_unit_gathered_at_the_backwards_end(gpt2_xl, calibration):
-    """The frozen blocks make no gradients for FSDP2 to reduce: their unit's weights alone."""
-    lora = [phase_parameters(FSDP, gpt2_xl, Workload(1, 1024, peft="lora"), calibration, phase)
-            for phase in (BACKWARD_END, OPTIMIZER_STEP)]  # fmt: skip
+def test_adapters_hold_only_gathered_weights_in_the_backward(gpt2_xl, calibration):
+    """The frozen blocks make no gradients for FSDP2 to reduce: the unit that runs and the one
+    prefetched, weights alone, whatever the GPUs."""
     unit = FSDP_BLOCKS_PER_UNIT * gpt2_xl.block_parameters
-    assert lora[0] - lora[1] == pytest.approx((50257 * 1600 + unit) * 2 / GIB)
+    for gpus in (1, 4):
+        lora = [phase_parameters(FSDP, gpt2_xl, Workload(1, 1024, peft="lora"), calibration, phase, gpus)
+                for phase in (BACKWARD_END, OPTIMIZER_STEP)]  # fmt: skip
+        assert lora[0] - lora[1] == pytest.approx((50257 * 1600 + 2 * unit) * 2 / GIB), gpus
 
 
 def test_an_evaluation_under_fsdp_grad_op_holds_every_weight_gathered(gpt2_xl, calibration):
@@ -134,11 +156,14 @@ def test_the_largest_30b_shape_on_four_gpus_is_predicted_within_2_percent(calibr
         assert estimate_for(m, calibration).total == pytest.approx(m.peak_allocated_gib, rel=0.02), m
 
 
-def test_a_plan_reads_the_runs_fsdp_units():
+def test_a_plan_reads_the_runs_fsdp_units_and_prefetch():
     flags = ["--model", "gpt2-xl", "--output_dir", "unused"]
-    assert run_workload(*parse_arguments(flags))[1].fsdp_blocks_per_unit == FSDP_BLOCKS_PER_UNIT
-    _, workload = run_workload(*parse_arguments([*flags, "--fsdp_blocks_per_unit", "12"]))
-    assert workload.fsdp_blocks_per_unit == 12
+    default = run_workload(*parse_arguments(flags))[1]
+    assert (default.fsdp_blocks_per_unit, default.fsdp_prefetch) == (FSDP_BLOCKS_PER_UNIT, 0)
+    _, workload = run_workload(
+        *parse_arguments([*flags, "--fsdp_blocks_per_unit", "12", "--fsdp_prefetch", "2"])
+    )
+    assert (workload.fsdp_blocks_per_unit, workload.fsdp_prefetch) == (12, 2)
 
 
 @pytest.mark.parametrize(

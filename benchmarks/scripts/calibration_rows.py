@@ -55,6 +55,7 @@ def row(summary: dict, profile: str, command: str, versions: str) -> dict:
         **({"sequence_parallel": degree} if (degree := summary.get("sequence_parallel_size", 1)) > 1 else {}),
         **({"ddp_bucket_views": True} if summary.get("ddp_gradient_buckets") == "views" else {}),
         **({"fsdp_units": units} if (units := summary.get("fsdp_units")) is not None else {}),
+        **({"fsdp_prefetch": ahead} if (ahead := summary.get("fsdp_prefetch")) else {}),
         "layer_norm": shape.layer_norm,  # what the planner's activation model reads of the architecture
         "gated_mlp": shape.gated_mlp,
         "intermediate": shape.mlp_width,
