@@ -9,10 +9,11 @@ Model states (bytes per parameter Ψ) follow what each framework keeps:
   12Ψ optimizer states (fp32 master weights, momentum, variance). Stage 1 divides the optimizer
   states by the number of GPUs Nd, stage 2 also the gradients, stage 3 also the parameters.
 - DDP and FSDP2 under torch autocast keep fp32 parameters and gradients: 4Ψ + 4Ψ + 8Ψ (Adam's two
-  moments); DDP 4Ψ more, its gradient buckets (`ddp_bucket_gib`). FSDP2 full shard divides all
-  three by Nd; FSDP2 without resharding after forward holds the gathered parameters from forward to
-  backward, so its parameters count whole. ZeRO-3 on several GPUs holds gathered weights up to its
-  reuse distance at the backward's start (`gathered_parameter_gib`).
+  moments); DDP 4Ψ more, its gradient buckets (`ddp_bucket_gib`). FSDP2 divides all three by Nd
+  under both FSDP profiles, and holds bf16 copies of the parameters it gathers beside them
+  (`fsdp_unsharded_gib`: without resharding after forward the whole model's from forward to
+  backward). ZeRO-3 on several GPUs holds gathered weights up to its reuse distance at the
+  backward's start (`gathered_parameter_gib`).
 - What a strategy offloads (`Strategy.offloaded`: the optimizer states, and under stage 3 the
   parameters) moves to host memory or, for ZeRO-Infinity, to the NVMe folder. The CPU (or NVMe)
   Adam step also needs the gradients in fp32 beside its states: 4Ψ more where the optimizer goes
