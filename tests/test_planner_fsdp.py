@@ -38,6 +38,14 @@ def phase_parameters(strategy, shape, workload, calibration, phase: str, gpus: i
     return estimate(strategy, shape, workload, ParallelLayout(gpus), calibration).phases[phase][0]
 
 
+def gathered_in(phase: str, strategy, shape, workload, calibration, gpus: int = 1) -> float:
+    """What the parameters hold in `phase` beyond the optimizer step's (where FSDP2 holds no copy)."""
+    in_phase, at_step = (
+        phase_parameters(strategy, shape, workload, calibration, p, gpus) for p in (phase, OPTIMIZER_STEP)
+    )
+    return in_phase - at_step
+
+
 def test_a_block_holds_every_parameter_but_the_token_embeddings(gpt2_xl):
     """GPT-2's positions and final norm spread over the blocks: within 0.2% of a block's own 12h²+13h."""
     assert gpt2_xl.block_parameters == (gpt2_xl.parameters - 50257 * 1600) // 48
@@ -51,16 +59,14 @@ def test_both_fsdp_profiles_keep_their_fp32_parameters_sharded(strategy, gpt2_xl
 
 
 def test_fsdp_grad_op_holds_every_weight_gathered_in_bf16_at_the_backwards_start(gpt2_xl, calibration):
-    held = [phase_parameters(FSDP_GRAD_OP, gpt2_xl, Workload(8, 1024), calibration, phase, gpus=4)
-            for phase in (BACKWARD_START, OPTIMIZER_STEP)]  # fmt: skip
-    assert held[0] - held[1] == pytest.approx(2 * gpt2_xl.parameters / GIB)
+    held = gathered_in(BACKWARD_START, FSDP_GRAD_OP, gpt2_xl, Workload(8, 1024), calibration, 4)
+    assert held == pytest.approx(2 * gpt2_xl.parameters / GIB)
 
 
 def test_fsdp_holds_only_the_roots_weights_gathered_at_the_backwards_start(gpt2_xl, calibration):
     """The root (here the embedding, tied to the output layer) stays gathered after the forward."""
-    held = [phase_parameters(FSDP, gpt2_xl, Workload(8, 1024), calibration, phase, gpus=4)
-            for phase in (BACKWARD_START, OPTIMIZER_STEP)]  # fmt: skip
-    assert held[0] - held[1] == pytest.approx(2 * 50257 * 1600 / GIB)
+    held = gathered_in(BACKWARD_START, FSDP, gpt2_xl, Workload(8, 1024), calibration, 4)
+    assert held == pytest.approx(2 * 50257 * 1600 / GIB)
 
 
 def test_the_backwards_end_holds_a_units_weights_its_gradients_and_the_earlier_units_reduce_input(
@@ -77,9 +83,8 @@ def test_on_more_than_two_gpus_the_backward_peaks_with_its_prefetched_units_in_f
     unit = FSDP_BLOCKS_PER_UNIT * gpt2_xl.block_parameters
     for prefetch, units in ((0, 3.5), (1, 3.5), (3, 4.5)):
         workload = Workload(1, 1024, fsdp_prefetch=prefetch)
-        held = [phase_parameters(FSDP, gpt2_xl, workload, calibration, phase, gpus=4)
-                for phase in (BACKWARD_END, OPTIMIZER_STEP)]  # fmt: skip
-        assert held[0] - held[1] == pytest.approx((50257 * 1600 + units * unit) * 2 / GIB), prefetch
+        held = gathered_in(BACKWARD_END, FSDP, gpt2_xl, workload, calibration, 4)
+        assert held == pytest.approx((50257 * 1600 + units * unit) * 2 / GIB), prefetch
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
@@ -93,9 +98,8 @@ def test_on_one_or_two_gpus_the_backward_peaks_at_its_last_unit_whatever_it_pref
 
 def test_one_unit_of_every_block_leaves_no_earlier_units_reduce_input(gpt2_xl, calibration):
     one_unit = Workload(1, 1024, fsdp_blocks_per_unit=48)
-    whole = phase_parameters(FSDP, gpt2_xl, one_unit, calibration, BACKWARD_END)
-    step = phase_parameters(FSDP, gpt2_xl, Workload(1, 1024), calibration, OPTIMIZER_STEP)
-    assert whole - step == pytest.approx((50257 * 1600 + 2 * 48 * gpt2_xl.block_parameters) * 2 / GIB)
+    held = gathered_in(BACKWARD_END, FSDP, gpt2_xl, one_unit, calibration)
+    assert held == pytest.approx((50257 * 1600 + 2 * 48 * gpt2_xl.block_parameters) * 2 / GIB)
 
 
 def test_adapters_hold_only_gathered_weights_in_the_backward(gpt2_xl, calibration):
@@ -103,23 +107,20 @@ def test_adapters_hold_only_gathered_weights_in_the_backward(gpt2_xl, calibratio
     prefetched, weights alone, whatever the GPUs."""
     unit = FSDP_BLOCKS_PER_UNIT * gpt2_xl.block_parameters
     for gpus in (1, 4):
-        lora = [phase_parameters(FSDP, gpt2_xl, Workload(1, 1024, peft="lora"), calibration, phase, gpus)
-                for phase in (BACKWARD_END, OPTIMIZER_STEP)]  # fmt: skip
-        assert lora[0] - lora[1] == pytest.approx((50257 * 1600 + 2 * unit) * 2 / GIB), gpus
+        lora = gathered_in(BACKWARD_END, FSDP, gpt2_xl, Workload(1, 1024, peft="lora"), calibration, gpus)
+        assert lora == pytest.approx((50257 * 1600 + 2 * unit) * 2 / GIB), gpus
 
 
 def test_an_evaluation_under_fsdp_grad_op_holds_every_weight_gathered(gpt2_xl, calibration):
     """Its forward does not reshard, and no backward comes to."""
-    held = [phase_parameters(FSDP_GRAD_OP, gpt2_xl, Workload(8, 1024), calibration, phase, gpus=4)
-            for phase in (EVALUATION, OPTIMIZER_STEP)]  # fmt: skip
-    assert held[0] - held[1] == pytest.approx(2 * gpt2_xl.parameters / GIB)
+    held = gathered_in(EVALUATION, FSDP_GRAD_OP, gpt2_xl, Workload(8, 1024), calibration, 4)
+    assert held == pytest.approx(2 * gpt2_xl.parameters / GIB)
 
 
 def test_an_evaluation_under_fsdp_holds_the_root_the_running_unit_and_the_next(gpt2_xl, calibration):
-    held = [phase_parameters(FSDP, gpt2_xl, Workload(8, 1024), calibration, phase, gpus=4)
-            for phase in (EVALUATION, OPTIMIZER_STEP)]  # fmt: skip
+    held = gathered_in(EVALUATION, FSDP, gpt2_xl, Workload(8, 1024), calibration, 4)
     units = 2 * FSDP_BLOCKS_PER_UNIT * gpt2_xl.block_parameters
-    assert held[0] - held[1] == pytest.approx((50257 * 1600 + units) * 2 / GIB)
+    assert held == pytest.approx((50257 * 1600 + units) * 2 / GIB)
 
 
 def test_other_frameworks_hold_nothing_unsharded_by_fsdp(gpt2_xl, calibration):
