@@ -68,11 +68,7 @@ from finetune.activation_memory import (
 )
 from finetune.callbacks import GIB
 from finetune.layout import ParallelLayout
-from finetune.profiles import (
-    OFFLOAD_DEVICES,
-    STATES,
-    Strategy,
-)
+from finetune.profiles import OFFLOAD_DEVICES, Strategy
 from finetune.workload import COMPUTE_BYTES, ModelShape, Workload, trained_parameters
 
 # ZeRO-3's optimizer step flattens a sub-group's gradients (training dtype) and casts them to fp32
@@ -316,9 +312,8 @@ def estimate(
     offloaded = strategy.offloaded
     states = {}
     moved = dict.fromkeys(OFFLOAD_DEVICES, 0.0)  # GiB per GPU, by where it goes
-    sharded = STATES if strategy.framework == "fsdp" else strategy.sharded  # fsdp_unsharded_gib says why
     for kind, size in state_bytes(framework, shape, workload).items():
-        gib = size / GIB / (layout.shard_group_size if kind in sharded else 1)
+        gib = size / GIB / (layout.shard_group_size if kind in strategy.kept_sharded else 1)
         if kind in offloaded:
             moved[offloaded[kind]] += gib
             gib = 0.0

@@ -172,6 +172,15 @@ class Strategy:
         return self.framework != "deepspeed"
 
     @property
+    def kept_sharded(self) -> frozenset[str]:
+        """The states each process keeps only its shard of between uses, which is what its memory
+        holds of them: `sharded` (the ZeRO stage a profile is the analogue of, which orders speed and
+        names the plan's sharding) but for FSDP2, whose fp32 parameters stay sharded under both
+        profiles; without resharding after forward it holds gathered compute-dtype copies beside them
+        from forward to backward instead (memory_model.fsdp_unsharded_gib)."""
+        return frozenset(STATES) if self.framework == "fsdp" else self.sharded
+
+    @property
     def offloaded(self) -> dict[str, str]:
         """State (optimizer, parameters) to the device it is moved to (cpu, nvme)."""
         moved = {"optimizer": self.optimizer_offload, "parameters": self.parameter_offload}

@@ -256,6 +256,17 @@ def test_a_strategy_says_what_its_files_shard_and_offload(name, framework, shard
     assert (strategy.framework, set(strategy.sharded), strategy.offloaded) == (framework, sharded, offloaded)
 
 
+@pytest.mark.parametrize("name", ["fsdp_grad_op", "fsdp"])
+def test_fsdp2_keeps_its_parameters_sharded_between_uses_under_either_profile(name):
+    assert load_strategy(name).kept_sharded == {"optimizer", "gradients", "parameters"}
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero1", "zero2", "zero3"])
+def test_other_profiles_keep_sharded_what_their_stage_shards(name):
+    strategy = load_strategy(name)
+    assert strategy.kept_sharded == strategy.sharded
+
+
 def test_only_nvme_offload_to_the_placeholder_folder_needs_nvme_path():
     assert [s.name for s in shipped_strategies() if s.needs_nvme_path] == ["zero3_nvme"]
 
