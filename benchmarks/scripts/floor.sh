@@ -36,7 +36,8 @@ for CASE in "$@"; do
   PROFILE=${REST%%:*}; EXTRA=$(echo "${REST#$PROFILE}" | sed 's/^://' | tr ',' ' ')
   CHANGES=(); if [[ $PROFILE == *~* ]]; then IFS='~' read -ra CHANGES <<< "${PROFILE#*~}"; PROFILE=${PROFILE%%~*}; fi
   [[ $PROFILE == *.yaml ]] && CONFIG=$PROFILE || CONFIG=$CODE/accelerate_configs/$PROFILE.yaml
-  NAME=$(echo "${CASE}" | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80); NAME=${NAME%_}
+  # the folder's name: the case cut to 80 characters, its repeat tag kept (tables.py pools by it)
+  NAME=$(echo "${CASE%%#*}" | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80); NAME=${NAME%_}${TAG:+_$TAG}
   BATCH_FLAG="--batch_size $BATCH"; [ "$BATCH" = - ] && BATCH_FLAG=""  # -: the case's flags choose it
   SOURCE="--from_scratch"; [ -d "$MODEL" ] && SOURCE=""
   FLAGS="--model $MODEL $SOURCE --max_steps $STEPS $BATCH_FLAG --block_size ${BLOCK:-1024}

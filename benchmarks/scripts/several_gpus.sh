@@ -320,6 +320,23 @@ case $CALL in
     TOOL=memory_snapshot MODEL=gpt2-xl BATCH=8 NPROC=1 phase snapshot-1 270 0 profile fsdp fsdp_grad_op
     TOOL=memory_snapshot MODEL=gpt2-xl BATCH=8 NPROC=2 phase snapshot-2 270 0,1 profile fsdp fsdp_grad_op
     ;;
+  36)  # the sharding floor, a lever not yet timed: ZeRO++ on zero3, its weights all-gathered in int8
+    # (zero_quantized_weights, qwZ) and its gradients reduced in int4 through an all-to-all
+    # (zero_quantized_gradients, qgZ), each beside plain zero3 twice; DeepSpeed builds its quantizer
+    # op on first use (nvcc), in the first qwZ case. hpZ (zero_hpz_partition_size) partitions within
+    # a node for several nodes: on one node it is the whole world, nothing to time
+    Q=ds.zero_optimization.zero_quantized
+    RUN_TIMEOUT=120 phase zeropp 560 $ALL floor gpt2-medium 8 20 zero3 "zero3~${Q}_weights=true" \
+      "zero3~${Q}_weights=true~${Q}_gradients=true" 'zero3#r2' "zero3~${Q}_weights=true#r2" \
+      "zero3~${Q}_weights=true~${Q}_gradients=true#r2"
+    ;;
+  37)  # the sharding floor, a lever not yet timed: NCCL's kernels against the compute for the SMs. FSDP2's
+    # collectives took 15-20x their isolated time in training; fewer CTAs for NCCL (NCCL_MAX_CTAS=4)
+    # leave more SMs to the blocks, high-priority NCCL streams (TORCH_NCCL_HIGH_PRIORITY=1) let its
+    # kernels start first; each beside fsdp's default twice, alternating
+    RUN_TIMEOUT=80 phase nccl-sms 560 $ALL floor gpt2-medium 8 20 fsdp NCCL_MAX_CTAS=4+fsdp \
+      TORCH_NCCL_HIGH_PRIORITY=1+fsdp 'fsdp#r2' 'NCCL_MAX_CTAS=4+fsdp#r2' 'TORCH_NCCL_HIGH_PRIORITY=1+fsdp#r2'
+    ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).
