@@ -246,20 +246,27 @@ def test_floor_against_no_flags_sets_each_case_beside_its_profiles_own_case(tmp_
 
 def test_a_cases_folder_is_named_as_floor_sh_names_it():
     """floor.sh's own naming line, run: tables.py finds a reference case by the folder it writes."""
-    [naming] = [
+    naming = [
         line
         for line in (ROOT / "benchmarks" / "scripts" / "floor.sh").read_text().splitlines()
-        if 'NAME=$(echo "${CASE}"' in line
+        if line.lstrip().startswith(("TAG=", "NAME="))
     ]
     case = "zero3:--peft,lora,--gradient_checkpointing,true,--torch_compile_mode,reduce-overhead"
-    for written in (case, "fsdp:--batch_size,8"):
-        named = subprocess.run(["bash", "-c", f'{naming}\necho "$NAME"'], env={"CASE": written},
+    for written in (case, "fsdp:--batch_size,8", "fsdp#r2", f"{case}#r2"):
+        script = "\n".join(["REST=$CASE", *naming, 'echo "$NAME"'])
+        named = subprocess.run(["bash", "-c", script], env={"CASE": written},
                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         assert tables.case_folder(written) == named
     assert (
         tables.case_folder(case)
         == "zero3_--peft_lora_--gradient_checkpointing_true_--torch_compile_mode_reduce-over"
     )
+
+
+def test_a_long_cases_repeats_get_folders_of_their_own():
+    quantized = "ds.zero_optimization.zero_quantized"
+    case = f"zero3~{quantized}_weights=true~{quantized}_gradients=true"
+    assert tables.case_folder(f"{case}#r2") == f"{tables.case_folder(case)}_r2"
 
 
 def test_a_floor_case_that_failed_before_its_first_step_is_a_row_that_says_so(tmp_path):

@@ -665,10 +665,12 @@ def floor_repeats(machine: Path) -> str:
 
 
 def case_folder(case: str) -> str:
-    """The folder floor.sh names a case's results by: `echo CASE | tr -c 'A-Za-z0-9_.=-' '_' | cut -c1-80`,
-    one trailing underscore dropped (the echoed newline's, or the cut's)."""
-    name = re.sub(r"[^A-Za-z0-9_.=-]", "_", case + "\n")[:80]
-    return name.removesuffix("_")
+    """The folder floor.sh names a case's results by: the case before its `#` tag through `tr -c
+    'A-Za-z0-9_.=-' '_' | cut -c1-80`, one trailing underscore dropped (the echoed newline's, or the
+    cut's), then `_TAG` (so a long case's repeats stay apart)."""
+    untagged, _, tag = case.partition("#")
+    name = re.sub(r"[^A-Za-z0-9_.=-]", "_", untagged + "\n")[:80].removesuffix("_")
+    return f"{name}_{tag}" if tag else name
 
 
 def floor_against(machine: Path, reference: list[str]) -> str:
