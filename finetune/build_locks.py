@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from finetune.deepspeed_json import quantized_collectives
 from finetune.errors import FinetuneError
 
 SHARED_LOCK_STALE_AFTER_S = 1800.0
@@ -113,7 +114,7 @@ def refuse_stale_build_locks(one_machine: bool) -> None:
 def deepspeed_ops_a_run_builds(on_gpu: bool, deepspeed_config: dict[str, Any]) -> list[str]:
     """The ops DeepSpeed compiles when a run starts, by their build folders' names: its shared-memory
     collectives wherever it runs on CPU, CPU Adam where the optimizer is offloaded, async I/O where
-    anything goes to NVMe."""
+    anything goes to NVMe, the quantizer for ZeRO++'s quantized collectives (GPUs only)."""
     zero = deepspeed_config.get("zero_optimization", {})
     devices = {zero.get(section, {}).get("device") for section in ("offload_optimizer", "offload_param")}
     ops = [] if on_gpu else ["deepspeed_shm_comm"]
@@ -121,6 +122,8 @@ def deepspeed_ops_a_run_builds(on_gpu: bool, deepspeed_config: dict[str, Any]) -
         ops.append("cpu_adam")
     if "nvme" in devices:
         ops.append("async_io")
+    if on_gpu and quantized_collectives(deepspeed_config):
+        ops.append("quantizer")
     return ops
 
 

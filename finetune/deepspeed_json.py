@@ -116,6 +116,35 @@ def check_nvme_path(config_path: Path | None, config: dict[str, Any] | None, nvm
         )
 
 
+# ZeRO++'s quantized collectives, read by stage 3 only: int8 weight all-gathers (qwZ), weights kept
+# quantized, int4 gradient all-to-all reduction (qgZ); each runs DeepSpeed's quantizer op, built on
+# first use, which has kernels for CUDA only
+QUANTIZED_COLLECTIVE_KEYS = (
+    "zero_quantized_weights",
+    "zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients",
+)
+
+
+def quantized_collectives(config: dict[str, Any]) -> list[str]:
+    """The ZeRO++ quantizations the JSON turns on where DeepSpeed reads them (stage 3)."""
+    zero = config.get("zero_optimization", {})
+    if zero.get("stage") != 3:
+        return []
+    return [key for key in QUANTIZED_COLLECTIVE_KEYS if zero.get(key) is True]
+
+
+def check_quantized_collectives(config_path: Path | None, config: dict[str, Any], on_gpu: bool) -> None:
+    """Off CUDA the quantizer op raises from inside zero.Init, a traceback on every rank: refused in
+    one line before DeepSpeed starts."""
+    asked = quantized_collectives(config)
+    if asked and not on_gpu:
+        raise FinetuneError(
+            f"{config_path}: zero_optimization.{asked[0]}: ZeRO++'s quantized collectives run on CUDA GPUs "
+            "only (DeepSpeed's quantizer op has no CPU kernels): set it false on this machine"
+        )
+
+
 TORCH_ADAMW = ("adamw_torch", "adamw_torch_fused")  # the Trainer's AdamW: the algorithm DeepSpeed's runs
 
 

@@ -22,6 +22,7 @@ from finetune.build_locks import (
 from finetune.deepspeed_json import (
     JsonDecidedFlags,
     check_deepspeed_config,
+    check_quantized_collectives,
     check_values_match_the_flags,
     needs_nvme_path,
     write_filled_config,
@@ -84,8 +85,10 @@ def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> 
     """TrainingArguments' own __post_init__, which sets up the devices (and starts DeepSpeed) from
     the resolved flags: in the process that trains, after `resolve_launch_settings`."""
     if launch.deepspeed_config_path is not None or training_args.deepspeed:  # before its first op build
+        deepspeed_config = launch.deepspeed_config or {}
+        check_quantized_collectives(launch.deepspeed_config_path, deepspeed_config, launch.on_gpu)
         refuse_stale_build_locks(launch.on_one_machine)
-        announce_first_builds(launch, launch.deepspeed_config or {})
+        announce_first_builds(launch, deepspeed_config)
     try:
         with without_printed_lines(DEEPSPEED_OP_LOADED):  # the device set-up starts DeepSpeed
             TrainingArguments.__post_init__(training_args)

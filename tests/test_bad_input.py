@@ -11,6 +11,7 @@ import pytest
 
 from finetune import cli, run
 from finetune.arguments import parse_arguments
+from finetune.profiles import copy_profile
 from finetune.summary import RunRecord, read_summary
 
 from launching import ENVIRONMENT, LAUNCH_TIMEOUT_S, accelerate_launch
@@ -734,6 +735,28 @@ def test_finetune_run_reports_a_rank_error_once_with_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
     assert lines == [lines[0]] and "model 'no-such-model' not found" in lines[0], result.stderr[-3000:]
+
+
+@pytest.mark.integration
+def test_zero_plus_plus_quantized_collectives_off_cuda_are_one_error_line(tmp_path):
+    """DeepSpeed's quantizer op has CUDA kernels only: refused before zero.Init raises on every rank."""
+    [profile, deepspeed_json] = copy_profile("zero3", tmp_path / "profiles")
+    config = json.loads(deepspeed_json.read_text())
+    config["zero_optimization"]["zero_quantized_gradients"] = True
+    deepspeed_json.write_text(json.dumps(config))
+    command = [sys.executable, "-m", "finetune", "run", "--profile", str(profile), "--num_processes", "2",
+               *TINY_FROM_SCRATCH, "--max_steps", "1", "--output_dir", str(tmp_path / "out"),
+               "--report_to", "none"]  # fmt: skip
+    result = subprocess.run(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True,
+                            timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    assert lines == [
+        f"finetune: error: {deepspeed_json}: zero_optimization.zero_quantized_gradients: ZeRO++'s quantized "
+        "collectives run on CUDA GPUs only (DeepSpeed's quantizer op has no CPU kernels): set it false on "
+        "this machine"
+    ]
 
 
 @pytest.mark.integration

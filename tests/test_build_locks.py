@@ -101,6 +101,15 @@ def test_deepspeed_builds_its_shared_memory_collectives_on_cpu_and_cpu_adam_and_
     assert deepspeed_ops_a_run_builds(on_gpu=True, deepspeed_config=nvme) == ["cpu_adam", "async_io"]
 
 
+def test_zero_plus_plus_quantized_collectives_build_the_quantizer_under_stage_3_on_gpus():
+    quantized = {"stage": 3, "zero_quantized_weights": True}
+    assert deepspeed_ops_a_run_builds(on_gpu=True, deepspeed_config={"zero_optimization": quantized}) == [
+        "quantizer"
+    ]
+    stage_2 = {"zero_optimization": {**quantized, "stage": 2}}  # read by stage 3 only
+    assert deepspeed_ops_a_run_builds(on_gpu=True, deepspeed_config=stage_2) == []
+
+
 def test_an_op_counts_as_built_once_its_library_is_in_the_extensions_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     lock = make_lock(tmp_path, "cpu_adam")  # a build under way: its folder, no library yet
