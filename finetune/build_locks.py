@@ -23,7 +23,6 @@ from typing import Any
 
 import psutil
 
-from finetune.deepspeed_json import quantized_collectives
 from finetune.errors import FinetuneError
 
 SHARED_LOCK_STALE_AFTER_S = 1800.0
@@ -109,6 +108,24 @@ def refuse_stale_build_locks(one_machine: bool) -> None:
     problem = build_lock_problem(one_machine)
     if problem:
         raise FinetuneError(problem)
+
+
+# ZeRO++'s quantized collectives, read by stage 3 only: int8 weight all-gathers (qwZ), weights kept
+# quantized, int4 gradient all-to-all reduction (qgZ); each runs DeepSpeed's quantizer op, built on
+# first use, which has kernels for CUDA only
+QUANTIZED_COLLECTIVE_KEYS = (
+    "zero_quantized_weights",
+    "zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients",
+)
+
+
+def quantized_collectives(config: dict[str, Any]) -> list[str]:
+    """The ZeRO++ quantizations the JSON turns on where DeepSpeed reads them (stage 3)."""
+    zero = config.get("zero_optimization", {})
+    if zero.get("stage") != 3:
+        return []
+    return [key for key in QUANTIZED_COLLECTIVE_KEYS if zero.get(key) is True]
 
 
 def deepspeed_ops_a_run_builds(on_gpu: bool, deepspeed_config: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune.build_locks import quantized_collectives
 from finetune.config_files import parse_json
 from finetune.errors import FinetuneError, first_line
 
@@ -114,24 +115,6 @@ def check_nvme_path(config_path: Path | None, config: dict[str, Any] | None, nvm
         raise FinetuneError(
             f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
         )
-
-
-# ZeRO++'s quantized collectives, read by stage 3 only: int8 weight all-gathers (qwZ), weights kept
-# quantized, int4 gradient all-to-all reduction (qgZ); each runs DeepSpeed's quantizer op, built on
-# first use, which has kernels for CUDA only
-QUANTIZED_COLLECTIVE_KEYS = (
-    "zero_quantized_weights",
-    "zero_quantized_nontrainable_weights",
-    "zero_quantized_gradients",
-)
-
-
-def quantized_collectives(config: dict[str, Any]) -> list[str]:
-    """The ZeRO++ quantizations the JSON turns on where DeepSpeed reads them (stage 3)."""
-    zero = config.get("zero_optimization", {})
-    if zero.get("stage") != 3:
-        return []
-    return [key for key in QUANTIZED_COLLECTIVE_KEYS if zero.get(key) is True]
 
 
 def check_quantized_collectives(config_path: Path | None, config: dict[str, Any], on_gpu: bool) -> None:
