@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune.build_locks import quantized_collectives
 from finetune.config_files import parse_json
 from finetune.errors import FinetuneError, first_line
 
@@ -114,17 +113,6 @@ def check_nvme_path(config_path: Path | None, config: dict[str, Any] | None, nvm
     if not nvme_path:
         raise FinetuneError(
             f"{config_path} offloads to NVMe: pass --nvme_path DIR (a folder on a fast local disk)"
-        )
-
-
-def check_quantized_collectives(config_path: Path | None, config: dict[str, Any], on_gpu: bool) -> None:
-    """Off CUDA the quantizer op raises from inside zero.Init, a traceback on every rank: refused in
-    one line before DeepSpeed starts."""
-    asked = quantized_collectives(config)
-    if asked and not on_gpu:
-        raise FinetuneError(
-            f"{config_path}: zero_optimization.{asked[0]}: ZeRO++'s quantized collectives run on CUDA GPUs "
-            "only (DeepSpeed's quantizer op has no CPU kernels): set it false on this machine"
         )
 
 

@@ -18,6 +18,7 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType
 
+from finetune.build_locks import quantized_collectives
 from finetune.errors import FinetuneError
 
 if TYPE_CHECKING:  # transformers' classes cost every `finetune` command seconds to import
@@ -57,6 +58,30 @@ def check_precision_without_gpu(precision: str, launch: Launch) -> None:
         "GPUs only; without a GPU pass --precision fp32 (--precision auto chooses it), or try "
         f"{precision} on the CPU under the single or ddp profile"
     )
+
+
+def check_offload_without_gpu(launch: Launch) -> None:
+    """FSDP2's parameter offload moves the states from a GPU to CPU memory (torch's CPUOffloadPolicy),
+    which asks for the accelerator on every rank: without a GPU a traceback on each. DeepSpeed's
+    offload profiles run on CPU ranks."""
+    if launch.on_gpu or launch.strategy.framework != "fsdp" or not launch.strategy.offloaded:
+        return
+    raise FinetuneError(
+        f"profile {launch.strategy_name}: fsdp_config.fsdp_offload_params moves FSDP2's states from a GPU to "
+        "CPU memory and needs a GPU: without one set it false (the states are in CPU memory already)"
+    )
+
+
+def check_quantized_collectives_without_gpu(launch: Launch) -> None:
+    """ZeRO++'s quantized collectives run DeepSpeed's quantizer op, which has CUDA kernels only: off
+    a GPU it raises from inside zero.Init on every rank."""
+    asked = quantized_collectives(launch.deepspeed_config or {})
+    if asked and not launch.on_gpu:
+        raise FinetuneError(
+            f"{launch.deepspeed_config_path}: zero_optimization.{asked[0]}: ZeRO++'s quantized "
+            "collectives run on CUDA GPUs only (DeepSpeed's quantizer op has no CPU kernels): set it false "
+            "on this machine"
+        )
 
 
 def apply_collective_timeout(args: TrainingArguments) -> None:

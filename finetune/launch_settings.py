@@ -22,7 +22,6 @@ from finetune.build_locks import (
 from finetune.deepspeed_json import (
     JsonDecidedFlags,
     check_deepspeed_config,
-    check_quantized_collectives,
     check_values_match_the_flags,
     needs_nvme_path,
     write_filled_config,
@@ -30,7 +29,9 @@ from finetune.deepspeed_json import (
 from finetune.devices import (
     adapt_arguments_to_cpu,
     apply_collective_timeout,
+    check_offload_without_gpu,
     check_precision_without_gpu,
+    check_quantized_collectives_without_gpu,
     one_gpu_per_process,
 )
 from finetune.errors import FinetuneError, lines_joined
@@ -66,6 +67,8 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     BatchGeometry.of(training_args, launch.data_parallel_size).apply(training_args)
     _apply_auto_precision(training_args)
     check_precision_without_gpu(mixed_precision(training_args), launch)
+    check_offload_without_gpu(launch)
+    check_quantized_collectives_without_gpu(launch)
     _apply_nvme_path(training_args, config_path, deepspeed_config)
     adapt_arguments_to_cpu(training_args, launch)
     _apply_batch_copies(training_args, launch)
@@ -85,10 +88,8 @@ def set_up_devices(training_args: FinetuneTrainingArguments, launch: Launch) -> 
     """TrainingArguments' own __post_init__, which sets up the devices (and starts DeepSpeed) from
     the resolved flags: in the process that trains, after `resolve_launch_settings`."""
     if launch.deepspeed_config_path is not None or training_args.deepspeed:  # before its first op build
-        deepspeed_config = launch.deepspeed_config or {}
-        check_quantized_collectives(launch.deepspeed_config_path, deepspeed_config, launch.on_gpu)
         refuse_stale_build_locks(launch.on_one_machine)
-        announce_first_builds(launch, deepspeed_config)
+        announce_first_builds(launch, launch.deepspeed_config or {})
     try:
         with without_printed_lines(DEEPSPEED_OP_LOADED):  # the device set-up starts DeepSpeed
             TrainingArguments.__post_init__(training_args)

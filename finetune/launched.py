@@ -63,6 +63,12 @@ def strategy_from_environment(world_size: int, deepspeed_config: dict[str, Any] 
             config = {"zero_optimization": zero}
         strategy = derive_strategy("", "DEEPSPEED", deepspeed_config=config, dynamo_config=dynamo)
     elif launched_with("FSDP"):
+        version = os.environ.get("FSDP_VERSION", "1")  # accelerate's default where a config names none
+        if version != "2":
+            raise FinetuneError(
+                f"the launch asks for FSDP version {version}: this project trains with FSDP2 "
+                "(fsdp_config.fsdp_version: 2, as in accelerate_configs/fsdp.yaml)"
+            )
         fsdp = {
             "fsdp_reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
             == "true",

@@ -267,12 +267,14 @@ def test_compilation_is_on_by_default_with_cuda_unless_told_to_use_the_cpu(monke
 def test_fsdp_is_compiled_by_default(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
     assert compiles_by_default(False, Launch.from_environment()) is True
 
 
 def test_fsdp_with_parameter_offload_is_not_compiled_by_default(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
     assert compiles_by_default(False, Launch.from_environment()) is False
 

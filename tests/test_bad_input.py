@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -737,26 +738,56 @@ def test_finetune_run_reports_a_rank_error_once_with_exit_2(tmp_path):
     assert lines == [lines[0]] and "model 'no-such-model' not found" in lines[0], result.stderr[-3000:]
 
 
+def run_copied_profile(
+    tmp_path: Path, name: str, edit: Callable[[str], str]
+) -> subprocess.CompletedProcess[str]:
+    """`finetune run` of a copy of a shipped profile whose file `edit` changed: its JSON where it has
+    one, else its YAML."""
+    copies = copy_profile(name, tmp_path / "profiles")
+    edited = copies[-1]
+    edited.write_text(edit(edited.read_text()))
+    command = [sys.executable, "-m", "finetune", "run", "--profile", str(copies[0]), "--num_processes", "2",
+               *TINY_FROM_SCRATCH, "--max_steps", "1", "--output_dir", str(tmp_path / "out"),
+               "--report_to", "none"]  # fmt: skip
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
+
+
+def the_one_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
+    return line
+
+
 @pytest.mark.integration
 def test_zero_plus_plus_quantized_collectives_off_cuda_are_one_error_line(tmp_path):
     """DeepSpeed's quantizer op has CUDA kernels only: refused before zero.Init raises on every rank."""
-    [profile, deepspeed_json] = copy_profile("zero3", tmp_path / "profiles")
-    config = json.loads(deepspeed_json.read_text())
-    config["zero_optimization"]["zero_quantized_gradients"] = True
-    deepspeed_json.write_text(json.dumps(config))
-    command = [sys.executable, "-m", "finetune", "run", "--profile", str(profile), "--num_processes", "2",
-               *TINY_FROM_SCRATCH, "--max_steps", "1", "--output_dir", str(tmp_path / "out"),
-               "--report_to", "none"]  # fmt: skip
-    result = subprocess.run(command, cwd=PROJECT_ROOT, env=ENVIRONMENT, capture_output=True, text=True,
-                            timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("finetune: error:")]
-    assert lines == [
-        f"finetune: error: {deepspeed_json}: zero_optimization.zero_quantized_gradients: ZeRO++'s quantized "
-        "collectives run on CUDA GPUs only (DeepSpeed's quantizer op has no CPU kernels): set it false on "
-        "this machine"
-    ]
+
+    def quantize_gradients(text: str) -> str:
+        config = json.loads(text)
+        config["zero_optimization"]["zero_quantized_gradients"] = True
+        return json.dumps(config)
+
+    line = the_one_error(run_copied_profile(tmp_path, "zero3", quantize_gradients))
+    assert line.endswith(
+        "zero3.json: zero_optimization.zero_quantized_gradients: ZeRO++'s quantized collectives run on CUDA "
+        "GPUs only (DeepSpeed's quantizer op has no CPU kernels): set it false on this machine"
+    )
+
+
+@pytest.mark.integration
+def test_fsdp2_parameter_offload_without_a_gpu_is_one_error_line(tmp_path):
+    """torch's CPUOffloadPolicy asks for the accelerator on every rank."""
+
+    def offload_parameters(text: str) -> str:
+        return text.replace("fsdp_offload_params: false", "fsdp_offload_params: true")
+
+    line = the_one_error(run_copied_profile(tmp_path, "fsdp", offload_parameters))
+    assert line.endswith(
+        "fsdp_config.fsdp_offload_params moves FSDP2's states from a GPU to CPU memory and needs a GPU: "
+        "without one set it false (the states are in CPU memory already)"
+    )
 
 
 @pytest.mark.integration

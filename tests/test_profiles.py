@@ -396,9 +396,20 @@ def test_the_launched_deepspeed_strategy_is_the_profiles(name, monkeypatch):
 def test_the_launched_fsdp_strategy_is_the_profiles(name, monkeypatch):
     settings = load_profile(name).settings["fsdp_config"]
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", str(settings["fsdp_version"]))
     monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", str(settings["fsdp_reshard_after_forward"]).lower())
     launched = launched_on_two_processes(monkeypatch)
     assert (launched.name, facts(launched)) == (name, facts(load_strategy(name)))
+
+
+@pytest.mark.parametrize("version", [None, "1"])
+def test_a_launch_of_fsdp1_is_refused_in_one_line(version, monkeypatch):
+    """A bare `accelerate launch` of a config without fsdp_version runs FSDP1 (accelerate's default)."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    if version:
+        monkeypatch.setenv("FSDP_VERSION", version)
+    with pytest.raises(FinetuneError, match="asks for FSDP version 1: this project trains with FSDP2"):
+        launched_on_two_processes(monkeypatch)
 
 
 def test_the_launched_strategy_carries_the_profiles_compile_mode(monkeypatch):
