@@ -69,6 +69,22 @@ def check_deepspeed_config(path: Path, config: dict[str, Any]) -> None:
     _check_with_deepspeeds_model(path, zero)
 
 
+GATHER_ON_SAVE = "stage3_gather_16bit_weights_on_model_save"
+
+
+def check_final_model_gathered(path: Path, config: dict[str, Any]) -> None:
+    """A run ends by writing its model folder, which under ZeRO-3 is accelerate's `get_state_dict`
+    gathering the 16-bit weights: it refuses unless the JSON says so, and DeepSpeed's default is
+    false. Refused before the data rather than after the training (the checkpoints would hold the
+    weights, for `finetune export`, but the run would end failed)."""
+    zero = config.get("zero_optimization", {})
+    if zero.get("stage") == 3 and zero.get(GATHER_ON_SAVE) is not True:
+        raise FinetuneError(
+            f"{path}: zero_optimization.{GATHER_ON_SAVE}: must be true under ZeRO-3 (DeepSpeed's default is "
+            "false): the run ends by gathering the weights into its model folder"
+        )
+
+
 def _without_auto(section: dict[str, Any]) -> dict[str, Any]:
     """The section less its "auto" values, which accelerate fills in before DeepSpeed reads them."""
     return {

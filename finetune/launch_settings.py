@@ -22,6 +22,7 @@ from finetune.build_locks import (
 from finetune.deepspeed_json import (
     JsonDecidedFlags,
     check_deepspeed_config,
+    check_final_model_gathered,
     check_values_match_the_flags,
     needs_nvme_path,
     write_filled_config,
@@ -58,6 +59,7 @@ def resolve_launch_settings(training_args: FinetuneTrainingArguments, launch: La
     config_path, deepspeed_config = launch.deepspeed_config_path, launch.deepspeed_config
     if config_path is not None and deepspeed_config is not None:  # a bare accelerate launch checks none
         check_deepspeed_config(config_path, deepspeed_config)
+        check_final_model_gathered(config_path, deepspeed_config)
     JsonDecidedFlags.of(training_args).check(config_path, deepspeed_config)
     _apply_fsdp_units(training_args, launch)
     _apply_sequence_parallel(training_args, launch)

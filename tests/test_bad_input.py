@@ -777,6 +777,23 @@ def test_zero_plus_plus_quantized_collectives_off_cuda_are_one_error_line(tmp_pa
 
 
 @pytest.mark.integration
+def test_zero3_without_gathering_its_weights_on_save_is_refused_before_training(tmp_path):
+    """accelerate would refuse to gather the final model only after the whole training."""
+
+    def gather_nothing(text: str) -> str:
+        config = json.loads(text)
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
+        return json.dumps(config)
+
+    result = run_copied_profile(tmp_path, "zero3", gather_nothing)
+    assert the_one_error(result).endswith(
+        "zero3.json: zero_optimization.stage3_gather_16bit_weights_on_model_save: must be true under ZeRO-3 "
+        "(DeepSpeed's default is false): the run ends by gathering the weights into its model folder"
+    )
+    assert not list((tmp_path / "out").glob("checkpoint-*"))  # stopped before the first step
+
+
+@pytest.mark.integration
 def test_fsdp2_parameter_offload_without_a_gpu_is_one_error_line(tmp_path):
     """torch's CPUOffloadPolicy asks for the accelerator on every rank."""
 

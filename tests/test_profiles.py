@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from finetune.cli import main
-from finetune.deepspeed_json import fill_nvme_path, needs_nvme_path
+from finetune.deepspeed_json import check_final_model_gathered, fill_nvme_path, needs_nvme_path
 from finetune.errors import FinetuneError
 from finetune.launch import Placement, launch_command, resolved_profile_file
 from finetune.launched import CompilePlan, Launch
@@ -154,6 +154,22 @@ def test_profiles_command_fails_on_a_broken_file_with_one_error_line(tmp_path, c
     assert len(err_lines) == 1
     assert err_lines[0].startswith("finetune: error:")
     assert str(path) in err_lines[0]
+
+
+@pytest.mark.parametrize(
+    "zero", [{"stage": 3}, {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False}]
+)
+def test_a_run_under_zero3_needs_its_weights_gathered_on_save(zero):
+    """DeepSpeed's default is false, and the run's model folder is written by gathering them."""
+    with pytest.raises(FinetuneError, match="stage3_gather_16bit_weights_on_model_save: must be true"):
+        check_final_model_gathered(Path("ds.json"), {"zero_optimization": zero})
+
+
+def test_only_zero3_gathers_its_weights_on_save():
+    check_final_model_gathered(Path("ds.json"), {"zero_optimization": {"stage": 2}})
+    for name in ("zero3", "zero3_offload", "zero3_nvme"):
+        config = json.loads((shipped_folder("ds_configs") / f"{name}.json").read_text())
+        check_final_model_gathered(Path(f"{name}.json"), config)
 
 
 def test_needs_nvme_path_only_with_the_placeholder():
