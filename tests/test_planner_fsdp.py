@@ -132,12 +132,14 @@ def test_other_frameworks_hold_nothing_unsharded_by_fsdp(gpt2_xl, calibration):
 
 
 def test_fsdp_grad_op_holds_what_was_measured_beyond_fsdp_on_one_gpu(calibration):
-    """Every pair of one-GPU peaks of the two profiles at the same model and micro batch: the
-    difference is the bf16 copy of the blocks fsdp_grad_op keeps gathered (gpt2-xl: 2.75 GiB)."""
+    """Every pair of one-GPU peaks of the two profiles at the same model, micro batch and unit size:
+    the difference is the bf16 copy of the blocks fsdp_grad_op keeps gathered (gpt2-xl: 2.75 GiB;
+    none left at a checkpointed step's peak, at the backward's end)."""
     peaks: dict[tuple, dict[str, tuple[float, float]]] = {}
     for m in read_measurements():
         if m.strategy.framework == "fsdp" and m.layout.world_size == 1 and m.workload.peft is None:
-            key = (m.shape.name, m.workload.micro_batch, m.workload.gradient_checkpointing)
+            key = (m.shape.name, m.workload.micro_batch, m.workload.gradient_checkpointing,
+                   m.workload.fsdp_blocks_per_unit)  # fmt: skip
             predicted = estimate_for(m, calibration).total
             peaks.setdefault(key, {})[m.strategy.name] = (m.peak_allocated_gib, predicted)
     pairs = [pair for pair in peaks.values() if len(pair) == 2]
