@@ -753,6 +753,17 @@ def run_copied_profile(
                           timeout=LAUNCH_TIMEOUT_S)  # fmt: skip
 
 
+def zero_key(key: str, value: object) -> Callable[[str], str]:
+    """An edit of a DeepSpeed JSON's text: zero_optimization's `key` set to `value`."""
+
+    def edit(text: str) -> str:
+        config = json.loads(text)
+        config["zero_optimization"][key] = value
+        return json.dumps(config)
+
+    return edit
+
+
 def the_one_error(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
@@ -763,13 +774,7 @@ def the_one_error(result: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.integration
 def test_zero_plus_plus_quantized_collectives_off_cuda_are_one_error_line(tmp_path):
     """DeepSpeed's quantizer op has CUDA kernels only: refused before zero.Init raises on every rank."""
-
-    def quantize_gradients(text: str) -> str:
-        config = json.loads(text)
-        config["zero_optimization"]["zero_quantized_gradients"] = True
-        return json.dumps(config)
-
-    line = the_one_error(run_copied_profile(tmp_path, "zero3", quantize_gradients))
+    line = the_one_error(run_copied_profile(tmp_path, "zero3", zero_key("zero_quantized_gradients", True)))
     assert line.endswith(
         "zero3.json: zero_optimization.zero_quantized_gradients: ZeRO++'s quantized collectives run on CUDA "
         "GPUs only (DeepSpeed's quantizer op has no CPU kernels): set it false on this machine"
@@ -779,12 +784,7 @@ def test_zero_plus_plus_quantized_collectives_off_cuda_are_one_error_line(tmp_pa
 @pytest.mark.integration
 def test_zero3_without_gathering_its_weights_on_save_is_refused_before_training(tmp_path):
     """accelerate would refuse to gather the final model only after the whole training."""
-
-    def gather_nothing(text: str) -> str:
-        config = json.loads(text)
-        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = False
-        return json.dumps(config)
-
+    gather_nothing = zero_key("stage3_gather_16bit_weights_on_model_save", False)
     result = run_copied_profile(tmp_path, "zero3", gather_nothing)
     assert the_one_error(result).endswith(
         "zero3.json: zero_optimization.stage3_gather_16bit_weights_on_model_save: must be true under ZeRO-3 "
