@@ -27,6 +27,7 @@ from finetune.errors import FinetuneError
 from finetune.layout import ParallelLayout
 from finetune.profiles import (
     CUDA_GRAPH_MODES,
+    FSDP_VERSION,
     Strategy,
     conventional_name,
     derive_strategy,
@@ -64,10 +65,10 @@ def strategy_from_environment(world_size: int, deepspeed_config: dict[str, Any] 
         strategy = derive_strategy("", "DEEPSPEED", deepspeed_config=config, dynamo_config=dynamo)
     elif launched_with("FSDP"):
         version = os.environ.get("FSDP_VERSION", "1")  # accelerate's default where a config names none
-        if version != "2":
+        if version != str(FSDP_VERSION):
             raise FinetuneError(
                 f"the launch asks for FSDP version {version}: this project trains with FSDP2 "
-                "(fsdp_config.fsdp_version: 2, as in accelerate_configs/fsdp.yaml)"
+                f"(fsdp_config.fsdp_version: {FSDP_VERSION}, as in accelerate_configs/fsdp.yaml)"
             )
         fsdp = {
             "fsdp_reshard_after_forward": os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()

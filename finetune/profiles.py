@@ -68,6 +68,7 @@ FULL_SHARDING_TIES = ("single", "ddp", "fsdp", "deepspeed")  # but these where e
 
 # torch.compile modes that record CUDA graphs
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+FSDP_VERSION = 2  # the FSDP the profiles train with: FSDP2 (fully_shard), whatever launches them
 
 
 @dataclass(frozen=True)
@@ -512,8 +513,10 @@ def _check_fsdp(path: Path, settings: dict[str, Any]) -> None:
     fsdp = settings.get("fsdp_config")
     if not isinstance(fsdp, dict):
         raise FinetuneError(f"{path}: fsdp_config: missing (an FSDP profile needs its fsdp_config mapping)")
-    if fsdp.get("fsdp_version") != 2:
-        raise FinetuneError(f"{path}: fsdp_config.fsdp_version: must be 2 (this project uses FSDP2)")
+    if fsdp.get("fsdp_version") != FSDP_VERSION:
+        raise FinetuneError(
+            f"{path}: fsdp_config.fsdp_version: must be {FSDP_VERSION} (this project uses FSDP2)"
+        )
     if not isinstance(fsdp.get("fsdp_reshard_after_forward"), bool):
         raise FinetuneError(f"{path}: fsdp_config.fsdp_reshard_after_forward: must be true or false")
 
