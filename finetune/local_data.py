@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import DatasetDict, load_dataset
+from datasets.data_files import SPLIT_KEYWORDS
 from datasets.exceptions import DatasetGenerationError
 
 from finetune.errors import FinetuneError, first_line
@@ -26,40 +27,54 @@ BUILDERS = {
     ".csv": "csv",
     ".parquet": "parquet",
 }
-SPLIT_WORDS = {
-    "train": ("train", "training"),
-    "validation": ("valid", "validation", "dev"),
-    "test": ("test",),
-}
 
 
-def split_of(path: Path) -> str | None:
-    """The split a file name declares by a whole word: `wiki.valid.tokens`, `train-00001.jsonl`."""
-    words = set(re.split(r"[^a-z0-9]+", path.name.lower()))
-    for split, names in SPLIT_WORDS.items():
-        if words & set(names):
-            return split
+def split_of(relative: Path) -> str | None:
+    """The split a file declares by a whole word of its name (`wiki.valid.tokens`, `train-00001.jsonl`)
+    or else of its nearest folder (`test/part-0.jsonl`), with the keywords `datasets` reads in a
+    data folder (`val` and `dev` are validation, `eval` is test)."""
+    for name in (relative.name, *reversed(relative.parent.parts)):
+        words = set(re.split(r"[^a-z]+", name.lower()))
+        for split, keywords in SPLIT_KEYWORDS.items():
+            if words & set(keywords):
+                return str(split)
     return None
 
 
+def is_hidden(relative: Path) -> bool:
+    """Skipped in a data folder as `datasets` skips them: dot files and folders (`.ipynb_checkpoints`
+    holds copies of the data) and `__` folders (`__pycache__`)."""
+    return any(part.startswith(".") for part in relative.parts) or any(
+        part.startswith("__") for part in relative.parent.parts
+    )
+
+
 def data_files(path: Path) -> dict[str, list[str]]:
-    """Files of a local dataset by split (train/valid/dev/test in the name); unnamed files are train."""
+    """Files of a local dataset by split (train/valid/test in the file's or its folder's name); unnamed
+    files are train, as `datasets` reads an unnamed folder (it would drop them beside named ones)."""
     if path.is_file() and path.suffix.lower() not in BUILDERS:
         raise FinetuneError(
             f"{path}: cannot tell its format from the suffix {path.suffix or '(none)'!r}; "
             f"name it as one of {', '.join(BUILDERS)}"
         )
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix.lower() in BUILDERS)
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(
+            file
+            for file in path.rglob("*")
+            if file.suffix.lower() in BUILDERS and file.is_file() and not is_hidden(file.relative_to(path))
+        )
     if not files:
         raise FinetuneError(f"no data files ({', '.join(BUILDERS)}) in {path}")
     empty = [str(file) for file in files if file.stat().st_size == 0]
     if empty:
         raise FinetuneError(f"empty data file(s): {', '.join(empty)}")
-    by_split: dict[str, list[str]] = {}
-    for file in files:
-        by_split.setdefault(split_of(file) or "train", []).append(str(file))
     if len(files) == 1:
         return {"train": [str(files[0])]}
+    by_split: dict[str, list[str]] = {}
+    for file in files:
+        by_split.setdefault(split_of(file.relative_to(path)) or "train", []).append(str(file))
     return by_split
 
 

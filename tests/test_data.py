@@ -128,6 +128,52 @@ def test_wikitext_files_map_to_validation_and_test(data_dir):
     }
 
 
+def test_files_in_split_named_folders_take_the_folder_split(make_text_file, tmp_path):
+    train = make_text_file("corpus/train/part-0.txt", "one\n")
+    test = make_text_file("corpus/test/part-0.txt", "two\n")
+    assert data_files(tmp_path / "corpus") == {"test": [str(test)], "train": [str(train)]}
+
+
+def test_a_file_name_split_wins_over_its_folder(make_text_file, tmp_path):
+    valid = make_text_file("corpus/train/valid.txt", "one\n")
+    train = make_text_file("corpus/train/part-0.txt", "two\n")
+    assert data_files(tmp_path / "corpus") == {"train": [str(train)], "validation": [str(valid)]}
+
+
+def test_datasets_split_keywords_val_and_eval_name_validation_and_test(make_text_file, tmp_path):
+    train = make_text_file("corpus/train.txt", "one\n")
+    val = make_text_file("corpus/val.txt", "two\n")
+    evaluation = make_text_file("corpus/eval.txt", "three\n")
+    assert data_files(tmp_path / "corpus") == {
+        "test": [str(evaluation)],
+        "train": [str(train)],
+        "validation": [str(val)],
+    }
+
+
+def test_hidden_and_dunder_folders_of_a_data_folder_are_not_read(make_text_file, tmp_path):
+    train = make_text_file("corpus/train.txt", "one\n")
+    make_text_file("corpus/.ipynb_checkpoints/train-checkpoint.txt", "one\n")
+    make_text_file("corpus/__pycache__/notes.txt", "x\n")
+    make_text_file("corpus/.notes.txt", "x\n")
+    assert data_files(tmp_path / "corpus") == {"train": [str(train)]}
+
+
+def test_a_folder_of_train_and_test_folders_never_trains_on_test_texts(
+    make_jsonl_file, tmp_path, gpt2_tokenizer
+):
+    make_jsonl_file(
+        "corpus/train/part-0.jsonl", [{"text": f"train sample {i} says hello"} for i in range(40)]
+    )
+    make_jsonl_file(
+        "corpus/test/part-0.jsonl", [{"text": f"test sample {i} says goodbye"} for i in range(40)]
+    )
+    data = build_datasets(DataArguments(dataset=str(tmp_path / "corpus")), gpt2_tokenizer, 8, seed=0)
+    trained = gpt2_tokenizer.decode([token for ids in data.train["input_ids"] for token in ids])
+    assert "train sample" in trained
+    assert "goodbye" not in trained
+
+
 # build_datasets
 
 
