@@ -14,7 +14,8 @@ MAKING=$!
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 (EXTRA=--fp8 bash benchmarks/run.sh calibrate --out $OUT/xl 1 gpt2-xl fsdp "8 32" > $OUT/xl.txt 2>&1
  EXTRA=--fp8 bash benchmarks/run.sh calibrate --out $OUT/medium 1 gpt2-medium fsdp "8 32" > $OUT/medium.txt 2>&1) &
-[ "$MIB" -ge 102400 ] || wait
+GPT2=$!
+[ "$MIB" -ge 102400 ] || wait $GPT2
 wait $MAKING
 (EXTRA="--from_scratch --fp8" bash benchmarks/run.sh calibrate --out $OUT/llama 1 /tmp/llama-1b single "8 32" > $OUT/llama.txt 2>&1
  EXTRA="--from_scratch --fp8" bash benchmarks/run.sh calibrate --out $OUT/llama_fsdp 1 /tmp/llama-1b fsdp 8 > $OUT/llama_fsdp.txt 2>&1) &
