@@ -323,7 +323,8 @@ def estimate(
         moved[offloaded["optimizer"]] += trained * OFFLOADED_GRADIENT_BYTES / GIB / layout.shard_group_size
     built_whole = 0.0 if "parameters" in strategy.sharded and framework == "deepspeed" else BUILD_BYTES
     host = max(shape.parameters * built_whole / GIB, moved["cpu"] * HOST_BUFFER_FACTOR)
-    states["gradients"] += accumulated_gradient_gib(framework, shape, workload)
+    accumulated = accumulated_gradient_gib(framework, shape, workload)
+    states["gradients"] += accumulated
     evaluated = workload  # evaluation gathers the output weight itself: chunked as asked (losses.py)
     if workload.chunked_loss and strategy.gathers_weights_only_in_forward:
         workload = replace(workload, chunked_loss=False)  # trains the model's own loss there
@@ -343,9 +344,17 @@ def estimate(
         held, at_end = held + adapter_activation_gib(shape, workload, strategy) + float8_weights, 0.0
     states["gradients"] += reduce_buffer_gib(strategy, shape, workload, layout, logit_bytes)
     gradients, optimizer = states["gradients"], states["optimizer"]
-    gradients_held = gradients  # unchecked, as the layer bytes were fitted counting them
-    # whose the gradients are, not whose bytes they take: DeepSpeed keeps its partitions in fp32 too
-    if workload.gradient_checkpointing and strategy.framework != "deepspeed" and workload.accumulation == 1:
+    # torch makes a step's gradients in its backward, the previous step's freed by `zero_grad`. At the
+    # backward's start a checkpointed step of one micro batch holds none, and FSDP2 compiled block by
+    # block (its kind, fitted without them) only the earlier micro batches' (its one-GPU peaks were
+    # over-predicted by its fp32 gradients while they were counted: 1.13x at micro batch 8, falling
+    # to 1.0 at 32). The other kinds were fitted counting them (not counting them for single's and
+    # ddp's steps moved those rows apart, ddp's from 0.96-1.03 to 0.90-1.01: their peaks hold
+    # something of that size the model does not name otherwise).
+    gradients_held = gradients
+    if strategy.framework == "fsdp" and kind == "fsdp_compiled":
+        gradients_held = accumulated
+    elif workload.gradient_checkpointing and strategy.framework != "deepspeed" and workload.accumulation == 1:
         gradients_held = 0.0
     buckets = ddp_bucket_gib(strategy, framework, shape, workload, layout)
     # gradients as views into the buckets are the buckets: no copy beside them once the backward
