@@ -49,6 +49,8 @@ def test_docs_speed_page_has_its_generated_tables():
 
 def test_the_planner_page_shows_its_several_gpu_tables_generated():
     assert [folder for _, folder, _ in generated_tables(PLANNER_PAGE)] == [
+        "benchmarks/h100-2026-12-05b/call3/fsdp",
+        "benchmarks/h100-2026-12-05b/call3/fsdp_grad_op",
         "benchmarks/h200-2026-11-29e/call1",
         "benchmarks/h200-2026-11-29e/call2",
         "benchmarks/h200-2026-11-29e/call4",
