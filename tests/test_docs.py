@@ -71,6 +71,7 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h100-2026-12-05b/call1/llama",
         "benchmarks/h100-2026-12-05b/call2/llama",
         "benchmarks/h100-2026-12-05b/call2/llama_fsdp",
+        "benchmarks/h100-2026-12-05b/call4/gpt2-medium",
         "benchmarks/h200x4-2026-11-28c/call1",
         "benchmarks/h200-2026-11-29d/call1",
         "benchmarks/h200-2026-11-29d/call2",
