@@ -346,11 +346,10 @@ def estimate(
     gradients, optimizer = states["gradients"], states["optimizer"]
     # torch makes a step's gradients in its backward, the previous step's freed by `zero_grad`. At the
     # backward's start a checkpointed step of one micro batch holds none, and FSDP2 compiled block by
-    # block (its kind, fitted without them) only the earlier micro batches' (its one-GPU peaks were
-    # over-predicted by its fp32 gradients while they were counted: 1.13x at micro batch 8, falling
-    # to 1.0 at 32). The other kinds were fitted counting them (not counting them for single's and
-    # ddp's steps moved those rows apart, ddp's from 0.96-1.03 to 0.90-1.01: their peaks hold
-    # something of that size the model does not name otherwise).
+    # block (its kind, fitted without them) only the earlier micro batches'. The other kinds were
+    # fitted counting them: not counting them for single's and ddp's steps moved those rows apart,
+    # as if their peaks held something of that size the model does not name otherwise
+    # (docs/planner.md, "FSDP2's gathered copies").
     gradients_held = gradients
     if strategy.framework == "fsdp" and kind == "fsdp_compiled":
         gradients_held = accumulated
