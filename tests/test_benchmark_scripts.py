@@ -534,6 +534,40 @@ def test_host_samples_share_the_loop_by_what_each_sample_was_inside_and_name_the
     ]
 
 
+GPU_RANK = 'process 30:"python run.py";'
+GPU_LOOP = (
+    GPU_RANK + "thread (0x1A): MainThread;<module> (run.py:1);Trainer._run_epoch (transformers/trainer.py:2);"
+)
+AUTOGRAD = GPU_RANK + "thread (0x2B);"  # autograd's worker: started by torch's C++, no Python root
+GPU_SAMPLED = [
+    GPU_LOOP + "Tensor.backward (torch/_tensor.py:3) 10",
+    GPU_RANK
+    + "thread (0x1A): MainThread;<module> (run.py:1);Trainer.evaluate (transformers/trainer.py:4) 70",
+    AUTOGRAD
+    + "reduce_leaf_module_grads (deepspeed/runtime/zero/stage3.py:5);partition_grads (deepspeed/z.py:6) 30",
+    AUTOGRAD + "CompiledFunction.backward (torch/_functorch/_aot_autograd/runtime_wrappers.py:7) 10",
+    AUTOGRAD + "compile_fx (torch/_inductor/compile_fx.py:8) 500",
+    GPU_RANK
+    + "thread (0x3C): pin_memory;Thread._bootstrap (threading.py:9);_pin_memory_loop (torch/utils/data/p.py:10) 90",
+]
+
+
+def test_host_samples_count_autograds_backward_thread_apart_from_the_loop_and_from_pythons_own_threads():
+    """On a GPU the gradient hooks run on autograd's worker thread while the loop's thread waits
+    unsampled: without it, a hook-bound step reads as idle host time."""
+    [stacks] = host_samples.rank_samples(GPU_SAMPLED).values()
+    summary = host_samples.summarize(stacks, rate=100, steps=2)
+    backward = summary["backward_thread"]
+    assert (summary["loop_samples"], summary["host_ms_per_step"]) == (10, 50.0)
+    assert (backward["samples"], backward["host_ms_per_step"]) == (40, 200.0)
+    assert summary["compiling_samples"] == 500  # the backward's compilation, on its thread
+    assert backward["share_by_category"] == {
+        "DeepSpeed": 0.75,
+        "compiled regions (guards, wrappers, launches)": 0.25,
+    }
+    assert backward["top_self"][0] == ["partition_grads (deepspeed/z.py)", 0.75]
+
+
 def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_shares_per_rank(tmp_path):
     def sampled(name: str, shares: dict[str, float]) -> dict:
         rank = {"host_ms_per_step": 90.4, "share_by_category": shares, "top_self": [[name, 0.2]]}
@@ -555,6 +589,16 @@ def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_
         ["`SPY=1_fsdp`", "100", "90, 80", "0.50/0.50", "0.00/0.00", "0.00/0.00", "0.00/0.00", "0.00/0.00",
          "hook (fsdp.py) (0.20)"],
     ]  # fmt: skip
+
+
+def test_floor_spy_adds_the_backward_threads_host_time_where_the_samples_counted_it(tmp_path):
+    backward = {"host_ms_per_step": 120.4, "top_self": [["partition_grads (deepspeed/z.py)", 0.4]]}
+    rank = {"host_ms_per_step": 60.0, "share_by_category": {}, "top_self": [], "backward_thread": backward}
+    floor_case(tmp_path, "SPY=1_zero3", 1.0, 1.0, step_time_median_s=0.18)
+    (tmp_path / "SPY=1_zero3" / "host_samples.json").write_text(json.dumps({"ranks": {"30": rank}}))
+    table = tables.floor_spy(tmp_path)
+    assert "backward thread's host ms a step (each rank)" in table.splitlines()[0]
+    assert table_cells(table)[0][-2:] == ["120", "partition_grads (deepspeed/z.py) (0.40)"]
 
 
 def test_host_samples_count_the_steps_each_case_recorded_bare_loops_warm_up_steps_among_them(tmp_path):

@@ -18,6 +18,11 @@ work that divided by the steps would read as the step's), those compiling
 (dynamo's and inductor's frames) set apart; the loop's samples inclusively by what they were inside
 (FSDP2's hooks, the compiled regions, the optimizer, ...), the functions with the most self time and
 those the most samples were inside.
+
+On a GPU the backward does not run on the loop's thread: autograd hands it to its own worker thread
+(started by torch's C++, so its stacks have no Python root), where the compiled blocks' backward
+launches and FSDP2's and DeepSpeed's gradient hooks run while the loop's thread waits, unsampled.
+Its samples are counted apart, as `backward_thread`, the same way.
 """
 
 from __future__ import annotations
@@ -45,13 +50,15 @@ CATEGORIES = {
     "garbage collection": r"finetune/garbage_collection\.py",
 }
 PROCESS = re.compile(r'process (\d+):"[^"]*";')
+THREAD = re.compile(r"^(thread \(\w+\))")  # py-spy writes `thread (TID): NAME`; the name is dropped
+PYTHON_ROOT = re.compile(r"^(<module>|Thread\._bootstrap) ")  # the main thread's, and threading's
 SAMPLE = re.compile(r"^(.*) (\d+)$")
 
 
 def rank_samples(lines: list[str]) -> dict[str, Counter[tuple[str, ...]]]:
-    """Each process's stacks (below its thread frame) and their sample counts, by process id, for the
-    processes that ran the training loop. Lines that are not samples (pieces of a command line that
-    held a newline) are skipped."""
+    """Each process's stacks (from its thread frame down) and their sample counts, by process id, for
+    the processes that ran the training loop. Lines that are not samples (pieces of a command line
+    that held a newline) are skipped."""
     ranks: dict[str, Counter[tuple[str, ...]]] = {}
     for line in lines:
         sample = SAMPLE.match(line)
@@ -62,8 +69,10 @@ def rank_samples(lines: list[str]) -> dict[str, Counter[tuple[str, ...]]]:
         if not processes:
             continue
         pid = processes[-1]
-        frames = tuple(PROCESS.sub("", stack).rstrip(";").split(";"))
-        ranks.setdefault(pid, Counter())[frames[1:] if frames[0].startswith("thread ") else frames] += count
+        frames = PROCESS.sub("", stack).rstrip(";").split(";")
+        thread = THREAD.match(frames[0])
+        frames = [thread.group(1), *frames[1:]] if thread else ["thread (?)", *frames]
+        ranks.setdefault(pid, Counter())[tuple(frames)] += count
     return {pid: stacks for pid, stacks in ranks.items() if any(in_loop(frames) for frames in stacks)}
 
 
@@ -78,25 +87,46 @@ def frame_name(frame: str) -> str:
 
 def summarize(stacks: Counter[tuple[str, ...]], rate: float, steps: int) -> dict:
     loop = Counter({frames: n for frames, n in stacks.items() if in_loop(frames)})
-    compiling = Counter({frames: n for frames, n in loop.items() if any(COMPILING.search(f) for f in frames)})
+    loop_threads = {frames[0] for frames in loop}
+    backward = Counter(
+        {
+            frames: n
+            for frames, n in stacks.items()
+            if frames[0] not in loop_threads and len(frames) > 1 and not PYTHON_ROOT.match(frames[1])
+        }
+    )
+    compiling = Counter(
+        {frames: n for frames, n in (loop + backward).items() if any(COMPILING.search(f) for f in frames)}
+    )
     steady = loop - compiling
-    total = sum(steady.values())
+    return {
+        "loop_samples": sum(steady.values()),
+        "compiling_samples": sum(compiling.values()),
+        **shares(steady, rate, steps),
+        "backward_thread": {
+            "samples": sum((backward - compiling).values()),
+            **shares(backward - compiling, rate, steps),
+        },
+    }
+
+
+def shares(samples: Counter[tuple[str, ...]], rate: float, steps: int) -> dict:
+    """One thread's host milliseconds a step, and what they were in."""
+    total = sum(samples.values())
     categories = {
-        name: sum(n for frames, n in steady.items() if any(re.search(pattern, f) for f in frames))
+        name: sum(n for frames, n in samples.items() if any(re.search(pattern, f) for f in frames))
         for name, pattern in CATEGORIES.items()
     }
     self_time, inclusive = Counter(), Counter()
-    for frames, n in steady.items():
+    for frames, n in samples.items():
         self_time[frame_name(frames[-1])] += n
-        for name in {frame_name(frame) for frame in frames}:  # a recursive function counts once
+        for name in {frame_name(frame) for frame in frames[1:]}:  # a recursive function counts once
             inclusive[name] += n
     return {
-        "loop_samples": total,
-        "compiling_samples": sum(compiling.values()),
         "host_ms_per_step": round(1e3 * total / rate / steps, 2) if steps else None,
         "share_by_category": {name: round(n / max(total, 1), 3) for name, n in categories.items() if n},
         "top_self": [[name, round(n / total, 3)] for name, n in self_time.most_common(15)],
-        # what the loop's time was inside, below the loop's own frames (every sample is inside those)
+        # what the thread's time was inside, below the frames every sample is inside (the loop's own)
         "top_inclusive": [
             [name, round(n / total, 3)]
             for name, n in sorted(inclusive.items(), key=lambda item: (-item[1], item[0]))
@@ -127,7 +157,11 @@ def main(argv: list[str]) -> int:
     }
     out.write_text(json.dumps(result, indent=1) + "\n")
     for pid, rank in result["ranks"].items():
-        print(f"process {pid}: {rank['host_ms_per_step']} host ms a step ({rank['loop_samples']} samples)")
+        backward = rank["backward_thread"]
+        print(
+            f"process {pid}: {rank['host_ms_per_step']} host ms a step in the loop ({rank['loop_samples']} "
+            f"samples), {backward['host_ms_per_step']} on autograd's backward thread ({backward['samples']})"
+        )
     return 0
 
 

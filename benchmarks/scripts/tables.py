@@ -28,7 +28,8 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE... | FLAGS]
                     and the collectives paired across ranks (who arrived last, how long the rest waited)
   floor_spy         PATH one floor.sh call: per case sampled by py-spy (SPY=1+), its median step and each
                     rank's host ms a step in the loop, the shares of FSDP2's hooks, the compiled regions,
-                    the backward, the optimizer and the batches, and the function with most self time
+                    the backward, the optimizer and the batches, and the function with most self time;
+                    the same two for autograd's backward thread where the samples counted it
   resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
                     uninterrupted run's
   two_launchers     PATH PROFILE... (two_launchers.sh): two launchers' eval loss beside one launcher's
@@ -741,10 +742,14 @@ SPY_COLUMNS = {
 def floor_spy(folder: Path) -> str:
     """What each rank's host did in the loop, untraced (host_samples.py's numbers): finetune's cases
     and torch alone's side by side, the shares inclusive (a sample inside a hook inside the backward
-    counts in both)."""
+    counts in both). Samples that counted autograd's backward thread apart add its columns."""
+    cases = [
+        (samples.parent, list(read(samples)["ranks"].values()))
+        for samples in sorted(folder.glob("*/host_samples.json"))
+    ]
+    with_backward = any("backward_thread" in rank for _, ranks in cases for rank in ranks)
     rows = []
-    for samples in sorted(folder.glob("*/host_samples.json")):
-        case, ranks = samples.parent, list(read(samples)["ranks"].values())
+    for case, ranks in cases:
         result = case / "run_summary.json" if (case / "run_summary.json").exists() else case / "bare.json"
         step = read(result).get("step_time_median_s") if result.exists() else None
         host = ", ".join(f"{rank['host_ms_per_step']:.0f}" for rank in ranks)
@@ -752,13 +757,29 @@ def floor_spy(folder: Path) -> str:
             "/".join(f"{rank['share_by_category'].get(category, 0):.2f}" for rank in ranks)
             for category in SPY_COLUMNS.values()
         ]
-        top = ranks[0]["top_self"][0] if ranks and ranks[0]["top_self"] else None
-        rows.append([f"`{case.name}`", f"{1e3 * step:.0f}" if step else "n/a", host, *shares,
-                     f"{top[0]} ({top[1]:.2f})" if top else ""])  # fmt: skip
+        row = [
+            f"`{case.name}`",
+            f"{1e3 * step:.0f}" if step else "n/a",
+            host,
+            *shares,
+            top_self(ranks[0] if ranks else {}),
+        ]
+        if with_backward:
+            backward = [rank.get("backward_thread", {}) for rank in ranks]
+            row += [", ".join(f"{thread.get('host_ms_per_step') or 0:.0f}" for thread in backward),
+                    top_self(backward[0] if backward else {})]  # fmt: skip
+        rows.append(row)
     columns = ["case", "step ms (median)", "host ms a step in the loop (each rank)"]
     columns += [f"{name} (share, each rank)" for name in SPY_COLUMNS]
     columns.append("most self time, rank 0 (share)")
+    if with_backward:
+        columns += ["backward thread's host ms a step (each rank)", "its most self time, rank 0 (share)"]
     return markdown(columns, rows)
+
+
+def top_self(thread: dict) -> str:
+    top = thread["top_self"][0] if thread.get("top_self") else None
+    return f"{top[0]} ({top[1]:.2f})" if top else ""
 
 
 def floor_traces(folder: Path) -> str:
