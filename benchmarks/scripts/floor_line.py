@@ -35,6 +35,11 @@ def line(folder: Path) -> str:
     if samples.exists():
         ranks = json.loads(samples.read_text())["ranks"].values()
         parts.append("py-spy host ms a step " + ", ".join(str(rank["host_ms_per_step"]) for rank in ranks))
+        backward = [
+            str(rank["backward_thread"]["host_ms_per_step"]) for rank in ranks if "backward_thread" in rank
+        ]
+        if backward:
+            parts.append("backward thread " + ", ".join(backward))
     syncs = sorted(folder.glob("rank*.syncs.json"))
     if syncs:
         parts.append(f"syncs rank0 {json.loads(syncs[0].read_text())['syncs']}")
