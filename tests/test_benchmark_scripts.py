@@ -547,8 +547,7 @@ GPU_SAMPLED = [
     + "reduce_leaf_module_grads (deepspeed/runtime/zero/stage3.py:5);partition_grads (deepspeed/z.py:6) 30",
     AUTOGRAD + "CompiledFunction.backward (torch/_functorch/_aot_autograd/runtime_wrappers.py:7) 10",
     AUTOGRAD + "compile_fx (torch/_inductor/compile_fx.py:8) 500",
-    GPU_RANK
-    + "thread (0x3C): pin_memory;Thread._bootstrap (threading.py:9);_pin_memory_loop (torch/utils/data/p.py:10) 90",
+    GPU_RANK + "thread (0x3C): pin_memory;Thread._bootstrap (threading.py:9);_pin_memory_loop (p.py:10) 90",
 ]
 
 
@@ -566,6 +565,15 @@ def test_host_samples_count_autograds_backward_thread_apart_from_the_loop_and_fr
         "compiled regions (guards, wrappers, launches)": 0.25,
     }
     assert backward["top_self"][0] == ["partition_grads (deepspeed/z.py)", 0.75]
+
+
+def test_host_samples_time_the_functions_named_by_the_end_of_their_frames_name_on_each_thread():
+    [stacks] = host_samples.rank_samples(GPU_SAMPLED).values()
+    summary = host_samples.summarize(
+        stacks, rate=100, steps=2, functions=("reduce_leaf_module_grads", "backward")
+    )
+    assert summary["inside"] == {"reduce_leaf_module_grads": 0.0, "backward": 50.0}  # Tensor.backward
+    assert summary["backward_thread"]["inside"] == {"reduce_leaf_module_grads": 150.0, "backward": 50.0}
 
 
 def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_shares_per_rank(tmp_path):

@@ -6,9 +6,10 @@ outside, at a rate that leaves the step as it was. floor.sh records a case under
 string starts with `SPY=1+` (`py-spy record --subprocesses --threads --format raw`: one line per
 distinct stack, `process ...;thread ...;frame;...;frame COUNT`) and runs this on the result.
 
-usage: python benchmarks/scripts/host_samples.py STACKS RATE CASE_DIR
+usage: python benchmarks/scripts/host_samples.py STACKS RATE CASE_DIR [FUNCTION,...]
 (writes CASE_DIR/host_samples.json; the loop's steps, to give host milliseconds a step, are read from
-the case's own result: run_summary.json's steps, or bare.json's timed and warm-up steps)
+the case's own result: run_summary.json's steps, or bare.json's timed and warm-up steps; STACKS may be
+gzipped; each FUNCTION named, as the end of its frame's name, adds its host ms a step to `inside`)
 
 Per rank (each process with samples inside the training loop: not the launcher, the data loader's
 workers or inductor's compile workers): the samples inside the training loop (the Trainer's epoch
@@ -27,6 +28,7 @@ Its samples are counted apart, as `backward_thread`, the same way.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
@@ -85,7 +87,9 @@ def frame_name(frame: str) -> str:
     return re.sub(r":\d+\)$", ")", frame)
 
 
-def summarize(stacks: Counter[tuple[str, ...]], rate: float, steps: int) -> dict:
+def summarize(
+    stacks: Counter[tuple[str, ...]], rate: float, steps: int, functions: tuple[str, ...] = ()
+) -> dict:
     loop = Counter({frames: n for frames, n in stacks.items() if in_loop(frames)})
     loop_threads = {frames[0] for frames in loop}
     backward = Counter(
@@ -102,17 +106,23 @@ def summarize(stacks: Counter[tuple[str, ...]], rate: float, steps: int) -> dict
     return {
         "loop_samples": sum(steady.values()),
         "compiling_samples": sum(compiling.values()),
-        **shares(steady, rate, steps),
+        **shares(steady, rate, steps, functions),
         "backward_thread": {
             "samples": sum((backward - compiling).values()),
-            **shares(backward - compiling, rate, steps),
+            **shares(backward - compiling, rate, steps, functions),
         },
     }
 
 
-def shares(samples: Counter[tuple[str, ...]], rate: float, steps: int) -> dict:
+def shares(
+    samples: Counter[tuple[str, ...]], rate: float, steps: int, functions: tuple[str, ...] = ()
+) -> dict:
     """One thread's host milliseconds a step, and what they were in."""
     total = sum(samples.values())
+
+    def ms(n: int) -> float | None:
+        return round(1e3 * n / rate / steps, 2) if steps else None
+
     categories = {
         name: sum(n for frames, n in samples.items() if any(re.search(pattern, f) for f in frames))
         for name, pattern in CATEGORIES.items()
@@ -122,8 +132,13 @@ def shares(samples: Counter[tuple[str, ...]], rate: float, steps: int) -> dict:
         self_time[frame_name(frames[-1])] += n
         for name in {frame_name(frame) for frame in frames[1:]}:  # a recursive function counts once
             inclusive[name] += n
+    inside = {
+        function: ms(sum(n for frames, n in samples.items() if any(named(f, function) for f in frames)))
+        for function in functions
+    }
     return {
-        "host_ms_per_step": round(1e3 * total / rate / steps, 2) if steps else None,
+        "host_ms_per_step": ms(total),
+        **({"inside": inside} if functions else {}),
         "share_by_category": {name: round(n / max(total, 1), 3) for name, n in categories.items() if n},
         "top_self": [[name, round(n / total, 3)] for name, n in self_time.most_common(15)],
         # what the thread's time was inside, below the frames every sample is inside (the loop's own)
@@ -135,6 +150,12 @@ def shares(samples: Counter[tuple[str, ...]], rate: float, steps: int) -> dict:
     }
 
 
+def named(frame: str, function: str) -> bool:
+    """A frame `Class.method (path:line)` is named by `method`, `Class.method` or any longer end of it."""
+    name = frame.split(" (")[0]
+    return name == function or name.endswith("." + function)
+
+
 def loop_steps(case: Path) -> int:
     """The steps the sampled loop ran: finetune's all, bare_loop.py's warm-up steps as well."""
     if (case / "run_summary.json").exists():
@@ -144,16 +165,19 @@ def loop_steps(case: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         print(__doc__.split("\n\n")[2], file=sys.stderr)
         return 2
     stacks, rate, case = Path(argv[0]), float(argv[1]), Path(argv[2])
+    functions = tuple(argv[3].split(",")) if len(argv) == 4 else ()
     steps, out = loop_steps(case), case / "host_samples.json"
-    ranks = rank_samples(stacks.read_text(errors="replace").splitlines())
+    opener = gzip.open if stacks.suffix == ".gz" else open
+    with opener(stacks, "rt", errors="replace") as text:
+        ranks = rank_samples(text.read().splitlines())
     result = {
         "rate_hz": rate,
         "steps": steps,
-        "ranks": {pid: summarize(samples, rate, steps) for pid, samples in sorted(ranks.items())},
+        "ranks": {pid: summarize(samples, rate, steps, functions) for pid, samples in sorted(ranks.items())},
     }
     out.write_text(json.dumps(result, indent=1) + "\n")
     for pid, rank in result["ranks"].items():

@@ -337,6 +337,15 @@ case $CALL in
     RUN_TIMEOUT=80 phase nccl-sms 560 $ALL floor gpt2-medium 8 20 fsdp NCCL_MAX_CTAS=4+fsdp \
       TORCH_NCCL_HIGH_PRIORITY=1+fsdp 'fsdp#r2' 'NCCL_MAX_CTAS=4+fsdp#r2' 'TORCH_NCCL_HIGH_PRIORITY=1+fsdp#r2'
     ;;
+  38)  # the sharding floor, a lever not yet timed: ZeRO-3's gradient reduce bucket. The stage-3 JSON's
+    # 500M values (faster than transformers' "auto", hidden^2, on one process) hold all of gpt2-medium's
+    # gradients, so its one reduce-scatter starts after the backward, in the epilogue (a CPU profile of
+    # one process: cpu-2026-12-05-zero3-host), where a two-H200 trace had it wait 42 ms a step; buckets of
+    # 50M and 20M values reduce during the backward as DDP's do. Each beside the default twice, alternating
+    B='~ds.zero_optimization.reduce_bucket_size'
+    RUN_TIMEOUT=80 phase zero3-buckets 560 $ALL floor gpt2-medium 8 20 zero3 "zero3$B=50000000" \
+      "zero3$B=20000000" 'zero3#r2' "zero3$B=50000000#r2" "zero3$B=20000000#r2"
+    ;;
   28|29)  # issue 42 target 6, its rates: the 1B Llama from scratch, checkpointed, micro batch 1, at 16k and
     # 64k tokens unsplit and split over every GPU (tokens/s per GPU, MFU, peaks beside `finetune plan`);
     # 28 zero3 (Ulysses), 29 fsdp (ring attention). The longest blocks are a case a call (benchmarks/README.md).

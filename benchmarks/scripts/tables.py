@@ -30,6 +30,8 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE... | FLAGS]
                     rank's host ms a step in the loop, the shares of FSDP2's hooks, the compiled regions,
                     the backward, the optimizer and the batches, and the function with most self time;
                     the same two for autograd's backward thread where the samples counted it
+  floor_inside      PATH the same cases: rank 0's host ms a step inside each function host_samples.py was
+                    asked to time (its FUNCTION,... argument), its two threads together
   resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
                     uninterrupted run's
   two_launchers     PATH PROFILE... (two_launchers.sh): two launchers' eval loss beside one launcher's
@@ -777,6 +779,24 @@ def floor_spy(folder: Path) -> str:
     return markdown(columns, rows)
 
 
+def floor_inside(folder: Path) -> str:
+    """Host ms a step inside each function host_samples.py was asked to time, rank 0, its loop's
+    thread and autograd's backward thread together (on CPU the backward runs on the loop's)."""
+    rows, functions = [], {}
+    for samples in sorted(folder.glob("*/host_samples.json")):
+        ranks = list(read(samples)["ranks"].values())
+        threads = [ranks[0], ranks[0].get("backward_thread", {})] if ranks else []
+        inside = [thread.get("inside", {}) for thread in threads]
+        functions.update(dict.fromkeys(name for times in inside for name in times))
+        rows.append((samples.parent.name, ranks[0]["host_ms_per_step"] if ranks else None, inside))
+    cells = [
+        [f"`{case}`", f"{host:.1f}" if host is not None else "n/a",
+         *(f"{sum(times.get(name) or 0 for times in inside):.1f}" for name in functions)]
+        for case, host, inside in rows
+    ]  # fmt: skip
+    return markdown(["case", "host ms a step in the loop", *(f"`{name}`" for name in functions)], cells)
+
+
 def top_self(thread: dict) -> str:
     top = thread["top_self"][0] if thread.get("top_self") else None
     return f"{top[0]} ({top[1]:.2f})" if top else ""
@@ -823,6 +843,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "floor_traces": floor_traces,
     "floor_bare": floor_bare,
     "floor_spy": floor_spy,
+    "floor_inside": floor_inside,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
     "floor_against": floor_against,
