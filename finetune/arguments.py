@@ -588,11 +588,14 @@ def parse_arguments(
         hints = [hint for arg in unused if arg.startswith("--") and (hint := flag_hint(arg, parser))]
         parser.error("; ".join([f"unrecognized arguments: {' '.join(unused)}", *hints]))
     for arguments in (model_args, data_args, training_args):
-        not_numbers = [
-            f.name for f in dataclasses.fields(arguments) if is_nan(getattr(arguments, f.name, None))
+        not_finite = [
+            (f.name, value)
+            for f in dataclasses.fields(arguments)
+            if not_a_finite_number(value := getattr(arguments, f.name, None))
         ]
-        if not_numbers:
-            raise FinetuneError(f"--{not_numbers[0]} is nan: give a number")
+        if not_finite:
+            name, value = not_finite[0]
+            raise FinetuneError(f"--{name} is {value}: give a finite number")
     training_args.batch_flags_given = flags_given(argv, BATCH_FLAGS)
     training_args.attention_kernel = model_args.attn_implementation
     model_args.model = absolute_if_local(model_args.model)
@@ -630,9 +633,11 @@ def flag_hint(argument: str, parser: HfArgumentParser) -> str | None:
     return f"did you mean {close[0]}?" if close else None
 
 
-def is_nan(value: Any) -> bool:
-    """A float flag given as nan: every range check compares false with it and lets it through."""
-    return isinstance(value, float) and math.isnan(value)
+def not_a_finite_number(value: Any) -> bool:
+    """A float flag given as nan, which every range check compares false with and lets through, or as
+    inf, which passes them and is a traceback where the Trainer counts steps with it (--warmup_steps,
+    --logging_steps); the flags that can be off say so with 0."""
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 BATCH_FLAGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "per_device_eval_batch_size")

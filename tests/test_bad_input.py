@@ -164,7 +164,19 @@ def test_a_negative_interval_or_worker_count_is_refused(flag, expected, output_f
 @pytest.mark.parametrize("flag", ["--max_grad_norm", "--weight_decay", "--lora_alpha"])
 def test_a_float_flag_given_as_nan_is_refused_though_every_range_check_passes_it(flag, output_flags, capsys):
     argv = [*TINY_FROM_SCRATCH, flag, "nan", *output_flags]
-    assert_one_error(argv, capsys, f"{flag} is nan: give a number")
+    assert_one_error(argv, capsys, f"{flag} is nan: give a finite number")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--warmup_steps", "inf"), ("--logging_steps", "inf"), ("--weight_decay", "inf"),
+     ("--loss_spike_factor", "-inf")],
+)  # fmt: skip
+def test_a_float_flag_given_as_infinity_is_refused_before_the_trainer_counts_steps_with_it(
+    flag, value, output_flags, capsys
+):
+    argv = [*TINY_FROM_SCRATCH, f"{flag}={value}", *output_flags]
+    assert_one_error(argv, capsys, f"{flag} is {float(value)}: give a finite number")
 
 
 @pytest.mark.parametrize("report_to", ["bogus", "tensorboard,bogus"])
