@@ -425,6 +425,20 @@ def test_plan_command_draws_the_picture_it_is_asked_for(tmp_path, capsys):
     assert picture.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.parametrize("name", ["plan.txt", "plan", "missing/plan.png"])
+def test_plan_command_refuses_a_picture_it_would_not_write_where_asked_before_planning(
+    tmp_path, capsys, name
+):
+    """matplotlib would write `plan.png` for `plan` (reported as `plan`), and fail after the work for
+    an unknown suffix or a missing folder."""
+    flags = ["plan", "--model", "gpt2-xl", "--gpu_memory", "80", "--picture", str(tmp_path / name)]
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(flags)
+    assert stopped.value.code == 2
+    assert "argument --picture: invalid picture file (.png, .svg, .pdf" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plan_command_plans_eager_runs_when_told(capsys):
     """Eager DDP keeps 2.6 times the compiled per-layer activations: gpt2-xl then does not fit it."""
     flags = ["plan", "--model", "gpt2-xl", "--gpus", "4", "--gpu_memory", "80", "--torch_compile", "false"]

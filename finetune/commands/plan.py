@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from finetune.commands.shared import (
     Fraction,
+    PicturePath,
     PositiveFloat,
     PositiveInt,
     names,
@@ -59,11 +59,11 @@ class PlanFlags:
         default=None,
         metadata={"help": "share of GPU memory kept free (default: the planner's error, 0.15)"},
     )
-    picture: Path | None = field(
+    picture: PicturePath | None = field(
         default=None,
         metadata={
             "help": "also draw each profile's predicted memory, stacked by parameters, gradients, "
-            "optimizer and activations, beside the GPU's memory, into this PNG"
+            "optimizer and activations, beside the GPU's memory, into this file (.png, .svg or .pdf)"
         },
     )
 

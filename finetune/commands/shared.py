@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, Field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from transformers import HfArgumentParser
@@ -82,9 +83,24 @@ class Fraction(float):
         return value
 
 
+class PicturePath(str):
+    """A picture to write: matplotlib picks the format by the suffix, and writes `name.png` for a name
+    without one (reported as the name given), so the suffix is asked for; a missing folder would be a
+    traceback after the work."""
+
+    SUFFIXES = (".png", ".svg", ".pdf")
+
+    def __new__(cls, text: str) -> Path:  # type: ignore[misc]
+        path = Path(text)
+        if path.suffix.lower() not in cls.SUFFIXES or not path.parent.is_dir() or path.is_dir():
+            raise ValueError(text)
+        return path
+
+
 PositiveInt.__name__ = "positive int"
 PositiveFloat.__name__ = "positive number"
 Fraction.__name__ = "fraction (0 to below 1)"
+PicturePath.__name__ = f"picture file ({', '.join(PicturePath.SUFFIXES)}, in a folder that exists)"
 
 
 def placement_of(options: argparse.Namespace) -> Placement:
