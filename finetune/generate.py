@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,8 @@ class Sampling:
         on others only after the model is loaded."""
         if self.max_new_tokens < 1:
             raise FinetuneError(f"--max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if not self.temperature > 0:
-            raise FinetuneError(f"--temperature must be positive, got {self.temperature}")
+        if not 0 < self.temperature < math.inf:  # inf samples every token alike: noise, not the model
+            raise FinetuneError(f"--temperature must be a positive number, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise FinetuneError(f"--top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -530,6 +530,7 @@ def test_deepspeed_stage_4_under_a_bare_launch_is_rejected(output_flags, tmp_pat
         ("--max_new_tokens", "0"),
         ("--temperature", "0"),
         ("--temperature", "-1"),
+        ("--temperature", "inf"),
         ("--top_p", "0"),
         ("--top_p", "1.5"),
         ("--top_k", "-1"),
