@@ -102,14 +102,14 @@ def summarize(
     compiling = Counter(
         {frames: n for frames, n in (loop + backward).items() if any(COMPILING.search(f) for f in frames)}
     )
-    steady = loop - compiling
+    steady, backward_steady = loop - compiling, backward - compiling
     return {
         "loop_samples": sum(steady.values()),
         "compiling_samples": sum(compiling.values()),
         **shares(steady, rate, steps, functions),
         "backward_thread": {
-            "samples": sum((backward - compiling).values()),
-            **shares(backward - compiling, rate, steps, functions),
+            "samples": sum(backward_steady.values()),
+            **shares(backward_steady, rate, steps, functions),
         },
     }
 
