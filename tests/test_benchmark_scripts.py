@@ -576,6 +576,14 @@ def test_host_samples_time_the_functions_named_by_the_end_of_their_frames_name_o
     assert summary["backward_thread"]["inside"] == {"reduce_leaf_module_grads": 150.0, "backward": 50.0}
 
 
+def test_floor_inside_leaves_out_the_cases_not_asked_to_time_functions(tmp_path):
+    timed = {"host_ms_per_step": 40.0, "inside": {"step": 15.0}, "backward_thread": {"inside": {"step": 1.0}}}
+    for case, rank in (("SPY=1_zero3", timed), ("SPY=1_single", {"host_ms_per_step": 41.0})):
+        (tmp_path / case).mkdir()
+        (tmp_path / case / "host_samples.json").write_text(json.dumps({"ranks": {"7": rank}}))
+    assert table_cells(tables.floor_inside(tmp_path)) == [["`SPY=1_zero3`", "40.0", "16.0"]]
+
+
 def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_shares_per_rank(tmp_path):
     def sampled(name: str, shares: dict[str, float]) -> dict:
         rank = {"host_ms_per_step": 90.4, "share_by_category": shares, "top_self": [[name, 0.2]]}

@@ -781,10 +781,13 @@ def floor_spy(folder: Path) -> str:
 
 def floor_inside(folder: Path) -> str:
     """Host ms a step inside each function host_samples.py was asked to time, rank 0, its loop's
-    thread and autograd's backward thread together (on CPU the backward runs on the loop's)."""
+    thread and autograd's backward thread together (on CPU the backward runs on the loop's). A case
+    whose samples were not asked to time functions has no row: its zeros would read as measured."""
     rows, functions = [], {}
     for samples in sorted(folder.glob("*/host_samples.json")):
         ranks = list(read(samples)["ranks"].values())
+        if ranks and "inside" not in ranks[0]:
+            continue
         threads = [ranks[0], ranks[0].get("backward_thread", {})] if ranks else []
         inside = [thread.get("inside", {}) for thread in threads]
         functions.update(dict.fromkeys(name for times in inside for name in times))
