@@ -584,6 +584,17 @@ def test_floor_inside_leaves_out_the_cases_not_asked_to_time_functions(tmp_path)
     assert table_cells(tables.floor_inside(tmp_path)) == [["`SPY=1_zero3`", "40.0", "16.0"]]
 
 
+def test_floor_inside_reads_na_for_a_case_whose_samples_found_no_rank_in_the_loop(tmp_path):
+    timed = {"host_ms_per_step": 40.0, "inside": {"step": 15.0}}
+    for case, ranks in (("SPY=1_zero3", {"7": timed}), ("SPY=1_zero3_r2", {})):
+        (tmp_path / case).mkdir()
+        (tmp_path / case / "host_samples.json").write_text(json.dumps({"ranks": ranks}))
+    assert table_cells(tables.floor_inside(tmp_path)) == [
+        ["`SPY=1_zero3`", "40.0", "15.0"],
+        ["`SPY=1_zero3_r2`", "n/a", "n/a"],
+    ]
+
+
 def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_shares_per_rank(tmp_path):
     def sampled(name: str, shares: dict[str, float]) -> dict:
         rank = {"host_ms_per_step": 90.4, "share_by_category": shares, "top_self": [[name, 0.2]]}

@@ -782,19 +782,21 @@ def floor_spy(folder: Path) -> str:
 def floor_inside(folder: Path) -> str:
     """Host ms a step inside each function host_samples.py was asked to time, rank 0, its loop's
     thread and autograd's backward thread together (on CPU the backward runs on the loop's). A case
-    whose samples were not asked to time functions has no row: its zeros would read as measured."""
+    whose samples were not asked to time functions has no row: its zeros would read as measured. A
+    case whose samples found no rank in the training loop reads n/a throughout, for the same reason."""
     rows, functions = [], {}
     for samples in sorted(folder.glob("*/host_samples.json")):
         ranks = list(read(samples)["ranks"].values())
         if ranks and "inside" not in ranks[0]:
             continue
         threads = [ranks[0], ranks[0].get("backward_thread", {})] if ranks else []
-        inside = [thread.get("inside", {}) for thread in threads]
-        functions.update(dict.fromkeys(name for times in inside for name in times))
+        inside = [thread.get("inside", {}) for thread in threads] if ranks else None
+        functions.update(dict.fromkeys(name for times in inside or [] for name in times))
         rows.append((samples.parent.name, ranks[0]["host_ms_per_step"] if ranks else None, inside))
     cells = [
         [f"`{case}`", f"{host:.1f}" if host is not None else "n/a",
-         *(f"{sum(times.get(name) or 0 for times in inside):.1f}" for name in functions)]
+         *(f"{sum(times.get(name) or 0 for times in inside):.1f}" if inside is not None else "n/a"
+           for name in functions)]
         for case, host, inside in rows
     ]  # fmt: skip
     return markdown(["case", "host ms a step in the loop", *(f"`{name}`" for name in functions)], cells)
