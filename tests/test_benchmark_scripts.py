@@ -244,6 +244,14 @@ def test_floor_against_no_flags_sets_each_case_beside_its_profiles_own_case(tmp_
     assert rows["`fsdp_--fsdp_prefetch_1`"] == ["1.25", "1.00"]
 
 
+def test_floor_tables_read_a_machines_call_folders_not_the_call_scripts_beside_them(tmp_path):
+    floor_case(tmp_path / "call1", "fsdp", 100.0, 10.0)
+    floor_case(tmp_path / "call1", "fsdp_--fsdp_prefetch_1", 125.0, 10.0)
+    (tmp_path / "call1.sh").write_text("bash benchmarks/run.sh floor ...\n")
+    rows = {cells[1]: cells[-2:] for cells in table_cells(tables.floor_against(tmp_path, []))}
+    assert rows["`fsdp_--fsdp_prefetch_1`"] == ["1.25", "1.00"]
+
+
 def test_a_cases_folder_is_named_as_floor_sh_names_it():
     """floor.sh's own naming line, run: tables.py finds a reference case by the folder it writes."""
     naming = [

@@ -19,7 +19,9 @@
 #         zero3~ds.timers.throughput.enabled=false)
 #   ENV=VALUE+ environment for that case alone (NCCL_PROTO=Simple+fsdp); PIN=1+ runs each rank on its own
 #         share of the cores (pin_and_run.py); SPY=1+ samples every process with py-spy at $SPY_RATE
-#         (200) Hz, untraced (host_samples.py: each rank's host time in the training loop, by what)
+#         (200) Hz, untraced (host_samples.py: each rank's host time in the training loop, by what);
+#         SPY_IDLE=1+SPY=1+ samples sleeping threads too (py-spy --idle: where a thread waits), its
+#         stacks kept, not summed by host_samples.py, whose host time counts running threads only
 # e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--torch_compile,false trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
@@ -52,6 +54,7 @@ for CASE in "$@"; do
   SPY=(); if [[ " $ENVS " == *" SPY=1 "* ]]; then  # every process sampled by py-spy, from outside
     SPY=("$(command -v py-spy || echo /tmp/site/bin/py-spy)" record --subprocesses --threads --nonblocking
       --rate "${SPY_RATE:-200}" --format raw --output "/tmp/floor/$NAME.stacks" --); rm -f "/tmp/floor/$NAME.stacks"
+    [[ " $ENVS " == *" SPY_IDLE=1 "* ]] && SPY=("${SPY[@]:0:${#SPY[@]}-1}" --idle --)
   fi
   START=$(date +%s)
   case $TOOL in
@@ -71,11 +74,11 @@ for CASE in "$@"; do
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?
   cp /tmp/floor/$NAME/run_summary.json "$OUT/$NAME/" 2>/dev/null
-  if [ -s "/tmp/floor/$NAME.stacks" ]; then
+  if [ -s "/tmp/floor/$NAME.stacks" ] && [[ " $ENVS " != *" SPY_IDLE=1 "* ]]; then
     python benchmarks/scripts/host_samples.py "/tmp/floor/$NAME.stacks" "${SPY_RATE:-200}" "$OUT/$NAME" \
       > "$OUT/$NAME/host_samples.log" 2>&1
-    gzip -c "/tmp/floor/$NAME.stacks" > "$OUT/$NAME/stacks.txt.gz"
   fi
+  [ -s "/tmp/floor/$NAME.stacks" ] && gzip -c "/tmp/floor/$NAME.stacks" > "$OUT/$NAME/stacks.txt.gz"
   if [[ $TOOL == *trace ]]; then
     cp /tmp/traces/$NAME/*.syncs.json "$OUT/$NAME/" 2>/dev/null
     timeout 120 python benchmarks/scripts/trace_analysis.py /tmp/traces/$NAME 3 "$OUT/$NAME/traces.json" \

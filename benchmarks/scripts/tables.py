@@ -623,7 +623,7 @@ def pooled_floor_runs(machine: Path) -> dict[tuple[str, str], list[Summary]]:
     """A machine's floor.sh calls (call*/), each case's repeats (a `#rN` tag) pooled by model and
     case; one machine's calls only: rates from two machines are not compared."""
     runs: dict[tuple[str, str], list[Summary]] = defaultdict(list)
-    for call in sorted(machine.glob("call*")):
+    for call in sorted(path for path in machine.glob("call*") if path.is_dir()):  # not the call scripts
         for name, run in floor_cases(call).items():
             if "trace" not in name and not run.get("plain"):
                 runs[(run["model"], REPEAT_TAG.sub("", name))].append(run)
