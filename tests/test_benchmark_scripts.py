@@ -603,6 +603,32 @@ def test_floor_inside_reads_na_for_a_case_whose_samples_found_no_rank_in_the_loo
     ]
 
 
+PY_SPY_LOG = """py-spy> Sampling process 200 times a second. Press Control-C to exit.
+py-spy> 2.42s behind in sampling, results may be inaccurate. Try reducing the sampling rate
+py-spy> 0.5s behind in sampling, results may be inaccurate. Try reducing the sampling rate
+  throughput  50,096 tokens/s (50,096 per device), step 0.164 s median
+py-spy> Wrote raw flamegraph data to '/tmp/floor/SPY=1_zero3.stacks'. Samples: 8000 Errors: 1000
+"""
+
+
+def test_host_samples_read_py_spys_own_count_of_its_samples_and_read_errors_from_the_cases_log(tmp_path):
+    (tmp_path / "log").write_text(PY_SPY_LOG)
+    assert host_samples.sampler_report(tmp_path) == {"samples": 8000, "errors": 1000, "most_behind_s": 2.42}
+    (tmp_path / "log").write_text("a run without py-spy\n")
+    assert host_samples.sampler_report(tmp_path) == {}
+
+
+def test_floor_spy_shows_the_samples_py_spy_lost_where_its_count_was_read(tmp_path):
+    rank = {"host_ms_per_step": 57.3, "share_by_category": {}, "top_self": []}
+    for case, sampler in (("SPY=1_zero3", {"samples": 8000, "errors": 960}), ("SPY=1_single", {})):
+        floor_case(tmp_path, case, 1.0, 1.0, step_time_median_s=0.164)
+        samples = {"sampler": sampler, "ranks": {"7": rank}}
+        (tmp_path / case / "host_samples.json").write_text(json.dumps(samples))
+    table = tables.floor_spy(tmp_path)
+    assert table.splitlines()[0].endswith("| py-spy's samples lost to read errors |")
+    assert [cells[-1] for cells in table_cells(table)] == ["n/a", "12%"]
+
+
 def test_floor_spy_sets_each_sampled_cases_host_time_a_step_beside_its_step_and_shares_per_rank(tmp_path):
     def sampled(name: str, shares: dict[str, float]) -> dict:
         rank = {"host_ms_per_step": 90.4, "share_by_category": shares, "top_self": [[name, 0.2]]}

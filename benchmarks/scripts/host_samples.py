@@ -8,8 +8,9 @@ distinct stack, `process ...;thread ...;frame;...;frame COUNT`) and runs this on
 
 usage: python benchmarks/scripts/host_samples.py STACKS RATE CASE_DIR [FUNCTION,...]
 (writes CASE_DIR/host_samples.json; the loop's steps, to give host milliseconds a step, are read from
-the case's own result: run_summary.json's steps, or bare.json's timed and warm-up steps; STACKS may be
-gzipped; each FUNCTION named, as the end of its frame's name, adds its host ms a step to `inside`)
+the case's own result: run_summary.json's steps, or bare.json's timed and warm-up steps; py-spy's own
+count of its samples and read errors from the case's log; STACKS may be gzipped; each FUNCTION
+named, as the end of its frame's name, adds its host ms a step to `inside`)
 
 Per rank (each process with samples inside the training loop: not the launcher, the data loader's
 workers or inductor's compile workers): the samples inside the training loop (the Trainer's epoch
@@ -164,6 +165,26 @@ def loop_steps(case: Path) -> int:
     return bare["steps"] + bare["warmup"]
 
 
+PY_SPY_TOTALS = re.compile(r"py-spy> Wrote .* Samples: (\d+) Errors: (\d+)")
+PY_SPY_BEHIND = re.compile(r"py-spy> ([\d.]+)s behind in sampling")
+
+
+def sampler_report(case: Path) -> dict:
+    """What py-spy said of its own sampling in the case's log: the samples it took, those it lost to
+    read errors (`--nonblocking` reads a process while it runs) and the most it fell behind. Lost
+    samples make every host time here a lower bound, so tables show them beside it; {} without a log."""
+    log = case / "log"
+    if not log.exists():
+        return {}
+    text = log.read_text(errors="replace")
+    totals = PY_SPY_TOTALS.findall(text)
+    behind = [float(seconds) for seconds in PY_SPY_BEHIND.findall(text)]
+    if not totals:
+        return {}
+    samples, errors = (int(number) for number in totals[-1])
+    return {"samples": samples, "errors": errors, "most_behind_s": max(behind, default=0.0)}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (3, 4):
         print(__doc__.split("\n\n")[2], file=sys.stderr)
@@ -177,6 +198,7 @@ def main(argv: list[str]) -> int:
     result = {
         "rate_hz": rate,
         "steps": steps,
+        "sampler": sampler_report(case),
         "ranks": {pid: summarize(samples, rate, steps, functions) for pid, samples in sorted(ranks.items())},
     }
     out.write_text(json.dumps(result, indent=1) + "\n")

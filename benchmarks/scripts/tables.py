@@ -744,14 +744,17 @@ SPY_COLUMNS = {
 def floor_spy(folder: Path) -> str:
     """What each rank's host did in the loop, untraced (host_samples.py's numbers): finetune's cases
     and torch alone's side by side, the shares inclusive (a sample inside a hook inside the backward
-    counts in both). Samples that counted autograd's backward thread apart add its columns."""
+    counts in both). Samples that counted autograd's backward thread apart add its columns; those
+    that read py-spy's own count of its samples add the share it lost to read errors, which makes the
+    host times lower bounds."""
     cases = [
-        (samples.parent, list(read(samples)["ranks"].values()))
+        (samples.parent, list(read(samples)["ranks"].values()), read(samples).get("sampler") or {})
         for samples in sorted(folder.glob("*/host_samples.json"))
     ]
-    with_backward = any("backward_thread" in rank for _, ranks in cases for rank in ranks)
+    with_backward = any("backward_thread" in rank for _, ranks, _ in cases for rank in ranks)
+    with_sampler = any(sampler for _, _, sampler in cases)
     rows = []
-    for case, ranks in cases:
+    for case, ranks, sampler in cases:
         result = case / "run_summary.json" if (case / "run_summary.json").exists() else case / "bare.json"
         step = read(result).get("step_time_median_s") if result.exists() else None
         host = ", ".join(f"{rank['host_ms_per_step']:.0f}" for rank in ranks)
@@ -770,12 +773,16 @@ def floor_spy(folder: Path) -> str:
             backward = [rank.get("backward_thread", {}) for rank in ranks]
             row += [", ".join(f"{thread.get('host_ms_per_step') or 0:.0f}" for thread in backward),
                     top_self(backward[0] if backward else {})]  # fmt: skip
+        if with_sampler:
+            row.append(f"{sampler['errors'] / sampler['samples']:.0%}" if sampler.get("samples") else "n/a")
         rows.append(row)
     columns = ["case", "step ms (median)", "host ms a step in the loop (each rank)"]
     columns += [f"{name} (share, each rank)" for name in SPY_COLUMNS]
     columns.append("most self time, rank 0 (share)")
     if with_backward:
         columns += ["backward thread's host ms a step (each rank)", "its most self time, rank 0 (share)"]
+    if with_sampler:
+        columns.append("py-spy's samples lost to read errors")
     return markdown(columns, rows)
 
 
