@@ -51,10 +51,11 @@ for CASE in "$@"; do
     CONFIG=/tmp/floor/variants/$NAME.yaml; cp $CONFIG /tmp/floor/variants/$NAME.json "$OUT/$NAME/" 2>/dev/null
   fi
   PIN=""; [[ " $ENVS " == *" PIN=1 "* ]] && PIN=$HERE/benchmarks/scripts/pin_and_run.py
+  IDLE=(); [[ " $ENVS " == *" SPY_IDLE=1 "* ]] && IDLE=(--idle)
   SPY=(); if [[ " $ENVS " == *" SPY=1 "* ]]; then  # every process sampled by py-spy, from outside
     SPY=("$(command -v py-spy || echo /tmp/site/bin/py-spy)" record --subprocesses --threads --nonblocking
-      --rate "${SPY_RATE:-200}" --format raw --output "/tmp/floor/$NAME.stacks" --); rm -f "/tmp/floor/$NAME.stacks"
-    [[ " $ENVS " == *" SPY_IDLE=1 "* ]] && SPY=("${SPY[@]:0:${#SPY[@]}-1}" --idle --)
+      --rate "${SPY_RATE:-200}" --format raw --output "/tmp/floor/$NAME.stacks" "${IDLE[@]}" --)
+    rm -f "/tmp/floor/$NAME.stacks"
   fi
   START=$(date +%s)
   case $TOOL in
@@ -74,7 +75,7 @@ for CASE in "$@"; do
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?
   cp /tmp/floor/$NAME/run_summary.json "$OUT/$NAME/" 2>/dev/null
-  if [ -s "/tmp/floor/$NAME.stacks" ] && [[ " $ENVS " != *" SPY_IDLE=1 "* ]]; then
+  if [ -s "/tmp/floor/$NAME.stacks" ] && [ ${#IDLE[@]} -eq 0 ]; then
     python benchmarks/scripts/host_samples.py "/tmp/floor/$NAME.stacks" "${SPY_RATE:-200}" "$OUT/$NAME" \
       > "$OUT/$NAME/host_samples.log" 2>&1
   fi

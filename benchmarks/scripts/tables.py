@@ -748,8 +748,9 @@ def floor_spy(folder: Path) -> str:
     that read py-spy's own count of its samples add the share it lost to read errors, which makes the
     host times lower bounds."""
     cases = [
-        (samples.parent, list(read(samples)["ranks"].values()), read(samples).get("sampler") or {})
+        (samples.parent, list(result["ranks"].values()), result.get("sampler") or {})
         for samples in sorted(folder.glob("*/host_samples.json"))
+        for result in [read(samples)]
     ]
     with_backward = any("backward_thread" in rank for _, ranks, _ in cases for rank in ranks)
     with_sampler = any(sampler for _, _, sampler in cases)
@@ -796,8 +797,9 @@ def floor_inside(folder: Path) -> str:
         ranks = list(read(samples)["ranks"].values())
         if ranks and "inside" not in ranks[0]:
             continue
-        threads = [ranks[0], ranks[0].get("backward_thread", {})] if ranks else []
-        inside = [thread.get("inside", {}) for thread in threads] if ranks else None
+        inside = None
+        if ranks:
+            inside = [ranks[0].get("inside", {}), ranks[0].get("backward_thread", {}).get("inside", {})]
         functions.update(dict.fromkeys(name for times in inside or [] for name in times))
         rows.append((samples.parent.name, ranks[0]["host_ms_per_step"] if ranks else None, inside))
     cells = [
