@@ -109,6 +109,8 @@ def test_the_planner_page_shows_its_several_gpu_tables_generated():
         "benchmarks/h200-2026-12-05/call1/large32",
         "benchmarks/h200-2026-12-05/call1/large16",
         "benchmarks/h200-2026-12-05/call1/xl8",
+        "benchmarks/h100-2026-12-06b/call1",
+        "benchmarks/h100-2026-12-06b/call2",
         "benchmarks/h200-2026-11-29/call1",
         "benchmarks/h200-2026-11-29c/call6",
         "benchmarks/h200-2026-11-29c/call7",

@@ -1,0 +1,1 @@
+accelerate launch --config_file accelerate_configs/zero1.yaml --num_processes 1 --main_process_port 0 finetune/run.py --model /tmp/weights/gpt2-large --peft lora --max_steps 4 --batch_size 8 --block_size 1024 --logging_steps 1 --throughput_warmup_steps 1 --max_eval_samples 2 --save_strategy no --report_to none --disable_tqdm true --profile_memory 
