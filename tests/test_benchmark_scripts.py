@@ -575,6 +575,43 @@ def test_host_samples_count_autograds_backward_thread_apart_from_the_loop_and_fr
     assert backward["top_self"][0] == ["partition_grads (deepspeed/z.py)", 0.75]
 
 
+COMPILED_STEP = GPU_LOOP + "CompiledFxGraph.__call__ (torch/_inductor/output_code.py:1);"
+COMPILED_SAMPLED = [
+    COMPILED_STEP + "align_inputs_from_check_idxs.<locals>.run (torch/_inductor/utils.py:3401) 20",
+    COMPILED_STEP + "call (/tmp/torchinductor_root/ab/cab.py:9);CachingAutotuner.run "
+    "(torch/_inductor/runtime/triton_heuristics.py:1300) 10",
+    COMPILED_STEP + "cudagraphify.<locals>.run (torch/_inductor/compile_fx.py:1875);CUDAGraphTreeManager.run "
+    "(torch/_inductor/cudagraph_trees.py:1);CUDAGraphTreeManager.execute_node (torch/_inductor/x.py:2) 6",
+    COMPILED_STEP + "CUDAGraphTreeManager.record_function (torch/_inductor/cudagraph_trees.py:3) 50",
+    GPU_LOOP + "_compile (torch/_dynamo/convert_frame.py:900);compile_fx (torch/_inductor/x.py:1) 400",
+    AUTOGRAD + "CompiledFunction.backward (torch/_functorch/_aot_autograd/runtime_wrappers.py:7);"
+    "compile_fx_inner (torch/_inductor/compile_fx.py:8) 300",
+    GPU_LOOP + "CachingAutotuner.benchmark_all_configs (torch/_inductor/runtime/triton_heuristics.py:1) 5",
+]
+
+
+def test_host_samples_count_a_compiled_graphs_run_as_the_step_and_only_its_compilation_as_compiling():
+    """Inductor's runtime (the graph's input alignment, its kernels' launchers) lives under
+    torch/_inductor too: each steady step runs it, so it is the step's host time, not compilation."""
+    [stacks] = host_samples.rank_samples(COMPILED_SAMPLED).values()
+    summary = host_samples.summarize(stacks, rate=100, steps=1)
+    assert (summary["loop_samples"], summary["compiling_samples"]) == (36, 755)
+
+
+def test_host_samples_count_the_batches_copies_and_not_the_forward_accelerate_wraps_to_cast_its_outputs():
+    operations = "(accelerate/utils/operations.py:931);"
+    wrapped = [
+        GPU_LOOP + "ConvertOutputsToFp32.__call__ " + operations + "GPT2LMHeadModel.forward (m.py:1) 30",
+        GPU_LOOP
+        + "DataLoaderShard.__iter__ (accelerate/data_loader.py:2);send_to_device "
+        + operations
+        + "Tensor.to (torch/_tensor.py:3) 10",
+    ]
+    [stacks] = host_samples.rank_samples(wrapped).values()
+    shares = host_samples.summarize(stacks, rate=100, steps=1)["share_by_category"]
+    assert shares["batches (data loader, copies)"] == 0.25
+
+
 def test_host_samples_time_the_functions_named_by_the_end_of_their_frames_name_on_each_thread():
     [stacks] = host_samples.rank_samples(GPU_SAMPLED).values()
     summary = host_samples.summarize(
@@ -601,6 +638,30 @@ def test_floor_inside_reads_na_for_a_case_whose_samples_found_no_rank_in_the_loo
         ["`SPY=1_zero3`", "40.0", "15.0"],
         ["`SPY=1_zero3_r2`", "n/a", "n/a"],
     ]
+
+
+NATIVE_RANK = 'process 40:"run.py";'
+NATIVE_LOOP = NATIVE_RANK + "thread (40);_start (python3);Trainer._run_epoch (transformers/trainer.py:2);"
+NATIVE_WORKER = NATIVE_RANK + "thread (41);run (libc.so);torch::autograd::Engine::thread_main (libtorch.so);"
+NATIVE_SAMPLED = [
+    NATIVE_LOOP + "DeepSpeedEngine.forward (deepspeed/runtime/engine.py:3) 30",
+    NATIVE_LOOP + "Runner.call (/tmp/x.py:4);cuLaunchKernel (libcuda.so.580.1) 10",
+    NATIVE_WORKER + "torch::autograd::Node::operator() (libtorch_cpu.so) 5",
+    NATIVE_WORKER + "partition_grads (deepspeed/runtime/zero/stage3.py:5) 15",
+    NATIVE_RANK + "thread (42): watchdog;start_thread (libc.so.6);Thread._bootstrap (threading.py:6) 3",
+]
+
+
+def test_a_native_window_shows_each_threads_share_of_the_ticks_and_what_python_sampling_misses(tmp_path):
+    """With --native every thread has a C++ root: autograd's worker is known by its engine frame, and
+    Python's own threads (the watchdog) stay out of it."""
+    (tmp_path / "SPY_NATIVE=1_zero3").mkdir()
+    stacks = tmp_path / "stacks.raw"
+    stacks.write_text("\n".join(NATIVE_SAMPLED) + "\n")
+    out = tmp_path / "SPY_NATIVE=1_zero3" / "native_samples.json"
+    assert host_samples.main(["--window", "1", str(stacks), "100", str(out)]) == 0
+    [row] = table_cells(tables.floor_native(tmp_path))
+    assert row[:8] == ["`SPY_NATIVE=1_zero3`", "0.40", "0.20", "0.60", "0.00", "0.25", "0.25", "0.00"]
 
 
 PY_SPY_LOG = """py-spy> Sampling process 200 times a second. Press Control-C to exit.

@@ -22,6 +22,11 @@
 #         (200) Hz, untraced (host_samples.py: each rank's host time in the training loop, by what);
 #         SPY_IDLE=1+SPY=1+ samples sleeping threads too (py-spy --idle: where a thread waits), its
 #         stacks kept, not summed by host_samples.py, whose host time counts running threads only
+#         SPY_NATIVE=1+ attaches py-spy once the log shows step $SPY_FROM (10), past the warm-up's
+#         compilation, for $SPY_WINDOW (4) s at $SPY_RATE (100) Hz with C++ frames (--native: what
+#         autograd's thread runs outside Python); --native pauses the process for each sample, so
+#         the window's steps are slower and host_samples.py --window gives each thread's share of
+#         the window's ticks (native_samples.json), not ms a step
 # e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--torch_compile,false trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
@@ -57,7 +62,17 @@ for CASE in "$@"; do
       --rate "${SPY_RATE:-200}" --format raw --output "/tmp/floor/$NAME.stacks" "${IDLE[@]}" --)
     rm -f "/tmp/floor/$NAME.stacks"
   fi
-  START=$(date +%s)
+  START=$(date +%s) WATCH=""
+  if [[ " $ENVS " == *" SPY_NATIVE=1 "* ]]; then  # beside the run, reading the log it writes below
+    rm -f "/tmp/floor/$NAME.stacks" "/tmp/floor/$NAME.ended" "$OUT/$NAME/log"
+    (until grep -q "^step ${SPY_FROM:-10}/" "$OUT/$NAME/log" 2>/dev/null; do
+       [ -e "/tmp/floor/$NAME.ended" ] && exit; sleep 0.1; done  # a run that ended before the window
+     LAUNCHER=$(pgrep -o -f -- "--output_dir /tmp/floor/$NAME ") &&
+     "$(command -v py-spy || echo /tmp/site/bin/py-spy)" record --pid "$LAUNCHER" --subprocesses --threads --native \
+       --rate "${SPY_RATE:-100}" --duration "${SPY_WINDOW:-4}" --format raw --output "/tmp/floor/$NAME.stacks" \
+       > "$OUT/$NAME/spy.log" 2>&1) &
+    WATCH=$!
+  fi
   case $TOOL in
     run) (cd $CODE && env $ENVS PYTHONPATH=$CODE:$PYTHONPATH timeout ${RUN_TIMEOUT:-240} "${SPY[@]}" python -m finetune.launch \
           --config_file $CONFIG --num_processes $N --main_process_port 0 $PIN finetune/run.py $FLAGS $EXTRA) ;;
@@ -75,7 +90,11 @@ for CASE in "$@"; do
   esac > "$OUT/$NAME/log" 2>&1
   RC=$?
   cp /tmp/floor/$NAME/run_summary.json "$OUT/$NAME/" 2>/dev/null
-  if [ -s "/tmp/floor/$NAME.stacks" ] && [ ${#IDLE[@]} -eq 0 ]; then
+  if [ -n "$WATCH" ]; then
+    touch "/tmp/floor/$NAME.ended"; wait $WATCH
+    [ -s "/tmp/floor/$NAME.stacks" ] && python benchmarks/scripts/host_samples.py --window "${SPY_WINDOW:-4}" "/tmp/floor/$NAME.stacks" "${SPY_RATE:-100}" \
+      "$OUT/$NAME/native_samples.json" > "$OUT/$NAME/host_samples.log" 2>&1
+  elif [ -s "/tmp/floor/$NAME.stacks" ] && [ ${#IDLE[@]} -eq 0 ]; then
     python benchmarks/scripts/host_samples.py "/tmp/floor/$NAME.stacks" "${SPY_RATE:-200}" "$OUT/$NAME" \
       > "$OUT/$NAME/host_samples.log" 2>&1
   fi

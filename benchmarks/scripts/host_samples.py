@@ -11,20 +11,28 @@ usage: python benchmarks/scripts/host_samples.py STACKS RATE CASE_DIR [FUNCTION,
 the case's own result: run_summary.json's steps, or bare.json's timed and warm-up steps; py-spy's own
 count of its samples and read errors from the case's log; STACKS may be gzipped; each FUNCTION
 named, as the end of its frame's name, adds its host ms a step to `inside`)
+       python benchmarks/scripts/host_samples.py --window SECONDS STACKS RATE OUT_JSON
+(a window of SECONDS that py-spy sampled after attaching to a running run, floor.sh's
+`SPY_NATIVE=1+` cases: its steps are not counted, so each thread's samples are given as a share of
+the window's ticks, `share_of_window`, not as ms a step)
 
 Per rank (each process with samples inside the training loop: not the launcher, the data loader's
 workers or inductor's compile workers): the samples inside the training loop (the Trainer's epoch
 loop, `_run_epoch`, bare_loop.py's `step`: not what `_inner_training_loop` does once before it and
 after it, where accelerate builds DeepSpeed's engine and callbacks start, a run's once-only host
-work that divided by the steps would read as the step's), those compiling
-(dynamo's and inductor's frames) set apart; the loop's samples inclusively by what they were inside
-(FSDP2's hooks, the compiled regions, the optimizer, ...), the functions with the most self time and
-those the most samples were inside.
+work that divided by the steps would read as the step's), those compiling (dynamo's and
+inductor's compilation, CUDA graphs' recording: `COMPILING`) set apart; the loop's samples
+inclusively by what they were inside (FSDP2's hooks, the compiled regions, the optimizer, ...), the
+functions with the most self time and those the most samples were inside.
 
 On a GPU the backward does not run on the loop's thread: autograd hands it to its own worker thread
 (started by torch's C++, so its stacks have no Python root), where the compiled blocks' backward
 launches and FSDP2's and DeepSpeed's gradient hooks run while the loop's thread waits, unsampled.
 Its samples are counted apart, as `backward_thread`, the same way.
+
+With `py-spy record --native` the stacks hold C++ frames too (`name (library.so)`): autograd's worker
+is then the thread inside `torch::autograd::Engine::thread_main`, and each thread's samples in which
+no Python frame ran (`share_without_python_frame`) are what sampling without --native never sees.
 """
 
 from __future__ import annotations
@@ -37,7 +45,16 @@ from collections import Counter
 from pathlib import Path
 
 LOOP_FRAMES = re.compile(r"^(\S+\.)?_run_epoch \(transformers/trainer\.py|^main\.<locals>\.step \(")
-COMPILING = re.compile(r"torch/_inductor/(?!output_code)|torch/_dynamo/convert_frame\.py")
+# compilation alone: dynamo's tracing (the backend's compile runs beneath it), the backward's lazy
+# compile, inductor's first-call tuning and CUDA graphs' first runs (eager, then recorded); inductor's
+# runtime under torch/_inductor (the graph's input alignment, its kernels' launchers, a recorded
+# graph's replay) runs every step and is the step's
+COMPILING = re.compile(
+    r"torch/_dynamo/convert_frame\.py|torch/_inductor/(async_compile|codecache)\.py"
+    r"|^(?!cudagraphify\.)\S+ \(torch/_inductor/compile_fx\.py"
+    r"|CachingAutotuner\.(precompile|benchmark_all_configs|autotune_to_one_config|coordinate_descent)"
+    r"|CUDAGraphTreeManager\.(add_function|record_function|run_eager) "
+)
 # inclusive: a sample counts in every category one of its frames belongs to
 CATEGORIES = {
     "FSDP2 hooks and collectives": r"torch/distributed/fsdp/_fully_shard/",
@@ -48,14 +65,20 @@ CATEGORIES = {
     "optimizer step": r"torch/optim/",
     "gradient clipping": r"clip_grad",
     "loss": r"finetune/losses\.py|transformers/loss/",
-    "batches (data loader, copies)": r"torch/utils/data/|accelerate/(data_loader|utils/operations)\.py",
+    # accelerate's operations.py also holds ConvertOutputsToFp32, which wraps the whole forward
+    "batches (data loader, copies)": r"torch/utils/data/|accelerate/data_loader\.py"
+    r"|^send_to_device \(accelerate/utils/operations\.py",
     "callbacks": r"transformers/trainer_callback\.py",
     "garbage collection": r"finetune/garbage_collection\.py",
+    "the CUDA driver (launches, synchronizes; --native only)": r"\(libcuda\.so",
 }
 PROCESS = re.compile(r'process (\d+):"[^"]*";')
 THREAD = re.compile(r"^(thread \(\w+\))")  # py-spy writes `thread (TID): NAME`; the name is dropped
 PYTHON_ROOT = re.compile(r"^(<module>|Thread\._bootstrap) ")  # the main thread's, and threading's
 SAMPLE = re.compile(r"^(.*) (\d+)$")
+PYTHON_FRAME = re.compile(r"\(\S+\.py:\d+\)$")
+NATIVE_FRAME = re.compile(r"\(\S*\.so[.\d]*\)$")  # --native's C++ frames: `name (library.so)`
+AUTOGRAD_WORKER = re.compile(r"^torch::autograd::Engine::thread_main ")
 
 
 def rank_samples(lines: list[str]) -> dict[str, Counter[tuple[str, ...]]]:
@@ -83,6 +106,14 @@ def in_loop(frames: tuple[str, ...]) -> bool:
     return any(LOOP_FRAMES.match(frame) for frame in frames)
 
 
+def on_backward_thread(frames: tuple[str, ...]) -> bool:
+    """Autograd's worker: by its C++ frame where py-spy sampled native frames (every thread then has
+    a native root, Python's own threads too), else by its stack having no Python root."""
+    if any(NATIVE_FRAME.search(frame) for frame in frames):
+        return any(AUTOGRAD_WORKER.match(frame) for frame in frames)
+    return len(frames) > 1 and not PYTHON_ROOT.match(frames[1])
+
+
 def frame_name(frame: str) -> str:
     """`function (path:line)` without the line: one entry per function."""
     return re.sub(r":\d+\)$", ")", frame)
@@ -97,7 +128,7 @@ def summarize(
         {
             frames: n
             for frames, n in stacks.items()
-            if frames[0] not in loop_threads and len(frames) > 1 and not PYTHON_ROOT.match(frames[1])
+            if frames[0] not in loop_threads and on_backward_thread(frames)
         }
     )
     compiling = Counter(
@@ -137,9 +168,14 @@ def shares(
         function: ms(sum(n for frames, n in samples.items() if any(named(f, function) for f in frames)))
         for function in functions
     }
+    without_python = sum(
+        n for frames, n in samples.items() if not any(PYTHON_FRAME.search(f) for f in frames)
+    )
+    native = any(NATIVE_FRAME.search(f) for frames in samples for f in frames)
     return {
         "host_ms_per_step": ms(total),
         **({"inside": inside} if functions else {}),
+        **({"share_without_python_frame": round(without_python / max(total, 1), 3)} if native else {}),
         "share_by_category": {name: round(n / max(total, 1), 3) for name, n in categories.items() if n},
         "top_self": [[name, round(n / total, 3)] for name, n in self_time.most_common(15)],
         # what the thread's time was inside, below the frames every sample is inside (the loop's own)
@@ -185,7 +221,32 @@ def sampler_report(case: Path) -> dict:
     return {"samples": samples, "errors": errors, "most_behind_s": max(behind, default=0.0)}
 
 
+def window(argv: list[str]) -> int:
+    """`--window SECONDS STACKS RATE OUT_JSON`: each thread's samples as a share of the window's ticks."""
+    seconds, stacks, rate, out = float(argv[0]), Path(argv[1]), float(argv[2]), Path(argv[3])
+    ticks = seconds * rate
+    opener = gzip.open if stacks.suffix == ".gz" else open
+    with opener(stacks, "rt", errors="replace") as text:
+        ranks = rank_samples(text.read().splitlines())
+    result = {"rate_hz": rate, "window_s": seconds, "ranks": {}}
+    for pid, samples in sorted(ranks.items()):
+        rank = summarize(samples, rate, steps=0)
+        for thread in (rank, rank["backward_thread"]):
+            del thread["host_ms_per_step"]  # no steps counted in a window
+        rank["share_of_window"] = round(rank["loop_samples"] / ticks, 3)
+        rank["backward_thread"]["share_of_window"] = round(rank["backward_thread"]["samples"] / ticks, 3)
+        result["ranks"][pid] = rank
+        print(
+            f"process {pid}: the loop's thread ran in {rank['share_of_window']:.0%} of the window's ticks, "
+            f"autograd's backward thread in {rank['backward_thread']['share_of_window']:.0%}"
+        )
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[0] == "--window":
+        return window(argv[1:])
     if len(argv) not in (3, 4):
         print(__doc__.split("\n\n")[2], file=sys.stderr)
         return 2

@@ -32,6 +32,10 @@ usage: python benchmarks/scripts/tables.py KIND PATH [PROFILE... | FLAGS]
                     the same two for autograd's backward thread where the samples counted it
   floor_inside      PATH the same cases: rank 0's host ms a step inside each function host_samples.py was
                     asked to time (its FUNCTION,... argument), its two threads together
+  floor_native      PATH one call of py-spy windows attached after the warm-up with native frames
+                    (floor.sh's SPY_NATIVE=1+, host_samples.py --window): per case, rank 0's loop thread
+                    and backward thread as shares of the window's ticks, each one's share with no
+                    Python frame and in the CUDA driver, and its most self time
   resume            PATH PROFILE... (resume_matches.sh): each resumed run's losses beside the
                     uninterrupted run's
   two_launchers     PATH PROFILE... (two_launchers.sh): two launchers' eval loss beside one launcher's
@@ -811,6 +815,32 @@ def floor_inside(folder: Path) -> str:
     return markdown(["case", "host ms a step in the loop", *(f"`{name}`" for name in functions)], cells)
 
 
+NATIVE_DRIVER = "the CUDA driver (launches, synchronizes; --native only)"
+
+
+def floor_native(folder: Path) -> str:
+    """Where a step's host time goes once the warm-up is over: each thread's samples as a share of the
+    window's ticks (--native pauses the process per sample, so the window's steps are slower and only
+    shares are kept), the C++ that sampling without --native never sees, and the driver's part."""
+    rows = []
+    for samples in sorted(folder.glob("*/native_samples.json")):
+        ranks = list(read(samples)["ranks"].values())
+        if not ranks:
+            rows.append([f"`{samples.parent.name}`", *["n/a"] * 9])
+            continue
+        loop, backward = ranks[0], ranks[0]["backward_thread"]
+        shares = (loop["share_of_window"], backward["share_of_window"])
+        cells = [f"`{samples.parent.name}`", *(f"{share:.2f}" for share in (*shares, sum(shares)))]
+        for thread in (loop, backward):
+            cells += [f"{thread.get('share_without_python_frame', 0):.2f}",
+                      f"{thread['share_by_category'].get(NATIVE_DRIVER, 0):.2f}"]  # fmt: skip
+        rows.append([*cells, top_self(loop), top_self(backward)])
+    columns = ["case", "loop thread (share of ticks)", "backward thread", "both"]
+    columns += ["loop: no Python frame", "loop: in the CUDA driver"]
+    columns += ["backward: no Python frame", "backward: in the CUDA driver"]
+    return markdown([*columns, "loop's most self time (share)", "backward's most self time (share)"], rows)
+
+
 def top_self(thread: dict) -> str:
     top = thread["top_self"][0] if thread.get("top_self") else None
     return f"{top[0]} ({top[1]:.2f})" if top else ""
@@ -858,6 +888,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "floor_bare": floor_bare,
     "floor_spy": floor_spy,
     "floor_inside": floor_inside,
+    "floor_native": floor_native,
 }
 KINDS_WITH_PROFILES: dict[str, Callable[[Path, list[str]], str]] = {
     "floor_against": floor_against,
