@@ -67,7 +67,7 @@ for CASE in "$@"; do
     rm -f "/tmp/floor/$NAME.stacks" "/tmp/floor/$NAME.ended" "$OUT/$NAME/log"
     (until grep -q "^step ${SPY_FROM:-10}/" "$OUT/$NAME/log" 2>/dev/null; do
        [ -e "/tmp/floor/$NAME.ended" ] && exit; sleep 0.1; done  # a run that ended before the window
-     LAUNCHER=$(pgrep -o -f -- "--output_dir /tmp/floor/$NAME ") &&
+     LAUNCHER=$(pgrep -o -f -- "--output_dir /tmp/floor/$NAME( |$)") &&
      "$(command -v py-spy || echo /tmp/site/bin/py-spy)" record --pid "$LAUNCHER" --subprocesses --threads --native \
        --rate "${SPY_RATE:-100}" --duration "${SPY_WINDOW:-4}" --format raw --output "/tmp/floor/$NAME.stacks" \
        > "$OUT/$NAME/spy.log" 2>&1) &
