@@ -22,11 +22,11 @@
 #         (200) Hz, untraced (host_samples.py: each rank's host time in the training loop, by what);
 #         SPY_IDLE=1+SPY=1+ samples sleeping threads too (py-spy --idle: where a thread waits), its
 #         stacks kept, not summed by host_samples.py, whose host time counts running threads only
-#         SPY_NATIVE=1+ attaches py-spy once the log shows step $SPY_FROM (10), past the warm-up's
-#         compilation, for $SPY_WINDOW (4) s at $SPY_RATE (100) Hz with C++ frames (--native: what
-#         autograd's thread runs outside Python); --native pauses the process for each sample, so
-#         the window's steps are slower and host_samples.py --window gives each thread's share of
-#         the window's ticks (native_samples.json), not ms a step
+#         SPY_NATIVE=1+ (run cases) attaches py-spy once the log shows step $SPY_FROM (10), past the
+#         warm-up's compilation, for $SPY_WINDOW (4) s at $SPY_RATE (100) Hz with C++ frames (--native:
+#         what autograd's thread runs outside Python); --native pauses the process for each sample,
+#         so the window's steps are slower and host_samples.py --window gives each thread's share
+#         of the window's ticks (native_samples.json), not ms a step
 # e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--torch_compile,false trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
