@@ -30,7 +30,7 @@
 # e.g. bash benchmarks/run.sh floor --out $OUT gpt2-medium 8 30 ddp fsdp fsdp:--torch_compile,false trace/fsdp
 MODEL=$1 BATCH=$2 STEPS=$3; shift 3
 N=${NPROC:-$(nvidia-smi -L | wc -l)}  # CPU dry run: NPROC=2 BLOCK=64 EXTRA_FLAGS="--config_overrides n_layer=2,n_embd=64,n_head=2"
-HERE=$PWD
+HERE=$PWD PYSPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m
   python -c "import torch, transformers, accelerate, deepspeed; print(torch.__version__, torch.cuda.nccl.version(), transformers.__version__, accelerate.__version__, deepspeed.__version__)"
 } > "$OUT/gpu.txt" 2>&1
@@ -58,7 +58,7 @@ for CASE in "$@"; do
   PIN=""; [[ " $ENVS " == *" PIN=1 "* ]] && PIN=$HERE/benchmarks/scripts/pin_and_run.py
   IDLE=(); [[ " $ENVS " == *" SPY_IDLE=1 "* ]] && IDLE=(--idle)
   SPY=(); if [[ " $ENVS " == *" SPY=1 "* ]]; then  # every process sampled by py-spy, from outside
-    SPY=("$(command -v py-spy || echo /tmp/site/bin/py-spy)" record --subprocesses --threads --nonblocking
+    SPY=("$PYSPY" record --subprocesses --threads --nonblocking
       --rate "${SPY_RATE:-200}" --format raw --output "/tmp/floor/$NAME.stacks" "${IDLE[@]}" --)
     rm -f "/tmp/floor/$NAME.stacks"
   fi
@@ -68,7 +68,7 @@ for CASE in "$@"; do
     (until grep -q "^step ${SPY_FROM:-10}/" "$OUT/$NAME/log" 2>/dev/null; do
        [ -e "/tmp/floor/$NAME.ended" ] && exit; sleep 0.1; done  # a run that ended before the window
      LAUNCHER=$(pgrep -o -f -- "--output_dir /tmp/floor/$NAME( |$)") &&
-     "$(command -v py-spy || echo /tmp/site/bin/py-spy)" record --pid "$LAUNCHER" --subprocesses --threads --native \
+     "$PYSPY" record --pid "$LAUNCHER" --subprocesses --threads --native \
        --rate "${SPY_RATE:-100}" --duration "${SPY_WINDOW:-4}" --format raw --output "/tmp/floor/$NAME.stacks" \
        > "$OUT/$NAME/spy.log" 2>&1) &
     WATCH=$!

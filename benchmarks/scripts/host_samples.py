@@ -221,13 +221,18 @@ def sampler_report(case: Path) -> dict:
     return {"samples": samples, "errors": errors, "most_behind_s": max(behind, default=0.0)}
 
 
+def read_stacks(stacks: Path) -> list[str]:
+    """py-spy's raw lines, from a plain or gzipped file."""
+    opener = gzip.open if stacks.suffix == ".gz" else open
+    with opener(stacks, "rt", errors="replace") as text:
+        return text.read().splitlines()
+
+
 def window(argv: list[str]) -> int:
     """`--window SECONDS STACKS RATE OUT_JSON`: each thread's samples as a share of the window's ticks."""
     seconds, stacks, rate, out = float(argv[0]), Path(argv[1]), float(argv[2]), Path(argv[3])
     ticks = seconds * rate
-    opener = gzip.open if stacks.suffix == ".gz" else open
-    with opener(stacks, "rt", errors="replace") as text:
-        ranks = rank_samples(text.read().splitlines())
+    ranks = rank_samples(read_stacks(stacks))
     result = {"rate_hz": rate, "window_s": seconds, "ranks": {}}
     for pid, samples in sorted(ranks.items()):
         rank = summarize(samples, rate, steps=0)
@@ -253,9 +258,7 @@ def main(argv: list[str]) -> int:
     stacks, rate, case = Path(argv[0]), float(argv[1]), Path(argv[2])
     functions = tuple(argv[3].split(",")) if len(argv) == 4 else ()
     steps, out = loop_steps(case), case / "host_samples.json"
-    opener = gzip.open if stacks.suffix == ".gz" else open
-    with opener(stacks, "rt", errors="replace") as text:
-        ranks = rank_samples(text.read().splitlines())
+    ranks = rank_samples(read_stacks(stacks))
     result = {
         "rate_hz": rate,
         "steps": steps,
